@@ -1,0 +1,98 @@
+"""The draft model interface.
+
+A draft model proposes; it never verifies. Builders talk to it through
+:meth:`DraftModel.root_distribution` and :meth:`DraftModel.expand`, which
+return the *processed* draft law ``q`` (same :func:`~specdec.sampling.process_logits`
+and the same :class:`~specdec.sampling.SamplingConfig` as the target).
+
+Contract (the bug behind several lossy releases elsewhere): the ``q`` a
+builder receives is exactly the law it samples from and records in the tree.
+Implementations provide raw logits only (:meth:`root_logits`,
+:meth:`tree_logits`); the processing is done once, here, and is not to be
+overridden.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar, final
+
+import torch
+
+from specdec.errors import VocabMismatchError
+from specdec.sampling import SamplingConfig, process_logits
+
+__all__ = ["DraftModel"]
+
+
+class DraftModel(ABC):
+    """Proposes next-token logits for a committed context and a growing draft tree.
+
+    Lifecycle of one generation: :meth:`begin` with the prompt; then per step,
+    :meth:`root_logits` (the law after the committed context, whose last token
+    is the tree's root), any number of :meth:`tree_logits` calls adding tree
+    nodes level by level, then :meth:`commit` with the tokens the verifier
+    emitted (which discards the step's tree).
+
+    Draft-tree node ids inside a step: the root is 0; nodes get ids 1, 2, ...
+    in the order they are passed to :meth:`tree_logits`.
+    """
+
+    registry_name: ClassVar[str] = "?"
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Size ``V`` of the logits this model returns."""
+
+    @abstractmethod
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Start a new sequence whose committed context is ``prompt_ids`` (non-empty)."""
+
+    @abstractmethod
+    def root_logits(self) -> torch.Tensor:
+        """``[V]`` raw logits of the token after the committed context."""
+
+    @abstractmethod
+    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """Add ``k`` nodes to this step's draft tree and return ``[k, V]`` raw
+        logits of the token after each.
+
+        Args:
+            parents: ``k`` ids of already added nodes (0 = root).
+            tokens: ``k`` token ids of the new nodes.
+        """
+
+    @abstractmethod
+    def commit(self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        """Append the step's emitted tokens (accepted + bonus) to the committed
+        context and drop the step's tree.
+
+        Args:
+            tokens: the emitted tokens.
+            target_hidden: for feature-level drafts (EAGLE), the target's hidden
+                features at the step's root and accepted nodes; ignored by
+                token-level drafts.
+        """
+
+    # ------------------------------------------------------- final: the law
+    @final
+    def root_distribution(self, sampling: SamplingConfig) -> torch.Tensor:
+        """``[V]`` processed draft law ``q`` after the committed context."""
+        return process_logits(self._checked(self.root_logits(), 1), sampling)
+
+    @final
+    def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
+        """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
+        if len(parents) != len(tokens):
+            raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
+        return process_logits(self._checked(self.tree_logits(parents, tokens), 2), sampling)
+
+    def _checked(self, logits: torch.Tensor, dims: int) -> torch.Tensor:
+        if logits.dim() != dims or logits.shape[-1] != self.vocab_size:
+            raise VocabMismatchError(
+                f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)}; "
+                f"expected {'[V]' if dims == 1 else '[k, V]'} with V = {self.vocab_size}"
+            )
+        return logits

@@ -1,0 +1,51 @@
+"""Exceptions raised by specdec.
+
+Every error a user can trigger with bad input is a subclass of
+:class:`SpecDecError`, so callers can catch the library's errors in one place,
+and each also subclasses the matching builtin (``ValueError``/``KeyError``) so
+ordinary Python code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class SpecDecError(Exception):
+    """Base class of every error raised by specdec on bad input."""
+
+
+class InvalidConfigError(SpecDecError, ValueError):
+    """A configuration value is out of range (temperature, top-k, top-p, budgets...)."""
+
+
+class InvalidDistributionError(SpecDecError, ValueError):
+    """A probability tensor or logits tensor is malformed: NaN/inf, negative,
+    not normalised, or of the wrong shape."""
+
+
+class VocabMismatchError(SpecDecError, ValueError):
+    """Two tensors or models that must share a vocabulary do not."""
+
+
+class MalformedTreeError(SpecDecError, ValueError):
+    """A :class:`~specdec.tree.DraftTree` violates one of its invariants."""
+
+
+class UnsupportedTreeError(SpecDecError, ValueError):
+    """A verifier was asked to verify a tree it cannot verify losslessly
+    (for example top-K children under a ``p/q`` rejection rule). specdec never
+    falls back silently to another rule."""
+
+
+class UnknownNameError(SpecDecError, KeyError):
+    """A registry lookup used a name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class RegistryConflictError(SpecDecError, ValueError):
+    """A name was registered twice without ``override=True``."""
+
+
+class ContextOverflowError(SpecDecError, ValueError):
+    """Prompt, new tokens and draft tree do not fit in the model's context."""

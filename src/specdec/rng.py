@@ -1,0 +1,74 @@
+"""Where every random draw in specdec comes from.
+
+Tree builders and verifiers never call ``torch.rand`` themselves: they ask a
+:class:`RandomSource` for a Bernoulli or a categorical draw. In normal runs the
+source is :class:`TorchRandom`, backed by a caller-seeded ``torch.Generator``;
+in the exact losslessness tests it is an enumerating source
+(:mod:`specdec.testing.enumerate`) that walks every branch with its
+probability, so the test exercises the very code that generation runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+__all__ = ["RandomSource", "TorchRandom"]
+
+
+class RandomSource(ABC):
+    """The two kinds of random draw the algorithms need."""
+
+    @abstractmethod
+    def bernoulli(self, prob: float | torch.Tensor) -> bool:
+        """Return True with probability ``prob`` (clamped to ``[0, 1]``)."""
+
+    @abstractmethod
+    def categorical(self, probs: torch.Tensor) -> int:
+        """Draw an index ``i`` with probability ``probs[i]``.
+
+        Args:
+            probs: ``[V]`` non-negative weights summing to 1 (they are used as
+                given; callers normalise).
+        """
+
+
+class TorchRandom(RandomSource):
+    """A :class:`RandomSource` backed by a ``torch.Generator``.
+
+    Args:
+        generator: the generator to draw from; its device must match the
+            tensors passed to :meth:`categorical`.
+
+    Example:
+        >>> import torch
+        >>> rng = TorchRandom(torch.Generator().manual_seed(0))
+        >>> rng.categorical(torch.tensor([0.0, 1.0, 0.0]))
+        1
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    @classmethod
+    def seeded(cls, seed: int | None, device: str | torch.device = "cpu") -> "TorchRandom":
+        """A fresh source seeded with ``seed`` (``None``: seeded from entropy)."""
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        return cls(generator)
+
+    def bernoulli(self, prob: float | torch.Tensor) -> bool:
+        prob_f = float(prob)
+        if prob_f >= 1.0:
+            return True
+        if prob_f <= 0.0:
+            return False
+        u = torch.rand((), generator=self.generator, device=self.generator.device)
+        return bool(u.item() < prob_f)
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs.clamp_min(0), 1, generator=self.generator).item())

@@ -1,0 +1,150 @@
+"""Sampling configuration and THE function that turns logits into a distribution.
+
+Losslessness needs the target law ``p`` and the draft law ``q`` to be processed
+by exactly the same rule (temperature, then top-k, then top-p). Both the target
+and every draft model go through :func:`process_logits`; nothing else in
+specdec turns logits into probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from specdec.errors import InvalidConfigError, InvalidDistributionError
+
+__all__ = ["SamplingConfig", "process_logits", "check_distribution"]
+
+
+def _check_temperature(_inst: object, _attr: object, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidConfigError(f"temperature must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise InvalidConfigError(f"temperature must be finite and >= 0 (0 = greedy), got {value!r}")
+
+
+def _check_top_k(_inst: object, _attr: object, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidConfigError(f"top_k must be an int >= 0 (0 = off), got {value!r}")
+
+
+def _check_top_p(_inst: object, _attr: object, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidConfigError(f"top_p must be a number, got {value!r}")
+    if not (0.0 < value <= 1.0):
+        raise InvalidConfigError(f"top_p must lie in (0, 1] (1 = off), got {value!r}")
+
+
+@attrs.frozen
+class SamplingConfig:
+    """How next-token distributions are formed, for target and draft alike.
+
+    Processing order (as in Hugging Face ``generate``): divide logits by
+    ``temperature``, keep the ``top_k`` largest logits (ties with the k-th are
+    kept), then keep the smallest set of most probable tokens whose mass
+    reaches ``top_p``, and renormalise.
+
+    Attributes:
+        temperature: ``>= 0``. ``0`` means greedy: the distribution is one-hot on
+            the first index of the maximal logit.
+        top_k: ``>= 0``; ``0`` disables top-k.
+        top_p: in ``(0, 1]``; ``1`` disables top-p.
+
+    Example:
+        >>> cfg = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9)
+        >>> cfg.greedy
+        False
+    """
+
+    temperature: float = attrs.field(default=1.0, validator=_check_temperature)
+    top_k: int = attrs.field(default=0, validator=_check_top_k)
+    top_p: float = attrs.field(default=1.0, validator=_check_top_p)
+
+    @property
+    def greedy(self) -> bool:
+        """True when ``temperature == 0`` (argmax decoding)."""
+        return self.temperature == 0
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise InvalidDistributionError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise InvalidDistributionError(f"logits must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+    if not torch.is_floating_point(logits):
+        raise InvalidDistributionError(f"logits must be floating point, got {logits.dtype}")
+    if torch.isnan(logits).any():
+        raise InvalidDistributionError("logits contain NaN")
+    if torch.isposinf(logits).any():
+        raise InvalidDistributionError("logits contain +inf")
+    if torch.isneginf(logits).all(dim=-1).any():
+        raise InvalidDistributionError("a row of logits is entirely -inf: no token can be produced")
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Turn raw logits into the processed next-token distribution.
+
+    This is the single definition of ``p`` and ``q`` in specdec
+    (ALGORITHMS.md, Notation): temperature, then top-k, then top-p.
+
+    Args:
+        logits: ``[..., V]`` float tensor of raw logits. ``-inf`` marks banned
+            tokens; NaN, ``+inf`` or an all ``-inf`` row raise
+            :class:`~specdec.errors.InvalidDistributionError`.
+        config: the sampling configuration.
+
+    Returns:
+        ``[..., V]`` probabilities in the dtype of ``logits`` (float16/bfloat16
+        inputs are processed in float32), each row summing to 1. At
+        ``temperature == 0`` each row is one-hot at the first maximal logit.
+
+    Example:
+        >>> import torch
+        >>> p = process_logits(torch.tensor([2.0, 1.0, 0.0]), SamplingConfig(temperature=1.0, top_k=2))
+        >>> [round(x, 4) for x in p.tolist()]
+        [0.7311, 0.2689, 0.0]
+    """
+    _check_logits(logits)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if config.greedy:
+        index = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, index, 1.0)
+    scaled = logits / config.temperature
+    vocab = scaled.shape[-1]
+    if 0 < config.top_k < vocab:
+        kth = torch.topk(scaled, config.top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= config.top_p
+        drop_sorted[..., 0] = False  # the most probable token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def check_distribution(p: torch.Tensor, name: str = "p", *, atol: float | None = None) -> None:
+    """Raise :class:`~specdec.errors.InvalidDistributionError` unless ``p`` is a
+    valid probability tensor ``[..., V]``: finite, non-negative, rows summing
+    to 1 (within ``atol``; default ``1e-9`` for float64, ``1e-4`` otherwise).
+    """
+    if not isinstance(p, torch.Tensor) or not torch.is_floating_point(p):
+        raise InvalidDistributionError(f"{name} must be a floating-point torch.Tensor")
+    if p.dim() < 1 or p.shape[-1] == 0:
+        raise InvalidDistributionError(f"{name} must have shape [..., V] with V >= 1, got {tuple(p.shape)}")
+    if not torch.isfinite(p).all():
+        raise InvalidDistributionError(f"{name} contains NaN or inf")
+    if (p < 0).any():
+        raise InvalidDistributionError(f"{name} has negative probabilities (min {p.min().item():.3g})")
+    if atol is None:
+        atol = 1e-9 if p.dtype == torch.float64 else 1e-4
+    sums = p.sum(dim=-1)
+    worst = (sums - 1).abs().max().item()
+    if worst > atol:
+        raise InvalidDistributionError(f"{name} rows must sum to 1; worst row is off by {worst:.3g}")

@@ -1,0 +1,61 @@
+"""The target model interface.
+
+The target scores a whole draft tree in one forward. Its KV cache holds the
+committed context *except its last token*: that token is the root of the next
+tree, and is forwarded together with the tree's nodes, so prefill, tree steps
+and plain autoregressive steps (a tree of one node) share one code path.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from specdec.tree import DraftTree
+
+__all__ = ["TargetModel"]
+
+
+class TargetModel(ABC):
+    """A target model: the law ``p`` that speculative decoding must reproduce exactly.
+
+    Lifecycle: :meth:`prefill` with the prompt; per step :meth:`score_tree` on
+    the step's tree, then :meth:`accept` with the accepted nodes of that tree.
+    The method names differ from :class:`~specdec.drafts.base.DraftModel`'s so
+    that one object (e.g. :class:`~specdec.models.CallableLM`) can serve as
+    both, with separate state for each role.
+    """
+
+    registry_name: ClassVar[str] = "?"
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Size ``V`` of the logits this model returns."""
+
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence (committed tokens + tree) the model can attend over; None = unbounded."""
+        return None
+
+    @abstractmethod
+    def prefill(self, prompt_ids: Sequence[int]) -> None:
+        """Start a new sequence (non-empty prompt); the prompt's last token becomes the first root."""
+
+    @abstractmethod
+    def score_tree(self, tree: DraftTree) -> torch.Tensor:
+        """``[n, V]`` raw logits of the token after each node of ``tree``
+        (row 0: after the committed context, i.e. after the root)."""
+
+    @abstractmethod
+    def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:
+        """Keep the root and ``accepted_nodes`` of the last tree in the cache
+        (dropping the other nodes); ``bonus_token`` becomes the next root."""
+
+    def hidden_states(self) -> torch.Tensor | None:
+        """Hidden features captured at the last tree's nodes, if the model was
+        asked to capture any (feature-level drafts); else None."""
+        return None

@@ -1,0 +1,5 @@
+"""Tree builders, registered under role ``"tree"``."""
+
+from specdec.trees.base import TreeBuilder
+
+__all__ = ["TreeBuilder"]

@@ -1,0 +1,53 @@
+"""The tree builder interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from specdec.drafts.base import DraftModel
+from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig
+from specdec.tree import DraftTree, NodeKind
+
+__all__ = ["TreeBuilder"]
+
+
+class TreeBuilder(ABC):
+    """Builds one step's :class:`~specdec.tree.DraftTree` from a draft model.
+
+    Contract:
+
+    - The builder obtains draft laws only from
+      :meth:`DraftModel.root_distribution` / :meth:`DraftModel.expand` and
+      samples only through ``rng``; every sampled child records the exact law
+      it was drawn from, every top-K child is marked deterministic.
+    - Whether a child is kept may depend on the identities of siblings tested
+      *before* it at the same node, never on those tested after it
+      (ALGORITHMS.md, RheoSampling).
+    - :attr:`max_nodes` bounds ``n`` (root included) for every call, so the
+      generator can check the context budget before it starts.
+    - :attr:`produces` names the child kinds the builder can emit, so a method
+      can be checked against its verifier when it is composed.
+    """
+
+    registry_name: ClassVar[str] = "?"
+    produces: ClassVar[frozenset[NodeKind]] = frozenset()
+
+    @property
+    @abstractmethod
+    def max_nodes(self) -> int:
+        """Upper bound on the number of nodes (root included) of a built tree."""
+
+    @property
+    @abstractmethod
+    def max_depth(self) -> int:
+        """Upper bound on the depth of a built tree."""
+
+    @abstractmethod
+    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """Draft a tree whose root is ``root_token`` (the last committed token).
+
+        The draft model has been :meth:`~DraftModel.begin`/committed up to and
+        including ``root_token``.
+        """

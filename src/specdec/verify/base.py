@@ -1,0 +1,188 @@
+"""The verifier interface.
+
+Words (ALGORITHMS.md, glossary):
+
+- ``p``: the target's processed next-token distribution at a tree node
+  (:func:`specdec.sampling.process_logits`), ``[V]``; for a whole tree,
+  ``p[i]`` is the law of the token that follows node ``i``'s path.
+- ``q``/``q'``: the proposal law a sampled child was drawn from, recorded in
+  the tree (:class:`~specdec.tree.SparseLaw`). Verifiers never see the draft
+  model, only the laws it recorded.
+- *residual* ``P``: what remains of ``p`` at a node after rejected children
+  have been tested; starts as ``p``.
+- *accepted*: a draft node the verifier kept; verification then continues at it.
+- *bonus*: the one token drawn from the residual (or from ``p`` itself) at the
+  node where verification stops. Every step emits the accepted tokens plus one
+  bonus, so a step always makes progress.
+
+A verifier walks from the root: at each node it tests the children
+(:meth:`Verifier.verify_node`); if one is accepted it descends, otherwise the
+node's bonus ends the step. Subclasses implement only the per-node rule.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import attrs
+import torch
+
+from specdec.errors import InvalidDistributionError, UnsupportedTreeError, VocabMismatchError
+from specdec.rng import RandomSource
+from specdec.sampling import check_distribution
+from specdec.tree import DraftTree, NodeKind, SampleMode
+
+__all__ = ["NodeOutcome", "VerifyResult", "Verifier"]
+
+
+@attrs.frozen
+class NodeOutcome:
+    """Result of the per-node rule: exactly one of the two fields is set.
+
+    Attributes:
+        accepted_child: index of the accepted child node, or None.
+        bonus_token: the bonus token drawn at this node, or None.
+    """
+
+    accepted_child: int | None = None
+    bonus_token: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.accepted_child is None) == (self.bonus_token is None):
+            raise ValueError("NodeOutcome needs exactly one of accepted_child / bonus_token")
+
+
+@attrs.frozen
+class VerifyResult:
+    """What one verification of a draft tree produced.
+
+    Attributes:
+        accepted_nodes: indices of the accepted nodes, root's child first.
+        tokens: emitted tokens: the accepted nodes' tokens, then the bonus.
+        attempted_depths: number of depths at which the path reached a node
+            with children (so a draft token was tested); depth ``d`` (1-based)
+            was accepted iff ``d <= len(accepted_nodes)``.
+    """
+
+    accepted_nodes: tuple[int, ...]
+    tokens: tuple[int, ...]
+    attempted_depths: int
+
+    @property
+    def num_accepted(self) -> int:
+        """Number of accepted draft tokens (the bonus not counted)."""
+        return len(self.accepted_nodes)
+
+    @property
+    def bonus_token(self) -> int:
+        """The bonus token (last emitted token)."""
+        return self.tokens[-1]
+
+
+class Verifier(ABC):
+    """Turns a draft tree and the target's ``p`` at every node into emitted tokens.
+
+    Contract:
+
+    - :attr:`supported_kinds` / :attr:`supported_modes` declare which children
+      the rule handles losslessly; :meth:`check_tree` raises
+      :class:`~specdec.errors.UnsupportedTreeError` for anything else, before
+      any randomness is used. A verifier never falls back to another rule.
+    - All randomness comes from the ``rng`` argument.
+    - :attr:`lossless` is True iff the emitted tokens follow the target's law
+      exactly whenever the tree is supported (proved by the exact tests).
+    - :attr:`requires_greedy`: the rule is only valid for one-hot ``p``
+      (temperature 0); non one-hot rows raise an error.
+    """
+
+    registry_name: ClassVar[str] = "?"
+    supported_kinds: ClassVar[frozenset[NodeKind]] = frozenset()
+    supported_modes: ClassVar[frozenset[SampleMode]] = frozenset()
+    lossless: ClassVar[bool] = True
+    requires_greedy: ClassVar[bool] = False
+
+    # ------------------------------------------------------------ checking
+    def check_tree(self, tree: DraftTree) -> None:
+        """Raise :class:`UnsupportedTreeError` unless every node's children are supported."""
+        kinds = set(int(k) for k in tree.kinds[1:].tolist())
+        bad = kinds - {int(k) for k in self.supported_kinds}
+        if bad:
+            names = ", ".join(NodeKind(k).name.lower() for k in sorted(bad))
+            raise UnsupportedTreeError(
+                f"verifier {self.registry_name!r} cannot verify {names} children losslessly; "
+                f"it supports {sorted(k.name.lower() for k in self.supported_kinds)}"
+            )
+        for node in range(tree.num_nodes):
+            kids = tree.sampled_children(node)
+            if len(kids) > 1:
+                mode = tree.law_of(kids[0]).mode
+                if mode not in self.supported_modes:
+                    raise UnsupportedTreeError(
+                        f"verifier {self.registry_name!r} cannot verify several children drawn "
+                        f"{mode.value!r} at node {node}; it supports modes "
+                        f"{sorted(m.value for m in self.supported_modes)}"
+                    )
+        self.check_node_mix(tree)
+
+    def check_node_mix(self, tree: DraftTree) -> None:
+        """Hook for rules that restrict how kinds mix at one node (default: any mix)."""
+
+    # ------------------------------------------------------------ the walk
+    def verify(self, tree: DraftTree, p: torch.Tensor, rng: RandomSource) -> VerifyResult:
+        """Verify ``tree`` against the target distributions ``p``.
+
+        Args:
+            tree: the draft tree (``n`` nodes).
+            p: ``[n, V]`` target probabilities; row ``i`` is the processed law
+                of the token after node ``i``'s path.
+            rng: the source of every random draw.
+
+        Returns:
+            The accepted path, the emitted tokens and per-depth bookkeeping.
+
+        Raises:
+            UnsupportedTreeError: the tree has children this rule cannot verify.
+            VocabMismatchError: ``p``'s vocabulary differs from the tree's.
+            InvalidDistributionError: a visited row of ``p`` is not a distribution.
+        """
+        if not isinstance(p, torch.Tensor) or p.dim() != 2:
+            raise InvalidDistributionError(f"p must be a [n, V] tensor, got {getattr(p, 'shape', type(p))}")
+        if p.shape[0] != tree.num_nodes:
+            raise InvalidDistributionError(f"p has {p.shape[0]} rows but the tree has {tree.num_nodes} nodes")
+        if p.shape[1] != tree.vocab_size:
+            raise VocabMismatchError(f"p has vocabulary {p.shape[1]} but the tree's is {tree.vocab_size}")
+        self.check_tree(tree)
+        accepted: list[int] = []
+        attempted = 0
+        node = 0
+        while True:
+            p_node = p[node]
+            check_distribution(p_node, f"p[{node}]")
+            if self.requires_greedy and not bool((p_node.max() == 1.0)):
+                raise InvalidDistributionError(
+                    f"verifier {self.registry_name!r} needs one-hot p (temperature 0); row {node} is not one-hot"
+                )
+            if tree.children(node):
+                attempted += 1
+            outcome = self.verify_node(tree, node, p_node, rng)
+            if outcome.accepted_child is None:
+                tokens = [int(tree.tokens[i]) for i in accepted] + [int(outcome.bonus_token)]
+                return VerifyResult(tuple(accepted), tuple(tokens), attempted)
+            accepted.append(outcome.accepted_child)
+            node = outcome.accepted_child
+
+    @abstractmethod
+    def verify_node(self, tree: DraftTree, node: int, p_node: torch.Tensor, rng: RandomSource) -> NodeOutcome:
+        """Apply the rule at ``node``.
+
+        Args:
+            tree: the (already checked) tree.
+            node: index of the current node.
+            p_node: ``[V]`` target distribution at ``node``.
+            rng: source of random draws.
+
+        Returns:
+            The accepted child, or the bonus token if no child is accepted
+            (a leaf always yields a bonus drawn from ``p_node``).
+        """
