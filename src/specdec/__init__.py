@@ -11,6 +11,7 @@ from specdec.errors import (
     UnsupportedTreeError,
     VocabMismatchError,
 )
+from specdec.generate import GenerationOutput, GenerationStats, SpeculativeGenerator, autoregressive_generate
 from specdec.registry import get, list_registered, register
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig, check_distribution, process_logits
@@ -21,6 +22,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ContextOverflowError",
     "DraftTree",
+    "GenerationOutput",
+    "GenerationStats",
     "InvalidConfigError",
     "InvalidDistributionError",
     "MalformedTreeError",
@@ -31,11 +34,13 @@ __all__ = [
     "SamplingConfig",
     "SparseLaw",
     "SpecDecError",
+    "SpeculativeGenerator",
     "TorchRandom",
     "TreeAssembler",
     "UnknownNameError",
     "UnsupportedTreeError",
     "VocabMismatchError",
+    "autoregressive_generate",
     "check_distribution",
     "get",
     "list_registered",

@@ -112,11 +112,15 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
     if config.greedy:
         index = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
-    scaled = logits / config.temperature
-    vocab = scaled.shape[-1]
+    vocab = logits.shape[-1]
     if 0 < config.top_k < vocab:
-        kth = torch.topk(scaled, config.top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        # dividing by temperature > 0 keeps the order, so the top-k set is taken
+        # on the raw logits (exact; dividing first could round ties together)
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    # shift by the row maximum BEFORE dividing, so that a tiny temperature or
+    # huge logits cannot overflow to +inf (which softmax would turn into NaN)
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / config.temperature
     probs = torch.softmax(scaled, dim=-1)
     if config.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -138,10 +142,11 @@ def check_distribution(p: torch.Tensor, name: str = "p", *, atol: float | None =
         raise InvalidDistributionError(f"{name} must be a floating-point torch.Tensor")
     if p.dim() < 1 or p.shape[-1] == 0:
         raise InvalidDistributionError(f"{name} must have shape [..., V] with V >= 1, got {tuple(p.shape)}")
-    if not torch.isfinite(p).all():
+    lo, hi = (float(v) for v in torch.aminmax(p))  # one pass; NaN propagates into both
+    if math.isnan(lo) or math.isnan(hi) or math.isinf(hi):
         raise InvalidDistributionError(f"{name} contains NaN or inf")
-    if (p < 0).any():
-        raise InvalidDistributionError(f"{name} has negative probabilities (min {p.min().item():.3g})")
+    if lo < 0:
+        raise InvalidDistributionError(f"{name} has negative probabilities (min {lo:.3g})")
     if atol is None:
         atol = 1e-9 if p.dtype == torch.float64 else 1e-4
     sums = p.sum(dim=-1)

@@ -96,7 +96,8 @@ class SparseLaw:
             raise MalformedTreeError("SparseLaw indices must be int64 and probs floating point")
         if int(self.indices.min()) < 0 or int(self.indices.max()) >= vocab_size:
             raise MalformedTreeError(f"SparseLaw indices must lie in [0, {vocab_size})")
-        if torch.unique(self.indices).numel() != self.indices.numel():
+        strictly_sorted = self.indices.numel() < 2 or bool((self.indices[1:] > self.indices[:-1]).all())
+        if not strictly_sorted and torch.unique(self.indices).numel() != self.indices.numel():
             raise MalformedTreeError("SparseLaw indices must be distinct")
         if not torch.isfinite(self.probs).all() or bool((self.probs < 0).any()):
             raise MalformedTreeError("SparseLaw probs must be finite and non-negative")
@@ -298,10 +299,12 @@ class DraftTree:
                 raise MalformedTreeError(f"law {lid} is shared by the sampled children of two nodes")
             used.add(lid)
             law = self.laws[lid]
-            support = set(law.indices[law.probs > 0].tolist())
-            for c in s:
-                if tokens[c] not in support:
-                    raise MalformedTreeError(f"sampled node {c}: token {tokens[c]} has zero probability under its law")
+            drawn = torch.tensor([tokens[c] for c in s], dtype=law.indices.dtype, device=law.indices.device)
+            hit = (law.indices.unsqueeze(0) == drawn.unsqueeze(1)) & (law.probs > 0).unsqueeze(0)
+            missing = (~hit.any(dim=1)).nonzero().flatten().tolist()
+            if missing:
+                c = s[missing[0]]
+                raise MalformedTreeError(f"sampled node {c}: token {tokens[c]} has zero probability under its law")
             if law.mode == SampleMode.WITHOUT_REPLACEMENT and len({tokens[c] for c in s}) != len(s):
                 raise MalformedTreeError(f"node {node}: children drawn without replacement repeat a token")
         if len(used) != len(self.laws):

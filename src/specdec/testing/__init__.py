@@ -5,5 +5,16 @@ builder can check it exactly, the way specdec's own tests do.
 """
 
 from specdec.testing.enumerate import EnumeratingRandom, TooManyBranchesError, exact_law
+from specdec.testing.markov import MarkovLM, random_markov_logits
+from specdec.testing.statistical import ChiSquareResult, chi_square_test, total_variation
 
-__all__ = ["EnumeratingRandom", "TooManyBranchesError", "exact_law"]
+__all__ = [
+    "ChiSquareResult",
+    "EnumeratingRandom",
+    "MarkovLM",
+    "TooManyBranchesError",
+    "chi_square_test",
+    "exact_law",
+    "random_markov_logits",
+    "total_variation",
+]

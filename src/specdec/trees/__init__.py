@@ -1,5 +1,44 @@
-"""Tree builders, registered under role ``"tree"``."""
+"""Tree builders, registered under role ``"tree"``.
+
+========== ===================================== ==================
+name       builder                               verifier
+========== ===================================== ==================
+chain      :class:`ChainTreeBuilder`             rejection-iid
+static     :class:`StaticTreeBuilder`            rejection-iid/-wor
+sequoia    :class:`SequoiaTreeBuilder`           rejection-wor
+eagle      :class:`EagleTreeBuilder`             match (greedy at T=0)
+rheo       :class:`RheoTreeBuilder`              mixed (greedy at T=0)
+========== ===================================== ==================
+"""
 
 from specdec.trees.base import TreeBuilder
+from specdec.trees.chain import ChainTreeBuilder
+from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
+from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.sequoia import (
+    SequoiaChoice,
+    SequoiaTreeBuilder,
+    choose_size,
+    measure_draft_level_time,
+    measure_forward_times,
+    profile_acceptance,
+    sequoia_tree,
+)
+from specdec.trees.static import StaticTreeBuilder
 
-__all__ = ["TreeBuilder"]
+__all__ = [
+    "ChainTreeBuilder",
+    "DynamicTreeBuilder",
+    "EagleTreeBuilder",
+    "RheoTreeBuilder",
+    "SequoiaChoice",
+    "SequoiaTreeBuilder",
+    "StaticTreeBuilder",
+    "TreeBuilder",
+    "choose_size",
+    "grow_dynamic_tree",
+    "measure_draft_level_time",
+    "measure_forward_times",
+    "profile_acceptance",
+    "sequoia_tree",
+]

@@ -1,5 +1,31 @@
-"""Verifiers: one file per rule of ALGORITHMS.md, all registered under role ``"verifier"``."""
+"""Verifiers: one file per rule of ALGORITHMS.md, all registered under role ``"verifier"``.
+
+- ``greedy``: rule 1, accept ``argmax p`` (temperature 0); any children.
+- ``match``: rule 2, sample-and-match; any children.
+- ``rejection-iid``: rule 3, recursive rejection; sampled children drawn i.i.d.
+- ``rejection-wor``: rule 4, recursive rejection; sampled children drawn without replacement.
+- ``mixed``: rule 5 (RheoSampling), sampled children first (rules 3/4 on ``q'``),
+  then rule 2 over the deterministic ones; any children.
+- ``kseq``: rule 6, SpecTr K-SEQ; sampled children drawn i.i.d.
+
+The per-node math is in :mod:`specdec.verify.residual`; see ``docs/verifiers.md``.
+"""
 
 from specdec.verify.base import NodeOutcome, Verifier, VerifyResult
+from specdec.verify.greedy import GreedyVerifier
+from specdec.verify.kseq import KSeqVerifier
+from specdec.verify.match import MatchVerifier
+from specdec.verify.mixed import MixedVerifier
+from specdec.verify.rejection import RejectionIIDVerifier, RejectionWORVerifier
 
-__all__ = ["NodeOutcome", "Verifier", "VerifyResult"]
+__all__ = [
+    "GreedyVerifier",
+    "KSeqVerifier",
+    "MatchVerifier",
+    "MixedVerifier",
+    "NodeOutcome",
+    "RejectionIIDVerifier",
+    "RejectionWORVerifier",
+    "Verifier",
+    "VerifyResult",
+]

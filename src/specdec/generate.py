@@ -1,0 +1,437 @@
+"""The generation loop: draft a tree, score it with the target, verify, commit.
+
+One speculative *step*::
+
+    root (last committed token)
+      -> builder.build(root, draft, sampling, rng)      # draft tree
+      -> target.score_tree(tree) -> logits [n, V]       # one target forward
+      -> p = process_logits(logits, sampling)           # the target law at every node
+      -> verifier.verify(tree, p, rng)                  # accepted path + bonus
+      -> target.accept(...), draft.commit(...)          # caches follow the accepted path
+
+*tau* (mean accepted length) is the mean over steps of (accepted drafts + 1
+bonus), i.e. tokens emitted per target forward. Plain autoregressive decoding
+is the same loop with a root-only tree, so the baseline and the speculative
+methods share every line that touches the target's law.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from specdec.drafts.base import DraftModel
+from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.rng import RandomSource, TorchRandom
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.targets.base import TargetModel
+from specdec.tree import DraftTree, NodeKind
+from specdec.trees.base import TreeBuilder
+from specdec.verify.base import Verifier
+
+__all__ = [
+    "GenerationOutput",
+    "GenerationStats",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
+    "RootOnlyBuilder",
+]
+
+
+@attrs.frozen
+class GenerationStats:
+    """Honest accounting of one generation.
+
+    Attributes:
+        steps: number of speculative steps (= target tree forwards).
+        new_tokens: tokens returned (after EOS / length truncation).
+        emitted: tokens the verifier emitted, accepted + bonus, before truncation.
+        accepted: draft tokens accepted, summed over steps.
+        depth_attempted: ``[D]`` count of steps in which a draft at depth ``d+1`` was tested.
+        depth_accepted: ``[D]`` count of steps in which the draft at depth ``d+1`` was accepted.
+        tree_nodes: total tree nodes scored by the target (root included).
+        time_prefill, time_draft, time_target, time_verify, time_total: seconds.
+            ``time_draft`` covers tree building (draft forwards included);
+            ``time_verify`` covers processing the target logits and verification.
+    """
+
+    steps: int
+    new_tokens: int
+    emitted: int
+    accepted: int
+    depth_attempted: tuple[int, ...]
+    depth_accepted: tuple[int, ...]
+    tree_nodes: int
+    time_prefill: float
+    time_draft: float
+    time_target: float
+    time_verify: float
+    time_total: float
+
+    @property
+    def target_forwards(self) -> int:
+        """Target forwards over trees (prefill excluded); one per step."""
+        return self.steps
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: mean over steps of (accepted drafts + 1 bonus)."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> tuple[float, ...]:
+        """Per depth ``d`` (1-based index ``d-1``): P(draft at depth d accepted | a draft at depth d was tested)."""
+        return tuple(a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_attempted))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of total generation time (prefill included)."""
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, derived metrics included."""
+        out = attrs.asdict(self)
+        out.update(
+            tau=self.tau,
+            target_forwards=self.target_forwards,
+            acceptance_by_depth=list(self.acceptance_by_depth),
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+
+@attrs.frozen
+class GenerationOutput:
+    """Result of :meth:`SpeculativeGenerator.generate`.
+
+    Attributes:
+        tokens: the new tokens (prompt excluded).
+        stats: :class:`GenerationStats`.
+        stop_reason: ``"eos"`` or ``"length"``.
+    """
+
+    tokens: list[int]
+    stats: GenerationStats
+    stop_reason: str
+
+
+class RootOnlyBuilder(TreeBuilder):
+    """The empty draft: a tree holding only the root (plain autoregressive decoding)."""
+
+    registry_name = "root-only"
+    produces = frozenset()
+
+    @property
+    def max_nodes(self) -> int:
+        return 1
+
+    @property
+    def max_depth(self) -> int:
+        return 0
+
+    def build(self, root_token: int, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        return DraftTree(
+            tokens=[root_token], parents=[-1], kinds=[int(NodeKind.ROOT)], draw_order=[0],
+            weights=[1.0], law_index=[-1], laws=(), vocab_size=self._vocab_size,
+        )
+
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab_size = vocab_size
+
+
+def _check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.flatten().tolist()
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise InvalidConfigError("the prompt is empty: give at least one token id")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidConfigError(f"prompt token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    return prompt
+
+
+def _check_length(prompt_len: int, max_new_tokens: int, tree_nodes: int, limit: int | None, who: str) -> None:
+    if limit is None:
+        return
+    need = prompt_len + max_new_tokens + tree_nodes
+    if need > limit:
+        raise ContextOverflowError(
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree nodes ({tree_nodes}) = {need} "
+            f"exceeds the {who}'s context of {limit} tokens"
+        )
+
+
+def _run(
+    target: TargetModel,
+    draft: DraftModel | None,
+    builder: TreeBuilder,
+    verifier: Verifier,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int | None,
+    eos_token_id: int | Sequence[int] | None,
+    timings: dict[str, float],
+    counters: dict[str, Any],
+) -> Iterator[list[int]]:
+    """The step loop; yields the tokens kept at each step."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not isinstance(sampling, SamplingConfig):
+        raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    vocab = target.vocab_size
+    if draft is not None and draft.vocab_size != vocab:
+        raise VocabMismatchError(f"the draft's vocabulary ({draft.vocab_size}) differs from the target's ({vocab})")
+    prompt = _check_prompt(prompt_ids, vocab)
+    _check_length(len(prompt), max_new_tokens, builder.max_nodes, target.max_length, "target")
+    if draft is not None:
+        _check_length(len(prompt), max_new_tokens, builder.max_nodes, getattr(draft, "max_length", None), "draft")
+    eos: set[int] = set()
+    if eos_token_id is not None:
+        eos = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+    rng = TorchRandom.seeded(seed)
+    clock = time.perf_counter
+    t0 = clock()
+    with torch.inference_mode():
+        target.prefill(prompt)
+        if draft is not None:
+            draft.begin(prompt)
+    timings["prefill"] += clock() - t0
+    root = prompt[-1]
+    produced = 0
+    while produced < max_new_tokens:
+        # inference mode per step, never across a yield (the caller's code runs between yields)
+        with torch.inference_mode():
+            t0 = clock()
+            tree = builder.build(root, draft, sampling, rng)
+            t1 = clock()
+            logits = target.score_tree(tree)
+            t2 = clock()
+            p = process_logits(logits, sampling)
+            result = verifier.verify(tree, p, rng)
+            t3 = clock()
+        timings["draft"] += t1 - t0
+        timings["target"] += t2 - t1
+        timings["verify"] += t3 - t2
+        counters["steps"] += 1
+        counters["tree_nodes"] += tree.num_nodes
+        counters["emitted"] += len(result.tokens)
+        counters["accepted"] += result.num_accepted
+        attempted, accepted = counters["depth_attempted"], counters["depth_accepted"]
+        while len(attempted) < result.attempted_depths:
+            attempted.append(0)
+            accepted.append(0)
+        for d in range(result.attempted_depths):
+            attempted[d] += 1
+            accepted[d] += int(d < result.num_accepted)
+        kept = list(result.tokens[: max_new_tokens - produced])
+        stop = False
+        for i, tok in enumerate(kept):
+            if tok in eos:
+                kept = kept[: i + 1]
+                stop = True
+                counters["stop_reason"] = "eos"
+                break
+        produced += len(kept)
+        yield kept
+        if stop or produced >= max_new_tokens:
+            return
+        t0 = clock()
+        with torch.inference_mode():
+            target.accept(result.accepted_nodes, result.bonus_token)
+            if draft is not None:
+                hidden = target.hidden_states()
+                if hidden is not None:
+                    hidden = hidden[[0, *result.accepted_nodes]]
+                draft.commit(result.tokens, target_hidden=hidden)
+        timings["draft"] += clock() - t0
+        root = result.bonus_token
+
+
+def _new_accounting() -> tuple[dict[str, float], dict[str, Any]]:
+    timings = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
+    counters: dict[str, Any] = {
+        "steps": 0, "tree_nodes": 0, "emitted": 0, "accepted": 0,
+        "depth_attempted": [], "depth_accepted": [], "stop_reason": "length",
+    }
+    return timings, counters
+
+
+def _generate(
+    target: TargetModel,
+    draft: DraftModel | None,
+    builder: TreeBuilder,
+    verifier: Verifier,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int | None,
+    eos_token_id: int | Sequence[int] | None,
+    callback: Callable[[list[int]], None] | None,
+) -> GenerationOutput:
+    timings, counters = _new_accounting()
+    start = time.perf_counter()
+    tokens: list[int] = []
+    for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
+                      eos_token_id, timings, counters):
+        tokens.extend(chunk)
+        if callback is not None and chunk:
+            callback(chunk)
+    total = time.perf_counter() - start
+    stats = GenerationStats(
+        steps=counters["steps"], new_tokens=len(tokens), emitted=counters["emitted"],
+        accepted=counters["accepted"], depth_attempted=tuple(counters["depth_attempted"]),
+        depth_accepted=tuple(counters["depth_accepted"]), tree_nodes=counters["tree_nodes"],
+        time_prefill=timings["prefill"], time_draft=timings["draft"], time_target=timings["target"],
+        time_verify=timings["verify"], time_total=total,
+    )
+    return GenerationOutput(tokens=tokens, stats=stats, stop_reason=counters["stop_reason"])
+
+
+def _as_target(model: Any) -> TargetModel:
+    if isinstance(model, TargetModel):
+        return model
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        PreTrainedModel = ()  # type: ignore[assignment]
+    if PreTrainedModel and isinstance(model, PreTrainedModel):
+        from specdec.targets.hf import HFTarget
+
+        return HFTarget(model)
+    raise InvalidConfigError(f"target must be a TargetModel or a transformers PreTrainedModel, got {type(model).__name__}")
+
+
+def _as_draft(model: Any) -> DraftModel | None:
+    if model is None or isinstance(model, DraftModel):
+        return model
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        PreTrainedModel = ()  # type: ignore[assignment]
+    if PreTrainedModel and isinstance(model, PreTrainedModel):
+        from specdec.drafts.hf import HFDraft
+
+        return HFDraft(model)
+    raise InvalidConfigError(f"draft must be a DraftModel or a transformers PreTrainedModel, got {type(model).__name__}")
+
+
+class SpeculativeGenerator:
+    """Lossless speculative generation with a named method or an explicit composition.
+
+    Args:
+        target: a :class:`~specdec.targets.base.TargetModel` or a Hugging Face
+            causal LM (wrapped in :class:`~specdec.targets.hf.HFTarget`).
+        draft: a :class:`~specdec.drafts.base.DraftModel` or a Hugging Face
+            causal LM (wrapped in :class:`~specdec.drafts.hf.HFDraft`).
+        method: registered method name (``specdec list method``), or None to
+            compose ``tree`` and ``verifier`` by name.
+        tree: tree builder name, when composing (overrides the method's).
+        verifier: verifier name, when composing (overrides the method's).
+        **method_options: tree builder parameters overriding the defaults.
+
+    Example:
+        >>> import torch, specdec
+        >>> from specdec.models import CallableLM
+        >>> lm = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 5), vocab_size=5)
+        >>> gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method="sd", depth=3)
+        >>> out = gen.generate([0], max_new_tokens=8, sampling=specdec.SamplingConfig(temperature=1.0), seed=0)
+        >>> len(out.tokens), out.stats.tau > 1
+        (8, True)
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any,
+        method: str | None = "rheo",
+        *,
+        tree: str | None = None,
+        verifier: str | None = None,
+        **method_options: Any,
+    ) -> None:
+        from specdec.methods import compose, resolve_method
+
+        self.target = _as_target(target)
+        self.draft = _as_draft(draft)
+        if self.draft is None:
+            raise InvalidConfigError("a draft model is required (use autoregressive_generate for plain decoding)")
+        if self.draft.vocab_size != self.target.vocab_size:
+            raise VocabMismatchError(
+                f"the draft's vocabulary ({self.draft.vocab_size}) differs from the target's ({self.target.vocab_size})"
+            )
+        if method is None:
+            if tree is None or verifier is None:
+                raise InvalidConfigError("give a method name, or both tree= and verifier= to compose one")
+            self.method_name = f"{tree}+{verifier}"
+            self.builder, self.verifier = compose(tree, verifier, method_options)
+        else:
+            m = resolve_method(method)
+            self.method_name = m.name
+            options = {**m.defaults, **method_options}
+            self.builder, self.verifier = compose(tree or m.tree, verifier or m.verifier, options,
+                                                  context=f"method {m.name!r}")
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        callback: Callable[[list[int]], None] | None = None,
+    ) -> GenerationOutput:
+        """Generate up to ``max_new_tokens`` new tokens after ``prompt_ids``.
+
+        The output law equals the target's (sampled with ``sampling``) exactly.
+
+        Args:
+            prompt_ids: the prompt's token ids (non-empty).
+            max_new_tokens: positive number of tokens to produce.
+            sampling: the sampling configuration (default: temperature 1).
+            seed: seeds the one generator behind every random draw.
+            eos_token_id: id(s) that end generation (kept in the output).
+            callback: called with each step's new tokens as they are emitted.
+        """
+        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
+                         sampling or SamplingConfig(), seed, eos_token_id, callback)
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield each step's new tokens as soon as they are verified."""
+        timings, counters = _new_accounting()
+        yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
+                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters)
+
+
+def autoregressive_generate(
+    target: Any,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    callback: Callable[[list[int]], None] | None = None,
+) -> GenerationOutput:
+    """Plain decoding from the target: the baseline and the reference law.
+
+    The same loop as :class:`SpeculativeGenerator` with a root-only tree: each
+    step draws one token from the processed ``p`` (``argmax`` at temperature 0).
+    """
+    from specdec.registry import get
+
+    model = _as_target(target)
+    verifier = get("verifier", "match")()  # with no children: the bonus is drawn from p itself
+    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,
+                     sampling or SamplingConfig(), seed, eos_token_id, callback)

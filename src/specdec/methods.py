@@ -1,0 +1,106 @@
+"""Named methods: a tree builder + a verifier + default parameters.
+
+A method is what users pick by name (``SpeculativeGenerator(method="rheo")``).
+Every method is registered under role ``"method"``, so the end-to-end
+losslessness tests cover it the moment it is registered. Defaults and their
+sources are listed in ``docs/methods.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from specdec.errors import InvalidConfigError, UnsupportedTreeError
+from specdec.registry import get, register
+from specdec.trees.base import TreeBuilder
+from specdec.verify.base import Verifier
+
+__all__ = ["Method", "METHODS", "resolve_method"]
+
+
+@attrs.frozen
+class Method:
+    """A named composition of a tree builder and a verifier.
+
+    Attributes:
+        name: registry name of the method.
+        tree: registry name of the tree builder (role ``"tree"``).
+        verifier: registry name of the verifier (role ``"verifier"``).
+        defaults: builder parameters used unless the caller overrides them.
+        description: one line for ``specdec list``.
+    """
+
+    name: str
+    tree: str
+    verifier: str
+    defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    description: str = ""
+
+    def build(self, **options: Any) -> tuple[TreeBuilder, Verifier]:
+        """Instantiate the builder (defaults overridden by ``options``) and the verifier.
+
+        Raises:
+            InvalidConfigError: an option the builder does not take.
+            UnsupportedTreeError: the builder can emit children the verifier cannot verify.
+        """
+        return compose(self.tree, self.verifier, {**self.defaults, **options}, context=f"method {self.name!r}")
+
+
+def builder_options(builder_cls: type) -> list[str]:
+    """Names of the constructor options a builder class accepts."""
+    if attrs.has(builder_cls):
+        return [a.alias or a.name for a in attrs.fields(builder_cls) if a.init]
+    import inspect
+
+    params = inspect.signature(builder_cls).parameters
+    return [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def compose(tree: str, verifier: str, options: Mapping[str, Any], context: str = "") -> tuple[TreeBuilder, Verifier]:
+    """Build ``(builder, verifier)`` from registry names, checking that they fit."""
+    builder_cls = get("tree", tree)
+    verifier_obj: Verifier = get("verifier", verifier)()
+    allowed = builder_options(builder_cls)
+    unknown = sorted(set(options) - set(allowed))
+    where = f" for {context}" if context else ""
+    if unknown:
+        raise InvalidConfigError(
+            f"unknown option(s) {', '.join(unknown)}{where}; tree builder {tree!r} accepts: {', '.join(allowed)}"
+        )
+    builder: TreeBuilder = builder_cls(**options)
+    missing = {int(k) for k in builder.produces} - {int(k) for k in verifier_obj.supported_kinds}
+    if missing:
+        raise UnsupportedTreeError(
+            f"tree builder {tree!r} emits children that verifier {verifier!r} cannot verify losslessly{where}"
+        )
+    return builder, verifier_obj
+
+
+METHODS: tuple[Method, ...] = (
+    Method("sd", "chain", "rejection-iid", {"depth": 4},
+           "classic speculative sampling: a chain of sampled drafts, rule 3"),
+    Method("specinfer", "static", "rejection-iid", {"expansion": (4, 2, 2, 1), "mode": "iid"},
+           "SpecInfer: static tree of i.i.d. sampled children, multi-step rejection (rule 3)"),
+    Method("sequoia", "sequoia", "rejection-wor", {},
+           "Sequoia: DP-optimal static tree, children without replacement (rule 4)"),
+    Method("eagle2", "eagle", "match", {},
+           "EAGLE-2: dynamic top-K tree with global rerank, sample-and-match (rule 2)"),
+    Method("eagle3", "eagle", "match", {},
+           "EAGLE-3: the EAGLE-2 tree driven by an EAGLE-3 draft head, sample-and-match (rule 2)"),
+    Method("rheo", "rheo", "mixed", {},
+           "RheoSampling: dynamic top-K tree plus a sampled slot with proxy weights, mixed rule 5"),
+)
+
+for _method in METHODS:
+    register("method", _method.name)(_method)
+
+
+def resolve_method(name: str) -> Method:
+    """The registered :class:`Method` called ``name`` (clear error otherwise)."""
+    method = get("method", name)
+    if not isinstance(method, Method):
+        raise InvalidConfigError(f"method {name!r} is registered but is not a Method")
+    return method

@@ -1,0 +1,403 @@
+"""Shared plumbing for Hugging Face causal LMs: KV-cache access, tree
+attention masks, one-call forwards, vocabulary checks, truncated-layer copies.
+
+Everything version-dependent in the ``transformers`` API that specdec uses is
+isolated here, behind :class:`KVCache` and :func:`forward_tokens`:
+
+- the cache object (``DynamicCache``): per-layer ``cache.layers[i].keys/.values``
+  (transformers >= 4.56) or the older ``cache.key_cache[i]`` / ``cache.value_cache[i]``
+  lists (4.46 - 4.55);
+- the keyword that passes it (``cache`` from 5.x on, ``past_key_values`` before);
+- the keyword that restricts logits to the last position (``logits_to_keep`` /
+  ``num_logits_to_keep``).
+
+The supported range is :data:`SUPPORTED_TRANSFORMERS`; the compatibility test
+(``tests/models/test_hf_compat.py``) checks the installed version against it and
+exercises every cache access used here. No modeling file is forked: trees are
+scored with the model's own forward, a 4D additive float attention mask and
+explicit ``position_ids``.
+
+Words: the *committed context* is the token sequence decoding has fixed so
+far; a *draft tree* (see :mod:`specdec.tree`) hangs below its last token, the
+*root*. A node at depth ``d`` gets position ``len(context) - 1 + d``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.kernels.kv_compact import compact_kv_inplace
+
+__all__ = [
+    "SUPPORTED_TRANSFORMERS",
+    "KVCache",
+    "KVCompactor",
+    "additive_mask",
+    "check_context",
+    "check_prompt",
+    "check_tokenizers_match",
+    "check_tokens",
+    "check_transformers_version",
+    "check_vocab_match",
+    "forward_tokens",
+    "model_max_length",
+    "model_vocab_size",
+    "text_config",
+    "truncated_copy",
+]
+
+SUPPORTED_TRANSFORMERS = ">=4.46,<6"
+"""The ``transformers`` versions specdec's HF wrappers support (a PEP 440
+specifier). Tested on 4.46.3, 4.57.1 and 5.24.0."""
+
+KVCompactor = Callable[[Sequence[torch.Tensor], torch.Tensor], list[torch.Tensor]]
+"""``fn(cache_tensors, keep_index) -> compacted tensors``; see
+:func:`~specdec.kernels.kv_compact.compact_kv_reference` for the contract (an
+implementation may overwrite the input tensors, as
+:func:`~specdec.kernels.kv_compact.compact_kv_inplace` does: the cache
+replaces them with the result)."""
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Raise ``ImportError`` unless ``version`` (default: the installed
+    ``transformers``) is in :data:`SUPPORTED_TRANSFORMERS`."""
+    from packaging.specifiers import SpecifierSet
+
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    if version not in SpecifierSet(SUPPORTED_TRANSFORMERS):
+        raise ImportError(
+            f"specdec's Hugging Face wrappers support transformers{SUPPORTED_TRANSFORMERS}, "
+            f"found {version}; install a supported version (pip install 'transformers{SUPPORTED_TRANSFORMERS}')"
+        )
+
+
+# ------------------------------------------------------------- model facts
+def model_vocab_size(model: Any) -> int:
+    """``V``: the number of logits the model's LM head returns."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    return int(text_config(model.config).vocab_size)
+
+
+def model_max_length(model: Any) -> int | None:
+    """Number of positions the model supports (``config.max_position_embeddings``), or None."""
+    value = getattr(text_config(model.config), "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def text_config(config: Any) -> Any:
+    """The decoder (text) part of a possibly multimodal config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+def _model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _model_dtype(model: Any) -> torch.dtype:
+    for p in model.parameters():
+        if torch.is_floating_point(p):
+            return p.dtype
+    return torch.float32
+
+
+# ------------------------------------------------------------- input checks
+def check_prompt(prompt_ids: Sequence[int], vocab_size: int, max_length: int | None) -> list[int]:
+    """Validate a prompt and return it as a list of ints.
+
+    Raises:
+        ValueError: empty prompt or a token outside ``[0, vocab_size)``.
+        ContextOverflowError: the prompt is longer than ``max_length``.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt must contain at least one token")
+    tokens = check_tokens(prompt_ids, vocab_size, "prompt")
+    if max_length is not None and len(tokens) > max_length:
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the model's context is {max_length} positions")
+    return tokens
+
+
+def check_tokens(tokens: Sequence[int] | torch.Tensor, vocab_size: int, what: str = "tokens") -> list[int]:
+    """Token ids as a list of ints; ValueError if one lies outside ``[0, vocab_size)``."""
+    out = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
+    bad = [t for t in out if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: token id {bad[0]} outside the model's vocabulary [0, {vocab_size})")
+    return out
+
+
+def check_context(last_position: int, max_length: int | None, what: str) -> None:
+    """ContextOverflowError if position ``last_position`` does not exist (``>= max_length``)."""
+    if max_length is not None and last_position >= max_length:
+        raise ContextOverflowError(
+            f"{what} needs position {last_position}, but the model's context is {max_length} positions "
+            f"(0..{max_length - 1}); shorten the prompt, max_new_tokens or the tree depth"
+        )
+
+
+def check_vocab_match(target: Any, draft: Any) -> None:
+    """Raise :class:`~specdec.errors.VocabMismatchError` unless the target and
+    draft return logits over the same vocabulary size (any objects with a
+    ``vocab_size`` attribute: specdec targets/drafts or HF configs).
+
+    Same size is necessary, not sufficient: also compare the tokenizers with
+    :func:`check_tokenizers_match` when they are at hand.
+    """
+    vt, vd = int(target.vocab_size), int(draft.vocab_size)
+    if vt != vd:
+        raise VocabMismatchError(
+            f"target and draft vocabularies differ: target has V = {vt}, draft has V = {vd}; "
+            "speculative decoding needs a draft that shares the target's tokenizer"
+        )
+
+
+def check_tokenizers_match(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Raise :class:`~specdec.errors.VocabMismatchError` unless both HF
+    tokenizers map the same strings to the same ids (``get_vocab()``)."""
+    a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if a == b:
+        return
+    diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])
+    example = diff[0] if diff else None
+    raise VocabMismatchError(
+        f"target and draft tokenizers differ ({len(a)} vs {len(b)} entries; first difference: {example!r})"
+    )
+
+
+# ------------------------------------------------------------ the KV cache
+class KVCache:
+    """A transformers ``DynamicCache`` for batch 1, with the accessors specdec needs.
+
+    Args:
+        model: the HF causal LM the cache is for.
+
+    Attributes:
+        obj: the underlying transformers cache object (pass it to the model).
+
+    Raises:
+        NotImplementedError: for models with sliding-window attention (their
+            dropped positions cannot be compacted back) or, in old transformers
+            versions, models that take no Cache object (GPT-2 before 4.5x).
+    """
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        if getattr(model, "_supports_cache_class", True) is False:
+            raise NotImplementedError(
+                f"{type(model).__name__} takes legacy tuple caches in this transformers version; "
+                "specdec needs a model that accepts a Cache object (upgrade transformers)"
+            )
+        params = inspect.signature(DynamicCache.__init__).parameters
+        self.obj = DynamicCache(config=model.config) if "config" in params else DynamicCache()
+        for layer in getattr(self.obj, "layers", ()):
+            if getattr(layer, "is_sliding", False) or type(layer).__name__ != "DynamicLayer":
+                raise NotImplementedError(
+                    f"{type(model).__name__}: cache layer {type(layer).__name__} is not supported "
+                    "(sliding-window or special caches cannot be compacted); use a full-attention model"
+                )
+        config = text_config(model.config)
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            raise NotImplementedError(
+                f"{type(model).__name__}: sliding-window attention (sliding_window={config.sliding_window}) "
+                "is not supported; use a full-attention model (or set config.sliding_window = None if the "
+                "window exceeds every context you decode)"
+            )
+
+    def __len__(self) -> int:
+        return int(self.obj.get_seq_length())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The cache as a flat list ``[k_0, v_0, k_1, v_1, ...]`` of ``[1, H, S, D]`` tensors (empty if nothing cached)."""
+        if len(self) == 0:
+            return []
+        if hasattr(self.obj, "layers"):
+            out = []
+            for layer in self.obj.layers:
+                out += [layer.keys, layer.values]
+            return out
+        return [t for pair in zip(self.obj.key_cache, self.obj.value_cache) for t in pair]
+
+    def set_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace the cached tensors (same flat order as :meth:`tensors`)."""
+        keys, values = list(tensors[0::2]), list(tensors[1::2])
+        if hasattr(self.obj, "layers"):
+            if len(keys) != len(self.obj.layers):
+                raise ValueError(f"expected {2 * len(self.obj.layers)} cache tensors, got {len(tensors)}")
+            for layer, k, v in zip(self.obj.layers, keys, values):
+                layer.keys, layer.values = k, v
+        else:
+            if len(keys) != len(self.obj.key_cache):
+                raise ValueError(f"expected {2 * len(self.obj.key_cache)} cache tensors, got {len(tensors)}")
+            self.obj.key_cache[:] = keys
+            self.obj.value_cache[:] = values
+            if hasattr(self.obj, "_seen_tokens"):
+                self.obj._seen_tokens = int(keys[0].shape[-2])
+
+    def compact(self, keep_index: torch.Tensor, compactor: KVCompactor = compact_kv_inplace) -> None:
+        """Keep only the positions ``keep_index`` (``[S']`` int64, ascending) in every layer."""
+        tensors = self.tensors()
+        if not tensors:
+            if keep_index.numel():
+                raise ValueError("cannot keep positions of an empty cache")
+            return
+        with torch.inference_mode():
+            self.set_tensors(compactor(tensors, keep_index.to(tensors[0].device)))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+        current = len(self)
+        if length > current or length < 0:
+            raise ValueError(f"cannot truncate a cache of {current} positions to {length}")
+        if length < current:
+            self.set_tensors([t[..., :length, :] for t in self.tensors()])
+
+
+# ------------------------------------------------------------- the forward
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, q, k]`` additive float mask from a ``[q, k]`` bool "may attend" matrix.
+
+    0 where ``allowed``, ``torch.finfo(dtype).min`` elsewhere. (A boolean 4D
+    mask is silently misread by the eager attention path of some transformers
+    versions, which add the mask to the scores; a float mask means the same to
+    every path.)
+
+    Example:
+        >>> import torch
+        >>> additive_mask(torch.tensor([[True, False]]), torch.float32)[0, 0].tolist()
+        [[0.0, -3.4028234663852886e+38]]
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_kwargs(cls: type) -> tuple[str, str | None]:
+    params = inspect.signature(cls.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    logits_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    return cache_kw, logits_kw
+
+
+def forward_tokens(
+    model: Any,
+    cache: KVCache,
+    tokens: Sequence[int],
+    positions: Sequence[int] | torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    *,
+    logits: str = "all",
+    hidden_layers: Sequence[int] = (),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One forward of ``q`` new tokens over the cached positions; the new
+    tokens' keys and values are appended to ``cache``.
+
+    Args:
+        model: HF causal LM.
+        cache: its :class:`KVCache` holding ``S`` positions.
+        tokens: ``q`` token ids.
+        positions: ``q`` position ids (rotary / absolute positions).
+        allowed: ``[q, S + q]`` bool, True where a new token may attend (cache
+            positions first, then the new tokens in order); None means plain
+            causal attention (and then ``positions`` must be ``S..S+q-1``).
+        logits: ``"all"`` (``[q, V]``), ``"last"`` (``[V]``) or ``"none"`` (skips the LM head).
+        hidden_layers: indices into the model's ``hidden_states`` tuple to return
+            (``i`` = input of decoder layer ``i``; ``num_layers`` = final normed output).
+
+    Returns:
+        ``(logits, hidden)``: logits as requested (model dtype) or None;
+        ``hidden`` ``[q, len(hidden_layers), H]`` or None when no layer is asked for.
+    """
+    device = _model_device(model)
+    q = len(tokens)
+    past = len(cache)
+    input_ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
+    position_ids = torch.as_tensor(positions, dtype=torch.int64).reshape(1, q).to(device)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
+    if allowed is not None:
+        if tuple(allowed.shape) != (q, past + q):
+            raise ValueError(f"allowed must be [{q}, {past + q}], got {tuple(allowed.shape)}")
+        kwargs["attention_mask"] = additive_mask(allowed.to(device), _model_dtype(model))
+    if hidden_layers:
+        kwargs["output_hidden_states"] = True
+    if logits == "none":
+        runner = model.base_model
+    elif logits in ("all", "last"):
+        runner = model
+    else:
+        raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+    cache_kw, logits_kw = _forward_kwargs(type(runner))
+    kwargs[cache_kw] = cache.obj
+    if logits == "last" and logits_kw is not None:
+        kwargs[logits_kw] = 1
+    with torch.inference_mode():
+        out = runner(**kwargs)
+    hidden = None
+    if hidden_layers:
+        states = out.hidden_states
+        hidden = torch.stack([states[i][0] for i in hidden_layers], dim=1)
+    if logits == "none":
+        return None, hidden
+    scores = out.logits[0]
+    return (scores[-1] if logits == "last" else scores), hidden
+
+
+# ------------------------------------------------------- truncated copies
+def truncated_copy(model: Any, num_layers: int) -> Any:
+    """A causal LM made of ``model``'s first ``num_layers`` decoder layers, its
+    final norm and its LM head, *sharing* their weights (no copy).
+
+    Useful as a small independent draft for ``model`` (same tokenizer, same
+    embeddings): its logits are ``lm_head(norm(h_k))`` with ``h_k`` the
+    target's hidden state after layer ``k``.
+
+    Args:
+        model: an HF causal LM whose config counts layers in ``num_hidden_layers``.
+        num_layers: ``k``, ``1 <= k <= num_hidden_layers``.
+
+    Returns:
+        A model of the same class, in eval mode, on the same device and dtype.
+
+    Example:
+        >>> import transformers
+        >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16,
+        ...     num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1)
+        >>> big = transformers.LlamaForCausalLM(cfg)
+        >>> small = truncated_copy(big, 1)
+        >>> small.config.num_hidden_layers, small.lm_head.weight.data_ptr() == big.lm_head.weight.data_ptr()
+        (1, True)
+    """
+    config = copy.deepcopy(model.config)
+    total = getattr(config, "num_hidden_layers", None)
+    if total is None:
+        raise InvalidConfigError(f"{type(model).__name__}: config has no num_hidden_layers; cannot truncate")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
+        raise InvalidConfigError(f"num_layers must be an int in [1, {total}], got {num_layers!r}")
+    config.num_hidden_layers = num_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:num_layers]
+    attn = getattr(model.config, "_attn_implementation", None)
+    small = type(model)._from_config(config, attn_implementation=attn) if attn else type(model)._from_config(config)
+    source = model.state_dict()
+    wanted = small.state_dict()
+    missing = [k for k in wanted if k not in source]
+    if missing:
+        raise InvalidConfigError(f"truncated_copy: cannot map parameters {missing[:3]} of the truncated model")
+    small.load_state_dict({k: source[k] for k in wanted}, assign=True)
+    small.to(_model_device(model))
+    small.eval()
+    return small

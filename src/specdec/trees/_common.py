@@ -1,0 +1,184 @@
+"""Shared helpers of the tree builders: parameter checks, tie-safe top-k, draws.
+
+Every random draw goes through a :class:`~specdec.rng.RandomSource`
+(``rng.categorical``), so the exact enumeration tests
+(:func:`specdec.testing.exact_law`) walk the very code generation runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from specdec.errors import InvalidConfigError
+from specdec.rng import RandomSource
+from specdec.tree import SampleMode
+
+__all__ = [
+    "check_int",
+    "check_mode",
+    "check_paths",
+    "draw_children",
+    "log_weight",
+    "normalised_law",
+    "top_tokens",
+]
+
+
+def check_int(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value`` if it is an ``int >= minimum``; else raise :class:`InvalidConfigError`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_mode(value: object) -> SampleMode:
+    """Convert ``"iid"`` / ``"wor"`` (or a :class:`SampleMode`) to a :class:`SampleMode`."""
+    if isinstance(value, SampleMode):
+        return value
+    try:
+        return SampleMode(value)
+    except ValueError:
+        raise InvalidConfigError(
+            f"mode must be 'iid' (i.i.d. draws, rule 3) or 'wor' (without replacement, rule 4), got {value!r}"
+        ) from None
+
+
+def normalised_law(q: torch.Tensor, *, on_device: bool = False) -> torch.Tensor:
+    """``q`` in float64, renormalised to sum to 1 exactly as it will be sampled.
+
+    Args:
+        q: ``[..., V]`` processed draft probabilities (any float dtype).
+        on_device: keep a CUDA tensor on its device (the dynamic builders only
+            move their few top-ranked entries to the CPU); otherwise, and for
+            devices without float64 (MPS), the result is on the CPU.
+
+    Returns:
+        ``[..., V]`` float64 rows ``q / sum(q)``. Builders draw from and record
+        this law, so the recorded law is exactly the one sampled from.
+    """
+    device = q.device if on_device and q.device.type == "cuda" else torch.device("cpu")
+    q64 = q.detach().to(device, torch.float64)
+    return q64 / q64.sum(dim=-1, keepdim=True)
+
+
+def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
+    """The ``count`` most probable tokens of each row, tie-safe.
+
+    Ranking within a row is by ``(-q(x), x)``: decreasing probability, ties
+    broken by the smaller token id. This tie rule only decides *which* tokens
+    fill a node's deterministic slots; it is a function of ``q`` alone (no
+    random draw), so it is harmless for losslessness. It is never used to rank
+    nodes against each other (that is the total order (-score, creation
+    index), ALGORITHMS.md "EAGLE-2/3 dynamic tree"). Tokens with ``q = 0`` are
+    never returned, so a row may yield fewer than ``count`` tokens.
+
+    Args:
+        q: ``[k, V]`` float64 probabilities.
+        count: ``>= 1`` tokens wanted per row.
+
+    Returns:
+        ``k`` lists of ``(token, q(token))``, most probable first.
+
+    Example:
+        >>> import torch
+        >>> top_tokens(torch.tensor([[0.25, 0.5, 0.25, 0.0]], dtype=torch.float64), 3)
+        [[(1, 0.5), (0, 0.25), (2, 0.25)]]
+    """
+    if q.dim() != 2:
+        raise ValueError(f"top_tokens expects [k, V] probabilities, got shape {tuple(q.shape)}")
+    vocab = q.shape[-1]
+    if count >= vocab:
+        threshold = torch.zeros(q.shape[0], 1, dtype=q.dtype, device=q.device)
+    else:
+        # torch.topk's *values* are exact; only its order among equal values is
+        # unspecified, so take every token >= the count-th value and sort those
+        # stably ourselves.
+        threshold = torch.topk(q, count, dim=-1).values[:, -1:]
+    rows, cols = torch.nonzero((q >= threshold) & (q > 0), as_tuple=True)  # row-major: ids ascending
+    values = q[rows, cols]
+    # order by (row, -q, id): stable sort by -q, then stable sort by row
+    by_value = torch.sort(values, descending=True, stable=True).indices
+    order = by_value[torch.sort(rows[by_value], stable=True).indices]
+    out: list[list[tuple[int, float]]] = [[] for _ in range(q.shape[0])]
+    for r, c, v in zip(rows[order].tolist(), cols[order].tolist(), values[order].tolist()):
+        if len(out[r]) < count:
+            out[r].append((c, v))
+    return out
+
+
+def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource) -> list[int]:
+    """Draw ``count`` indices from ``probs``, i.i.d. or without replacement.
+
+    Without replacement (ALGORITHMS.md rule 4, the law the verifier undoes):
+    sequential categorical draws from ``probs`` with each drawn index zeroed
+    and the rest renormalised. If fewer than ``count`` indices have positive
+    probability, every one of them is drawn (in draw order) and no more.
+
+    Args:
+        probs: ``[L]`` float64 probabilities summing to 1.
+        count: number of draws wanted (``>= 0``).
+        mode: :class:`SampleMode`.
+        rng: the source of every draw (``rng.categorical``).
+
+    Returns:
+        The drawn indices into ``probs``, in draw order.
+    """
+    if mode == SampleMode.IID:
+        return [rng.categorical(probs) for _ in range(count)]
+    drawn: list[int] = []
+    remaining = probs.clone()
+    for _ in range(count):
+        mass = float(remaining.sum())
+        if not mass > 0.0:
+            break
+        index = rng.categorical(remaining / mass)
+        drawn.append(index)
+        remaining[index] = 0.0
+    return drawn
+
+
+def log_weight(weight: float) -> float:
+    """``log(weight)`` for a construction weight in ``(0, 1]`` (path scores add these)."""
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"construction weights must lie in (0, 1], got {weight!r}")
+    return math.log(weight)
+
+
+def check_paths(paths: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Validate and normalise an explicit tree shape given as child-slot paths.
+
+    A path ``(i0, i1, ..., ik)`` names the node reached by taking the root's
+    child slot ``i0``, then that node's slot ``i1``, and so on. The set must be
+    non-empty, prefix-closed (every proper prefix is itself a path), and the
+    slots of each node's children must be exactly ``0..c-1``.
+
+    Returns:
+        The paths sorted breadth first (by length, then lexicographically).
+    """
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) or len(paths) == 0:
+        raise InvalidConfigError(f"paths must be a non-empty sequence of tuples of slot indices, got {paths!r}")
+    norm: set[tuple[int, ...]] = set()
+    for path in paths:
+        if isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or len(path) == 0:
+            raise InvalidConfigError(f"each path must be a non-empty tuple of slot indices, got {path!r}")
+        for slot in path:
+            if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
+                raise InvalidConfigError(f"slot indices must be ints >= 0, got {slot!r} in path {tuple(path)!r}")
+        t = tuple(int(s) for s in path)
+        if t in norm:
+            raise InvalidConfigError(f"path {t!r} is listed twice")
+        norm.add(t)
+    children: dict[tuple[int, ...], list[int]] = {}
+    for t in norm:
+        if len(t) > 1 and t[:-1] not in norm:
+            raise InvalidConfigError(f"path {t!r} needs its parent path {t[:-1]!r} (paths must be prefix-closed)")
+        children.setdefault(t[:-1], []).append(t[-1])
+    for parent, slots in children.items():
+        if sorted(slots) != list(range(len(slots))):
+            raise InvalidConfigError(
+                f"the child slots of path {parent!r} must be 0..{len(slots) - 1}, got {sorted(slots)}"
+            )
+    return tuple(sorted(norm, key=lambda t: (len(t), t)))

@@ -1,0 +1,357 @@
+"""Dynamic trees: EAGLE-2/3's beam-and-rerank construction (Li et al. 2024, 2025).
+
+One generic routine, :func:`grow_dynamic_tree`, parametrised by a per-node
+child-proposal function; the ``"eagle"`` builder proposes the top-K tokens
+of ``q`` (deterministic children), RheoSampling (:mod:`specdec.trees.rheo`)
+proposes top-(K-m) deterministic children plus sampled slots.
+
+The construction (ALGORITHMS.md, "EAGLE-2/3 dynamic tree"):
+
+- *weight* of a node: ``q(x)`` for a deterministic child (a proxy for a
+  sampled one); its *score* is the sum of log weights on its path.
+- Level 1: the root's proposed children. Each further level: the best ``B``
+  nodes of the newest level (a beam over all of that level's nodes, not per
+  parent) are sent to the draft in one :meth:`DraftModel.expand` call and
+  each gets its proposed children. ``depth`` levels in all.
+- Finally the best ``N`` of all created nodes are kept.
+- "Best" is the TOTAL order ``(-score, creation index)``; creation indices
+  are given level by level, in creation order: beam rank of the parent, then
+  the parent's proposal order (sampled children first, in draw order, then
+  deterministic children by rank). Python's sort on these tuples is exact;
+  ``torch.topk``/``torch.sort`` are never trusted with equal scores. Weights
+  are ``<= 1`` so a child never outscores its parent, and on a tie the parent
+  (created earlier) ranks first: the kept set is always a tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import attrs
+import torch
+
+from specdec.drafts.base import DraftModel
+from specdec.registry import register
+from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig
+from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
+from specdec.trees._common import check_int, log_weight, normalised_law, top_tokens
+from specdec.trees.base import TreeBuilder
+
+__all__ = [
+    "ChildProposal",
+    "DynamicNode",
+    "ProposeFn",
+    "DynamicTreeBuilder",
+    "EagleTreeBuilder",
+    "grow_dynamic_tree",
+    "rank_key",
+    "keep_best",
+]
+
+
+@attrs.frozen
+class ChildProposal:
+    """One child a proposal function wants created under a node.
+
+    Attributes:
+        token: the child's token.
+        kind: :attr:`NodeKind.DETERMINISTIC` or :attr:`NodeKind.SAMPLED`.
+        weight: construction weight in ``(0, 1]`` (``q(x)``, or a proxy).
+        law: for a sampled child, the exact law it was drawn from (one object
+            shared by all sampled siblings); None for a deterministic child.
+    """
+
+    token: int
+    kind: NodeKind
+    weight: float
+    law: SparseLaw | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.kind == NodeKind.SAMPLED) != (self.law is not None):
+            raise ValueError("a sampled child needs its law; a deterministic child has none")
+        if not 0.0 < self.weight <= 1.0:
+            raise ValueError(f"child weights must lie in (0, 1], got {self.weight!r}")
+
+
+ProposeFn = Callable[[torch.Tensor, RandomSource], list[list[ChildProposal]]]
+"""``propose(q, rng)``: for ``q`` ``[k, V]`` (float64 rows, the processed draft
+laws of ``k`` nodes, on the draft's CUDA device or the CPU), the children of
+each node in creation order: sampled children first in draw order, then
+deterministic children by rank. Recorded laws must live on the CPU."""
+
+
+class DynamicNode:
+    """Bookkeeping for one created node of a dynamic tree (not part of the output)."""
+
+    __slots__ = ("index", "parent", "token", "kind", "weight", "score", "law", "level", "draft_id")
+
+    def __init__(
+        self,
+        index: int,
+        parent: int,
+        token: int,
+        kind: NodeKind,
+        weight: float,
+        score: float,
+        law: SparseLaw | None,
+        level: int,
+    ) -> None:
+        self.index = index  # creation index (root 0)
+        self.parent = parent  # creation index of the parent (-1 for the root)
+        self.token = token
+        self.kind = kind
+        self.weight = weight
+        self.score = score  # sum of log weights on the path
+        self.law = law
+        self.level = level
+        self.draft_id: int | None = None  # id inside the draft model's step tree, once expanded
+
+    def __repr__(self) -> str:
+        return (
+            f"DynamicNode(index={self.index}, parent={self.parent}, token={self.token}, "
+            f"kind={NodeKind(self.kind).name}, weight={self.weight:.4g}, score={self.score:.4g})"
+        )
+
+
+RankKey = Callable[[DynamicNode], tuple]
+
+
+def rank_key(node: DynamicNode) -> tuple[float, int]:
+    """The total order of ALGORITHMS.md: higher score first, then earlier creation."""
+    return (-node.score, node.index)
+
+
+def keep_best(nodes: Sequence[DynamicNode], num_keep: int, key: RankKey = rank_key) -> list[DynamicNode]:
+    """The best ``num_keep`` draft nodes under ``key`` (the global rerank).
+
+    Raises:
+        RuntimeError: if the kept set is not closed under parents (impossible
+            with :func:`rank_key`, since ancestors outrank descendants).
+    """
+    kept = sorted(nodes, key=key)[:num_keep]
+    ids = {0} | {n.index for n in kept}
+    for n in kept:
+        if n.parent not in ids:
+            raise RuntimeError(f"dynamic tree: node {n.index} kept without its parent {n.parent}")
+    return kept
+
+
+def _create_children(
+    nodes: list[DynamicNode], parents: Sequence[DynamicNode], proposals: list[list[ChildProposal]]
+) -> list[DynamicNode]:
+    if len(proposals) != len(parents):
+        raise RuntimeError(f"proposal function returned {len(proposals)} rows for {len(parents)} nodes")
+    created = []
+    for parent, children in zip(parents, proposals):
+        for child in children:
+            node = DynamicNode(
+                index=len(nodes),
+                parent=parent.index,
+                token=int(child.token),
+                kind=child.kind,
+                weight=float(child.weight),
+                score=parent.score + log_weight(float(child.weight)),
+                law=child.law,
+                level=parent.level + 1,
+            )
+            nodes.append(node)
+            created.append(node)
+    return created
+
+
+def assemble(nodes: Sequence[DynamicNode], kept: Sequence[DynamicNode], vocab_size: int) -> DraftTree:
+    """The :class:`DraftTree` of the root and ``kept`` nodes, in creation order."""
+    asm = TreeAssembler(nodes[0].token, vocab_size)
+    tree_index = {0: 0}
+    for node in sorted(kept, key=lambda n: n.index):
+        parent = tree_index[node.parent]
+        if node.kind == NodeKind.SAMPLED:
+            tree_index[node.index] = asm.add_sampled(parent, node.token, node.law, node.weight)
+        else:
+            tree_index[node.index] = asm.add_deterministic(parent, node.token, node.weight)
+    return asm.build()
+
+
+def grow_dynamic_tree(
+    root_token: int,
+    draft: DraftModel,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    propose: ProposeFn,
+    *,
+    beam_width: int,
+    depth: int,
+    num_keep: int,
+    key: RankKey = rank_key,
+    keep: Callable[[Sequence[DynamicNode], int, RankKey], list[DynamicNode]] = keep_best,
+) -> DraftTree:
+    """Grow a dynamic tree level by level, then keep the best ``num_keep`` nodes.
+
+    Args:
+        root_token: the last committed token (the root).
+        draft: the draft model, committed up to ``root_token``.
+        sampling: processing shared with the target (``q`` is processed).
+        rng: source of every draw (only ``propose`` draws).
+        propose: the per-node child proposal (:data:`ProposeFn`).
+        beam_width: ``B``, nodes of the newest level expanded per level.
+        depth: number of levels (level 1 = the root's children).
+        num_keep: ``N``, draft nodes kept (root excluded).
+        key: the node ranking (tests swap in broken ones to show they are caught).
+        keep: the final selection (idem).
+
+    Returns:
+        The pruned tree; its nodes are in creation order.
+    """
+    root = DynamicNode(0, -1, int(root_token), NodeKind.ROOT, 1.0, 0.0, None, 0)
+    root.draft_id = 0
+    nodes = [root]
+    q = normalised_law(draft.root_distribution(sampling), on_device=True).unsqueeze(0)
+    level = _create_children(nodes, [root], propose(q, rng))
+    next_draft_id = 1
+    for _ in range(depth - 1):
+        if not level:
+            break
+        beam = sorted(level, key=key)[:beam_width]
+        q = normalised_law(
+            draft.expand([nodes[n.parent].draft_id for n in beam], [n.token for n in beam], sampling),
+            on_device=True,
+        )
+        for n in beam:
+            n.draft_id = next_draft_id
+            next_draft_id += 1
+        level = _create_children(nodes, beam, propose(q, rng))
+    kept = keep(nodes[1:], num_keep, key)
+    return assemble(nodes, kept, draft.vocab_size)
+
+
+def _check_positive(_inst: object, attribute: attrs.Attribute, value: object) -> None:
+    check_int(attribute.name, value, 1)
+
+
+def _check_beam(_inst: object, _attr: object, value: object) -> None:
+    if value is not None:
+        check_int("B", value, 1)
+
+
+@attrs.frozen
+class DynamicTreeBuilder(TreeBuilder):
+    """Common parameters and construction of the EAGLE-style dynamic builders.
+
+    Subclasses implement :meth:`propose`. The ranking (:meth:`rank_key`) and
+    the final selection (:meth:`keep`) are methods so that tests can
+    demonstrate that broken variants are caught; production code does not
+    override them.
+
+    Args:
+        K: children per expanded node (``>= 1``).
+        B: beam width, nodes of the newest level expanded per level
+            (``>= 1``; default ``K``, as EAGLE-2).
+        depth: number of levels below the root (``>= 1``).
+        N: draft nodes kept after the global rerank (root excluded, ``>= 1``).
+    """
+
+    K: int = attrs.field(default=10, validator=_check_positive)
+    B: int | None = attrs.field(default=None, validator=_check_beam)
+    depth: int = attrs.field(default=6, validator=_check_positive)
+    N: int = attrs.field(default=60, validator=_check_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.B is None:
+            object.__setattr__(self, "B", self.K)
+
+    # ----------------------------------------------------------- hooks
+    def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
+        """Children of each of ``k`` nodes with draft laws ``q`` ``[k, V]`` (float64)."""
+        raise NotImplementedError
+
+    def rank_key(self, node: DynamicNode) -> tuple:
+        """The total order (-score, creation index) (ALGORITHMS.md)."""
+        return rank_key(node)
+
+    def keep(self, nodes: Sequence[DynamicNode], num_keep: int, key: RankKey) -> list[DynamicNode]:
+        """The global rerank: best ``num_keep`` nodes."""
+        return keep_best(nodes, num_keep, key)
+
+    # ------------------------------------------------------- TreeBuilder
+    @property
+    def children_per_node(self) -> int:
+        """Most children one expanded node can get."""
+        return self.K
+
+    @property
+    def max_created(self) -> int:
+        """Most draft nodes the construction can create before the rerank."""
+        k, b = self.children_per_node, int(self.B)  # type: ignore[arg-type]
+        return k + (self.depth - 1) * b * k
+
+    @property
+    def max_nodes(self) -> int:
+        return min(self.N, self.max_created) + 1
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        return grow_dynamic_tree(
+            root_token,
+            draft,
+            sampling,
+            rng,
+            self.propose,
+            beam_width=int(self.B),  # type: ignore[arg-type]
+            depth=self.depth,
+            num_keep=self.N,
+            key=self.rank_key,
+            keep=self.keep,
+        )
+
+
+def eagle_proposal(q: torch.Tensor, K: int) -> list[list[ChildProposal]]:
+    """EAGLE-2 children: the top-``K`` tokens of each row of ``q``, deterministic,
+    weight ``q(x)``; tokens with ``q = 0`` are never children.
+
+    Within one node, equal ``q`` values are ordered by token id (a rule that
+    depends on ``q`` only, see :func:`~specdec.trees._common.top_tokens`).
+
+    Args:
+        q: ``[k, V]`` float64 draft laws.
+        K: children per node.
+    """
+    return [
+        [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in row]
+        for row in top_tokens(q, K)
+    ]
+
+
+@register("tree", "eagle")
+@attrs.frozen
+class EagleTreeBuilder(DynamicTreeBuilder):
+    """EAGLE-2 dynamic tree (used by the ``eagle2`` and ``eagle3`` methods).
+
+    Every node's children are its top-``K`` draft tokens (deterministic);
+    verified by sample-and-match (rule 2, verifier ``"match"``) at ``T > 0``
+    and by greedy matching (rule 1, ``"greedy"``) at ``T = 0``.
+
+    Defaults ``K=10, depth=6, N=60`` (B = K) are EAGLE-2's (Li et al. 2024,
+    "total tokens 60, depth 6, top-k 10").
+
+    Example:
+        >>> import torch
+        >>> from specdec.models import CallableLM
+        >>> from specdec.rng import TorchRandom
+        >>> from specdec.sampling import SamplingConfig
+        >>> draft = CallableLM(lambda p: torch.log(torch.tensor([[0.5, 0.3, 0.2]] * len(p))), vocab_size=3)
+        >>> draft.begin([0])
+        >>> tree = EagleTreeBuilder(K=2, depth=2, N=4).build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> tree.tokens.tolist(), tree.parents.tolist()
+        ([0, 0, 1, 0, 1], [-1, 0, 0, 1, 1])
+    """
+
+    produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC})
+    default_verifier: ClassVar[str] = "match"
+
+    def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
+        return eagle_proposal(q, self.K)

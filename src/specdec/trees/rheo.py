@@ -1,0 +1,167 @@
+"""RheoSampling: a dynamic (EAGLE-2) tree with sampled slots and proxy weights.
+
+This is specdec's *reconstruction* of RheoSampling from the paper's abstract
+(arXiv:2609.21827), stated in ALGORITHMS.md ("RheoSampling, as
+reconstructed") and proved lossless here by exact whole-tree enumeration
+(``tests/trees/test_exact_trees.py``); it is not the authors' code.
+
+Problem: EAGLE-2's top-K children are verified by sample-and-match, which
+accepts only ``p(S)``; at ``T > 0`` that collapses ("one-hot dilemma"). At
+every expanded node ``u`` with processed draft law ``q_u``:
+
+1. *deterministic slots*: ``S_u`` = the top-(K - m) tokens of ``q_u``;
+2. *sparse draft*: the top-``M`` entries of ``q_u``; the *sampled slot law*
+   is ``q'_u = norm(q_u restricted to topM(q_u) minus S_u)``; ``m`` children
+   are drawn from ``q'_u`` (without replacement when ``m > 1``, in draw
+   order) and recorded with their TRUE law ``q'_u``;
+3. *proxy weight* of a sampled child: a function of ``q_u`` alone, never of
+   the drawn token: the *residual mass* ``1 - q_u(S_u)`` (what the slot stands
+   for), split evenly, ``(1 - q_u(S_u)) / k``, between the ``k`` sampled
+   children when ``k > 1`` (``k = min(m, |support of q'_u|)``). Deterministic
+   children weigh ``q_u(x)``;
+4. expand and prune exactly as EAGLE-2 with these weights
+   (:func:`~specdec.trees.dynamic.grow_dynamic_tree`, total order
+   ``(-score, creation index)``); a node's sampled children are created
+   before its deterministic ones, in draw order, so they rank first among
+   equal scores (the verifier tests them first);
+5. verify with rule 5 (verifier ``"mixed"``): sampled children first against
+   ``q'_u``, then sample-and-match of the residual over the kept deterministic
+   children.
+
+A node gets no sampled slot (it becomes an EAGLE-2 node with top-``K``
+deterministic children) when its residual mass is 0 (e.g. at ``T = 0``,
+where ``q`` is one-hot: Rheo is then exactly EAGLE-2) or below ``threshold``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import torch
+
+from specdec.errors import InvalidConfigError
+from specdec.registry import register
+from specdec.rng import RandomSource
+from specdec.tree import NodeKind, SampleMode, SparseLaw
+from specdec.trees._common import draw_children, top_tokens
+from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder
+
+__all__ = ["RheoTreeBuilder", "rheo_proposal", "residual_mass"]
+
+
+def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
+    """``1 - q(S)`` computed as the sum of ``q`` outside ``S`` (exactly 0 when
+    ``S`` holds all of ``q``'s support).
+
+    Args:
+        q_row: ``[V]`` float64 draft law.
+        deterministic: the token ids of ``S``.
+    """
+    rest = q_row.clone()
+    if deterministic:
+        rest[torch.tensor(deterministic, dtype=torch.long, device=rest.device)] = 0.0
+    return float(rest.sum())
+
+
+def rheo_proposal(
+    q: torch.Tensor, K: int, m: int, M: int, threshold: float, rng: RandomSource
+) -> list[list[ChildProposal]]:
+    """RheoSampling's children of ``k`` nodes (steps 1-3 of the module docstring).
+
+    Args:
+        q: ``[k, V]`` float64 processed draft laws, one row per expanded node.
+        K: children per node (deterministic + sampled).
+        m: sampled slots per node (``1 <= m < K``).
+        M: size of the sparse draft (``M >= K - m + 1``).
+        threshold: inject the sampled slots only where ``1 - q(S) >= threshold``.
+        rng: source of the draws (one ``categorical`` per sampled child).
+
+    Returns:
+        Per node: its sampled children (draw order, law ``q'``, proxy weight),
+        then its deterministic children (rank order, weight ``q(x)``). A node
+        without a sampled slot gets its top-``K`` deterministic children.
+    """
+    out: list[list[ChildProposal]] = []
+    for row, ranked in zip(q, top_tokens(q, max(K, M))):
+        slots = ranked[: K - m]
+        candidates = ranked[K - m : M]
+        residual = residual_mass(row, [token for token, _ in slots])
+        if not candidates or residual <= 0.0 or residual < threshold:
+            out.append([ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in ranked[:K]])
+            continue
+        mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
+        probs = torch.tensor([prob for _, prob in candidates], dtype=torch.float64)
+        law = SparseLaw(
+            torch.tensor([token for token, _ in candidates], dtype=torch.int64), probs / probs.sum(), mode
+        )
+        drawn = draw_children(law.probs, m, mode, rng)
+        proxy = min(1.0, residual / len(drawn))
+        children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, proxy, law) for i in drawn]
+        children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
+        out.append(children)
+    return out
+
+
+@register("tree", "rheo")
+@attrs.frozen
+class RheoTreeBuilder(DynamicTreeBuilder):
+    """RheoSampling dynamic tree (reconstruction; see the module docstring).
+
+    Args:
+        K: children per expanded node, deterministic + sampled (default 10, as
+            EAGLE-2's top-k; ``K >= 2``).
+        m: sampled slots per node (default 1; ``1 <= m < K``).
+        B: beam width (default ``K``).
+        depth: levels below the root (default 6, as EAGLE-2).
+        N: draft nodes kept (default 60, as EAGLE-2).
+        M: sparse draft size, the top-``M`` entries of ``q`` (default 64;
+            ``M >= K - m + 1``).
+        threshold: inject sampled slots only where the residual mass
+            ``1 - q(S)`` is at least this (default 0: wherever it is positive).
+
+    Verified by the ``"mixed"`` verifier (rule 5); at ``T = 0`` the trees are
+    EAGLE-2's and ``"greedy"`` applies.
+
+    Example:
+        >>> import torch
+        >>> from specdec.models import CallableLM
+        >>> from specdec.rng import TorchRandom
+        >>> from specdec.sampling import SamplingConfig
+        >>> draft = CallableLM(lambda p: torch.log(torch.tensor([[0.5, 0.3, 0.2]] * len(p))), vocab_size=3)
+        >>> draft.begin([0])
+        >>> tree = RheoTreeBuilder(K=2, depth=1, N=2, M=3).build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> [NodeKind(k).name for k in tree.kinds.tolist()]
+        ['ROOT', 'SAMPLED', 'DETERMINISTIC']
+        >>> tree.laws[0].indices.tolist(), [round(x, 3) for x in tree.laws[0].probs.tolist()]
+        ([1, 2], [0.6, 0.4])
+        >>> round(float(tree.weights[1]), 3)  # the proxy 1 - q(S), whichever token was drawn
+        0.5
+    """
+
+    m: int = attrs.field(default=1)
+    M: int = attrs.field(default=64)
+    threshold: float = attrs.field(default=0.0)
+
+    produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
+    default_verifier: ClassVar[str] = "mixed"
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.K < 2:
+            raise InvalidConfigError(f"RheoSampling needs K >= 2 (K - m deterministic + m sampled), got K={self.K}")
+        if not isinstance(self.m, int) or isinstance(self.m, bool) or not 1 <= self.m < self.K:
+            raise InvalidConfigError(f"m (sampled slots) must be an int with 1 <= m < K={self.K}, got {self.m!r}")
+        if not isinstance(self.M, int) or isinstance(self.M, bool) or self.M < self.K - self.m + 1:
+            raise InvalidConfigError(
+                f"M (sparse draft size) must be an int >= K - m + 1 = {self.K - self.m + 1}, got {self.M!r}"
+            )
+        if (
+            not isinstance(self.threshold, (int, float))
+            or isinstance(self.threshold, bool)
+            or not 0.0 <= self.threshold <= 1.0
+        ):
+            raise InvalidConfigError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
+
+    def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
+        return rheo_proposal(q, self.K, self.m, self.M, float(self.threshold), rng)

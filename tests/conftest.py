@@ -1,0 +1,38 @@
+"""Shared pytest configuration for the specdec test suite (kept small).
+
+- Hypothesis: no per-example deadline (the CI machine is small and shared, so
+  wall-clock deadlines only produce flaky failures) and a fixed database-free
+  profile, so property tests are reproducible.
+- ``torch_rng``: a seeded :class:`specdec.rng.TorchRandom`.
+- Torch runs single-threaded: the tests use tiny tensors, for which OpenMP
+  thread hand-off costs milliseconds per op on a loaded 2-core machine.
+- No model hub: ``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from specdec.rng import TorchRandom
+
+torch.set_num_threads(1)
+
+settings.register_profile(
+    "specdec",
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("specdec")
+
+
+@pytest.fixture
+def torch_rng() -> TorchRandom:
+    """A :class:`TorchRandom` seeded with 0 (fresh for every test)."""
+    return TorchRandom.seeded(0)

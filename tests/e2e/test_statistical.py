@@ -1,0 +1,184 @@
+"""Layer 3 of ALGORITHMS.md: end-to-end statistical losslessness.
+
+Every registered method runs through the real generation loop
+(:class:`specdec.SpeculativeGenerator`) on Markov-table target and draft
+models whose law is known exactly; the empirical law of the first three new
+tokens is compared with the target's by a seeded chi-square test.
+
+The same harness must reject broken methods: the mutants below are real,
+common bugs, and each fails the test (``test_harness_catches_mutant``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec import SamplingConfig
+from specdec.generate import SpeculativeGenerator
+from specdec.registry import list_registered
+from specdec.testing import MarkovLM, chi_square_test, random_markov_logits
+
+V = 4
+NUM_TOKENS = 3
+PROMPT = [0, 1]
+SAMPLES = 1500
+ALPHA = 1e-3
+
+# Small trees so the runs stay fast; the trees still branch, prune and compete.
+SMALL_OPTIONS = {
+    "sd": {"depth": 3},
+    "specinfer": {"expansion": (2, 2)},
+    "sequoia": {"num_nodes": 6, "max_depth": 3, "acceptance": (0.6, 0.2, 0.1)},
+    "eagle2": {"K": 3, "depth": 3, "N": 5},
+    "eagle3": {"K": 3, "depth": 3, "N": 5},
+    "rheo": {"K": 2, "m": 1, "M": 4, "depth": 3, "N": 5},  # 1 top-1 slot + 1 sampled slot
+}
+
+SAMPLINGS = {
+    "T1": SamplingConfig(temperature=1.0),
+    "T0.6-topk3-topp0.9": SamplingConfig(temperature=0.6, top_k=3, top_p=0.9),
+    "T1-topp0.8": SamplingConfig(temperature=1.0, top_p=0.8),
+    "T0.6": SamplingConfig(temperature=0.6),
+}
+
+
+def make_models() -> tuple[MarkovLM, MarkovLM]:
+    g = torch.Generator().manual_seed(1234)
+    target_logits = random_markov_logits(V, 2, g, scale=1.5, zero_fraction=0.15)
+    noise = torch.randn(target_logits.shape, generator=g, dtype=torch.float64)
+    draft_logits = torch.where(torch.isfinite(target_logits), target_logits + noise, target_logits)
+    draft_logits[0, 1] = torch.tensor([2.0, 2.0, 1.0, 0.0])  # ties at the prompt: q(0) = q(1)
+    draft_logits[1, 0] = torch.tensor([9.0, -9.0, -9.0, -9.0])  # a near one-hot row
+    return MarkovLM(target_logits), MarkovLM(draft_logits)
+
+
+def sample_first_tokens(gen: SpeculativeGenerator, sampling: SamplingConfig, n: int = SAMPLES) -> list[tuple[int, ...]]:
+    out = []
+    for seed in range(n):
+        result = gen.generate(PROMPT, NUM_TOKENS, sampling=sampling, seed=seed)
+        out.append(tuple(result.tokens))
+    return out
+
+
+def generator_for(method: str, target: MarkovLM, draft: MarkovLM) -> SpeculativeGenerator:
+    return SpeculativeGenerator(target=target, draft=draft, method=method, **SMALL_OPTIONS.get(method, {}))
+
+
+@pytest.mark.parametrize("sampling_id", list(SAMPLINGS))
+@pytest.mark.parametrize("method", list_registered("method"))
+def test_method_is_lossless(method: str, sampling_id: str) -> None:
+    sampling = SAMPLINGS[sampling_id]
+    target, draft = make_models()
+    law = target.joint_law(PROMPT, NUM_TOKENS, sampling)
+    gen = generator_for(method, target, draft)
+    result = chi_square_test(sample_first_tokens(gen, sampling), law)
+    assert result.unexpected == 0, f"{method} emitted a token sequence of probability 0"
+    assert result.p_value > ALPHA, f"{method} at {sampling_id}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
+
+
+def test_autoregressive_baseline_is_the_reference() -> None:
+    sampling = SAMPLINGS["T0.6-topk3-topp0.9"]
+    target, _ = make_models()
+    law = target.joint_law(PROMPT, NUM_TOKENS, sampling)
+    samples = [tuple(specdec.autoregressive_generate(target, PROMPT, NUM_TOKENS, sampling, seed=s).tokens)
+               for s in range(SAMPLES)]
+    assert chi_square_test(samples, law).p_value > ALPHA
+
+
+# --------------------------------------------------------------------------
+# Mutants: deliberately broken methods that the same harness must reject.
+# --------------------------------------------------------------------------
+import attrs  # noqa: E402
+
+from specdec.rng import RandomSource  # noqa: E402
+from specdec.tree import DraftTree, NodeKind, SparseLaw  # noqa: E402
+from specdec.trees.chain import ChainTreeBuilder  # noqa: E402
+from specdec.verify.base import NodeOutcome, Verifier  # noqa: E402
+from specdec.verify.mixed import MixedVerifier  # noqa: E402
+
+
+class RatioOnTopKVerifier(Verifier):
+    """BROKEN: verifies top-K (deterministic) children with a ``p/q`` ratio,
+    using the child's draft probability ``q(x)`` (its weight) as if ``x`` had
+    been sampled from ``q``."""
+
+    registry_name = "mutant-ratio-on-topk"
+    supported_kinds = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
+    supported_modes = frozenset()
+
+    def verify_node(self, tree, node, p_node, rng: RandomSource) -> NodeOutcome:
+        P = p_node.clone()
+        for child in tree.children(node):
+            x, q_x = int(tree.tokens[child]), float(tree.weights[child])
+            if q_x > 0 and rng.bernoulli(min(1.0, float(P[x]) / q_x)):
+                return NodeOutcome(accepted_child=child)
+            P[x] = 0.0
+            P = P / P.sum()
+        return NodeOutcome(bonus_token=rng.categorical(P))
+
+
+@attrs.frozen
+class MisreportedLawChain(ChainTreeBuilder):
+    """BROKEN: draws each draft from ``q`` but records a sharpened law
+    (``q**(1/0.6)`` renormalised), as when the draft samples at one temperature
+    and reports another."""
+
+    def build(self, root_token, draft, sampling, rng) -> DraftTree:
+        tree = super().build(root_token, draft, sampling, rng)
+        laws = []
+        for law in tree.laws:
+            sharp = law.probs ** (1 / 0.6)
+            laws.append(SparseLaw(law.indices, sharp / sharp.sum(), law.mode))
+        return attrs.evolve(tree, laws=laws)
+
+
+class DeterministicFirstMixed(MixedVerifier):
+    """BROKEN on a pruned dynamic tree: rule 5 with the deterministic children
+    tried before the sampled one (ALGORITHMS.md, RheoSampling)."""
+
+    def verify_node(self, tree, node, p_node, rng):
+        from specdec.verify.match import sample_and_match
+        from specdec.verify.rejection import recursive_rejection
+
+        P = p_node / p_node.sum()
+        determ = tree.deterministic_children(node)
+        if determ:
+            accepted, P = sample_and_match(P, determ, [int(tree.tokens[c]) for c in determ], rng)
+            if accepted is not None:
+                return NodeOutcome(accepted_child=accepted)
+        sampled = tree.sampled_children(node)
+        if sampled:
+            law = tree.law_of(sampled[0])
+            accepted, P = recursive_rejection(P, law.dense(tree.vocab_size, dtype=P.dtype), sampled,
+                                              [int(tree.tokens[c]) for c in sampled], rng,
+                                              without_replacement=False)
+            if accepted is not None:
+                return NodeOutcome(accepted_child=accepted)
+        return NodeOutcome(bonus_token=rng.categorical(P))
+
+
+def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> SpeculativeGenerator:
+    if name == "ratio-on-topk":
+        gen = generator_for("eagle2", target, draft)
+        gen.verifier = RatioOnTopKVerifier()
+    elif name == "misreported-law":
+        gen = generator_for("sd", target, draft)
+        gen.builder = MisreportedLawChain(depth=3)
+    elif name == "rheo-deterministic-first":
+        gen = generator_for("rheo", target, draft)
+        gen.verifier = DeterministicFirstMixed()
+    else:  # pragma: no cover
+        raise KeyError(name)
+    return gen
+
+
+@pytest.mark.parametrize("mutant", ["ratio-on-topk", "misreported-law"])
+def test_harness_catches_mutant(mutant: str) -> None:
+    """The statistical test has power: each broken method fails it."""
+    sampling = SAMPLINGS["T1"]
+    target, draft = make_models()
+    law = target.joint_law(PROMPT, NUM_TOKENS, sampling)
+    result = chi_square_test(sample_first_tokens(_mutant_generator(mutant, target, draft), sampling), law)
+    assert result.p_value < ALPHA, f"mutant {mutant} passed: p={result.p_value:.3g}"

@@ -1,0 +1,172 @@
+"""HFDraft: root and tree-level logits equal plain forwards over the
+corresponding prefixes, across steps and commits; KV reuse of committed tree
+nodes is exact; errors are clear."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hf_model_helpers import VOCAB, make_tiny_llama, plain_logits, tolerance
+
+from specdec.drafts.hf import HFDraft
+from specdec.errors import ContextOverflowError, VocabMismatchError
+from specdec.models.hf_common import check_vocab_match
+from specdec.registry import get
+from specdec.sampling import SamplingConfig
+
+
+def draft_steps(model, draft: HFDraft, seed: int, steps: int, tol: float) -> dict[str, int]:
+    """Random steps: root, 1-4 tree levels of random shape, commit of emitted
+    tokens that follow a tree path for a random length (then diverge or stop).
+    Every logit row is compared with a plain forward. Returns counters."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 8))]
+    draft.begin(prompt)
+    context = list(prompt)
+    counts = {"reused": 0, "pending": 0}
+    for _ in range(steps):
+        root = draft.root_logits()
+        assert root.shape == (VOCAB,)
+        assert float((root.double() - plain_logits(model, context)).abs().max()) < tol
+        assert draft.cache_length == len(context)
+        paths: list[list[int]] = [[]]  # node id -> tokens below the root
+        newest = [0]
+        for _level in range(rng.randrange(1, 5)):
+            parents, tokens = [], []
+            for p in newest:
+                for t in rng.sample(range(VOCAB), rng.randrange(1, 4)):
+                    parents.append(p)
+                    tokens.append(t)
+            logits = draft.tree_logits(parents, tokens)
+            assert logits.shape == (len(tokens), VOCAB)
+            first = len(paths)
+            for p, t in zip(parents, tokens):
+                paths.append(paths[p] + [t])
+            for j in range(len(tokens)):
+                ref = plain_logits(model, context + paths[first + j])
+                assert float((logits[j].double() - ref).abs().max()) < tol
+            newest = rng.sample(range(first, len(paths)), min(2, len(paths) - first))
+        # emitted = a tree path's prefix, then maybe a token off the tree
+        path = rng.choice(paths)
+        emitted = path[: rng.randrange(0, len(path) + 1)] + [rng.randrange(VOCAB)]
+        before = len(context)
+        draft.commit(emitted)
+        context += emitted
+        reused = draft.cache_length - before
+        assert 0 <= reused <= len(emitted) - 1
+        counts["reused"] += reused
+        counts["pending"] += len(emitted) - reused
+        assert draft.committed_tokens == tuple(context)
+    return counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_draft_logits_equal_plain_forwards_across_commits(impl, dtype):
+    model = make_tiny_llama(impl, dtype, seed=5)
+    counts = draft_steps(model, HFDraft(model), seed=17, steps=8, tol=tolerance(dtype))
+    assert counts["reused"] > 0  # committed tree nodes' KV were kept and reused
+
+
+def test_harness_catches_a_broken_kv_reuse():
+    """Keeping the first tree slots instead of the matched nodes' slots is caught."""
+    model = make_tiny_llama("sdpa", torch.float64, seed=5)
+
+    def prefix_compactor(tensors, keep_index):
+        return [t[..., : keep_index.numel(), :] for t in tensors]
+
+    with pytest.raises(AssertionError):
+        draft_steps(model, HFDraft(model, kv_compactor=prefix_compactor), seed=17, steps=8, tol=1e-5)
+
+
+def test_tree_logits_without_root_logits_first():
+    model = make_tiny_llama("sdpa", torch.float64)
+    draft = HFDraft(model)
+    draft.begin([4, 5, 6])
+    logits = draft.tree_logits([0], [7])  # the root is cached implicitly
+    assert float((logits[0] - plain_logits(model, [4, 5, 6, 7])).abs().max()) < 1e-9
+    assert float((draft.root_logits() - plain_logits(model, [4, 5, 6])).abs().max()) < 1e-9
+
+
+def test_commit_keeps_only_the_matching_path_and_leaves_the_last_token_pending():
+    model = make_tiny_llama("sdpa", torch.float64)
+    draft = HFDraft(model)
+    draft.begin([1, 2])
+    draft.root_logits()
+    draft.tree_logits([0, 0], [10, 11])  # nodes 1, 2
+    draft.tree_logits([2, 1], [12, 13])  # nodes 3 (11->12), 4 (10->13)
+    assert draft.num_tree_nodes == 4 and draft.cache_length == 6
+    draft.commit([11, 12])  # whole emission is in the tree: 11 reused, 12 pending
+    assert draft.num_tree_nodes == 0 and draft.cache_length == 3
+    assert float((draft.root_logits() - plain_logits(model, [1, 2, 11, 12])).abs().max()) < 1e-9
+    draft.tree_logits([0], [20])
+    draft.commit([21, 22])  # off the tree: nothing reused
+    assert draft.cache_length == 4
+    assert float((draft.root_logits() - plain_logits(model, [1, 2, 11, 12, 21, 22])).abs().max()) < 1e-9
+
+
+def test_empty_commit_drops_the_tree_and_keeps_the_root():
+    model = make_tiny_llama("sdpa", torch.float64)
+    draft = HFDraft(model)
+    draft.begin([1, 2, 3])
+    root = draft.root_logits()
+    draft.tree_logits([0, 0], [5, 6])
+    draft.commit([])
+    assert draft.cache_length == 3 and draft.num_tree_nodes == 0
+    assert torch.equal(draft.root_logits(), root)
+    assert float((draft.tree_logits([0], [9])[0] - plain_logits(model, [1, 2, 3, 9])).abs().max()) < 1e-9
+
+
+def test_processed_laws_through_the_base_class():
+    model = make_tiny_llama("sdpa", torch.float32)
+    draft = HFDraft(model)
+    draft.begin([3, 4])
+    q = draft.root_distribution(SamplingConfig(temperature=0.8, top_k=5))
+    assert q.shape == (VOCAB,) and abs(float(q.sum()) - 1) < 1e-5 and int((q > 0).sum()) == 5
+    assert draft.expand([0], [q.argmax().item()], SamplingConfig(temperature=1.0)).shape == (1, VOCAB)
+    assert draft.tree_logits([], []).shape == (0, VOCAB)
+
+
+def test_registered():
+    assert get("draft", "hf") is HFDraft
+
+
+# ----------------------------------------------------------------- bad input
+def test_bad_input_raises_clear_errors():
+    draft = HFDraft(make_tiny_llama(max_positions=12))
+    with pytest.raises(RuntimeError, match="before begin"):
+        draft.root_logits()
+    with pytest.raises(ValueError, match="at least one token"):
+        draft.begin([])
+    with pytest.raises(ContextOverflowError):
+        draft.begin(list(range(13)))
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        draft.begin([-1])
+    draft.begin(list(range(10)))
+    draft.root_logits()
+    with pytest.raises(ValueError, match="unknown parent"):
+        draft.tree_logits([1], [3])
+    with pytest.raises(ValueError, match="2 parents but 1 tokens"):
+        draft.tree_logits([0, 0], [3])
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        draft.tree_logits([0], [VOCAB])
+    draft.tree_logits([0], [3])  # node 1 at position 10
+    draft.tree_logits([1, 1], [4, 5])  # nodes 2, 3 at position 11: fine
+    with pytest.raises(ContextOverflowError, match="position 12"):
+        draft.tree_logits([2], [6])  # position 12: beyond 0..11
+    assert draft.num_tree_nodes == 3
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        draft.commit([VOCAB])
+    draft.commit([3, 4, 5])
+    with pytest.raises(ContextOverflowError):
+        draft.root_logits()  # context of 13 tokens
+
+
+def test_vocab_mismatch_is_detected():
+    target = HFDraft(make_tiny_llama())
+    other = HFDraft(make_tiny_llama(vocab=VOCAB + 3))
+    check_vocab_match(target, HFDraft(make_tiny_llama(seed=4)))
+    with pytest.raises(VocabMismatchError, match="V = 97.*V = 100"):
+        check_vocab_match(target, other)

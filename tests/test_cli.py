@@ -1,0 +1,220 @@
+"""The ``specdec`` command line: ``list`` and ``demo``, and their errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import cli
+from specdec.registry import ROLES, list_registered, register, unregister
+from specdec.tree import NodeKind, SampleMode
+from specdec.verify.base import NodeOutcome, Verifier
+
+
+class _MatchRule(Verifier):
+    """Test-only sample-and-match (ALGORITHMS.md rule 2): draw z ~ p, accept the child equal to z."""
+
+    supported_kinds = frozenset({NodeKind.DETERMINISTIC})
+    supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
+
+    def verify_node(self, tree, node, p_node, rng):
+        z = rng.categorical(p_node)
+        for child in tree.children(node):
+            if int(tree.tokens[child]) == z:
+                return NodeOutcome(accepted_child=child)
+        return NodeOutcome(bonus_token=z)
+
+
+class _AlwaysAcceptFirst(Verifier):
+    """Test-only LOSSY rule: accepts the first sampled child, whatever p says."""
+
+    supported_kinds = frozenset({NodeKind.SAMPLED})
+    supported_modes = frozenset({SampleMode.IID})
+    lossless = False
+
+    def verify_node(self, tree, node, p_node, rng):
+        kids = tree.children(node)
+        if kids:
+            return NodeOutcome(accepted_child=kids[0])
+        return NodeOutcome(bonus_token=rng.categorical(p_node))
+
+
+@pytest.fixture
+def toy_verifiers():
+    register("verifier", "zz-test-match")(_MatchRule)
+    register("verifier", "zz-test-lossy")(_AlwaysAcceptFirst)
+    yield
+    unregister("verifier", "zz-test-match")
+    unregister("verifier", "zz-test-lossy")
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------- list
+def test_list_all_roles_shows_registered_names(capsys, toy_verifiers):
+    code, out, err = run(capsys, "list")
+    assert code == 0, err
+    assert "verifier (" in out
+    assert "zz-test-match" in out and "Test-only sample-and-match" in out
+    for role in ROLES:
+        for name in list_registered(role):
+            assert f"  {name}" in out
+
+
+def test_list_role_and_pattern(capsys, toy_verifiers):
+    code, out, _ = run(capsys, "list", "verifier", "--pattern", "zz-test-m*")
+    assert code == 0
+    assert "zz-test-match" in out
+    assert "zz-test-lossy" not in out
+    assert out.splitlines()[0] == "verifier (1):"
+
+
+def test_list_pattern_matching_nothing_exits_1(capsys):
+    code, out, err = run(capsys, "list", "verifier", "--pattern", "no-such-*")
+    assert code == 1
+    assert "no registered name" in err and "no-such-*" in err
+
+
+def test_list_unknown_role_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["list", "verifiers"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_no_subcommand_and_unknown_subcommand_fail(capsys):
+    for argv in ([], ["frobnicate"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("specdec ")
+
+
+# ------------------------------------------------------------------- demo
+def test_demo_runs_every_registered_method_and_verifier(capsys, toy_verifiers):
+    code, out, err = run(capsys, "demo", "--trees", "30", "--vocab", "5", "--depth", "2", "--max-new-tokens", "6")
+    assert code == 0, out + err
+    assert "tau = tokens emitted per target forward" in out
+    first_words = [line.split()[0] for line in out.splitlines() if line.strip()]
+    for name in list_registered("verifier") + list_registered("method"):
+        assert name in first_words, name
+    assert "FAILED" not in out
+
+
+def test_demo_flags_a_method_that_is_not_greedy_exact(capsys, toy_verifiers):
+    from specdec.methods import Method
+
+    register("method", "zz-test-broken")(Method("zz-test-broken", "chain", "zz-test-lossy", {"depth": 3}))
+    try:
+        rows = cli.run_method_demo(max_new_tokens=12, vocab=12, seed=0, methods="zz-test-broken")
+        assert len(rows) == 1 and rows[0].error is None
+        assert not rows[0].greedy_matches  # accepting every draft reproduces the draft, not the target
+        code, out, _ = run(capsys, "demo", "--methods", "zz-test-broken", "--verifiers", "none", "--max-new-tokens", "12")
+        assert code == 1
+        assert "NO" in out
+    finally:
+        unregister("method", "zz-test-broken")
+
+
+def test_demo_method_rows_are_greedy_exact():
+    rows = cli.run_method_demo(max_new_tokens=10, vocab=6)
+    assert [r.method for r in rows] == list_registered("method")
+    for r in rows:
+        assert r.error is None, r
+        assert r.greedy_matches, r.method
+        assert r.new_tokens == 10 and 1.0 <= r.tau and r.target_forwards >= 1
+        assert all(0.0 <= a <= 1.0 for a in r.acceptance_by_depth)
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--trees", "0"],
+    ["demo", "--trees", "many"],
+    ["demo", "--temperature", "-1"],
+    ["demo", "--temperature", "nan"],
+    ["demo", "--width", "-2"],
+])
+def test_demo_bad_arguments_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_demo_vocab_of_one_is_a_clear_error(capsys):
+    code, _, err = run(capsys, "demo", "--vocab", "1")
+    assert code == 2
+    assert "at least 2 tokens" in err
+
+
+def test_demo_nothing_matching_exits_1(capsys):
+    code, _, err = run(capsys, "demo", "--verifiers", "no-such-*", "--methods", "no-such-*")
+    assert code == 1
+    assert "no registered method" in err and "no registered verifier" in err
+
+
+def test_demo_statistics_separate_lossless_from_lossy(toy_verifiers):
+    rows = {r.verifier: r for r in cli.run_demo(trees=1500, vocab=6, depth=2, verifiers="zz-test-*")}
+    good, bad = rows["zz-test-match"], rows["zz-test-lossy"]
+    assert good.recipe == "deterministic"
+    assert bad.recipe == "sampled-iid"
+    # a lossless rule is within sampling noise of direct sampling from the target ...
+    assert good.tv_first_token < 2.5 * good.tv_reference + 0.02
+    # ... the rule that always accepts the draft emits the draft's law instead
+    assert bad.tv_first_token > 3 * bad.tv_reference + 0.05
+    assert bad.tau == pytest.approx(3.0)  # always accepts 2 levels, plus the bonus
+    assert 1.0 <= good.tau <= 3.0
+    assert not bad.lossless and good.lossless
+
+
+def test_demo_trees_follow_the_recipes():
+    target, draft = cli.toy_models(7, seed=3)
+    sampling = cli.SamplingConfig(temperature=1.0)
+    rng = cli.TorchRandom.seeded(0)
+    for recipe in ("deterministic", "mixed", "sampled-iid", "sampled-wor"):
+        draft.begin([2])
+        tree = cli.demo_tree(2, draft, sampling, recipe, depth=2, width=3, rng=rng)
+        assert tree.num_nodes == 1 + 3 + 9
+        kinds = set(tree.kinds[1:].tolist())
+        if recipe == "deterministic":
+            assert kinds == {NodeKind.DETERMINISTIC}
+        elif recipe == "mixed":
+            assert kinds == {NodeKind.DETERMINISTIC, NodeKind.SAMPLED}
+            for node in range(tree.num_nodes):
+                if tree.children(node):
+                    law = tree.sampled_law_at(node)
+                    # q' excludes the deterministic siblings (RheoSampling slots)
+                    for d in tree.deterministic_children(node):
+                        assert law.prob_of(int(tree.tokens[d])) == 0.0
+        else:
+            assert kinds == {NodeKind.SAMPLED}
+            mode = SampleMode.IID if recipe == "sampled-iid" else SampleMode.WITHOUT_REPLACEMENT
+            assert all(law.mode == mode for law in tree.laws)
+        # the recorded laws are the draft's processed laws q after each node's path
+        if recipe in ("sampled-iid", "sampled-wor"):
+            draft.begin([2])
+            q_root = draft.root_distribution(sampling)
+            assert torch.allclose(tree.sampled_law_at(0).dense(7), q_root)
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "specdec"
+    if not script.exists():
+        pytest.skip("specdec console script not installed next to this interpreter")
+    done = subprocess.run([str(script), "list", "method"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == (0 if list_registered("method") else 1), done.stderr
+    bad = subprocess.run([str(script), "list", "nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

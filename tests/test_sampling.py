@@ -1,0 +1,295 @@
+"""Property tests for SamplingConfig and process_logits (the one logits -> distribution rule)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.sampling import SamplingConfig, check_distribution, process_logits
+
+# no deadline: the machine is shared and timings vary; max_examples comes from the active profile
+relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+NEG_INF = float("-inf")
+
+finite_logit = st.floats(min_value=-30, max_value=30, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def logit_rows(draw, min_size=1, max_size=12, allow_neg_inf=True):
+    """A list of logits with at least one finite entry (and maybe some -inf)."""
+    values = draw(st.lists(finite_logit, min_size=min_size, max_size=max_size))
+    if allow_neg_inf:
+        banned = draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+        if not all(banned):
+            values = [NEG_INF if b else v for v, b in zip(values, banned)]
+    return values
+
+
+@st.composite
+def configs(draw, greedy_allowed=True):
+    temperature = draw(st.sampled_from([0.0, 1e-3, 0.5, 1.0, 2.0]) if greedy_allowed
+                       else st.floats(min_value=0.05, max_value=5))
+    top_k = draw(st.integers(min_value=0, max_value=14))
+    top_p = draw(st.one_of(st.just(1.0), st.floats(min_value=1e-3, max_value=1.0)))
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+# ------------------------------------------------------------ validation
+@pytest.mark.parametrize("bad", [-1.0, -1e-9, float("nan"), float("inf"), float("-inf"), True, False, "1", None, [1.0]])
+def test_bad_temperature(bad):
+    with pytest.raises(InvalidConfigError, match="temperature"):
+        SamplingConfig(temperature=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, 2.5, float("nan"), True, False, "3", None])
+def test_bad_top_k(bad):
+    with pytest.raises(InvalidConfigError, match="top_k"):
+        SamplingConfig(top_k=bad)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.0000001, 2, float("nan"), float("inf"), True, False, "0.9", None])
+def test_bad_top_p(bad):
+    with pytest.raises(InvalidConfigError, match="top_p"):
+        SamplingConfig(top_p=bad)
+
+
+@relaxed
+@given(st.floats(min_value=0, max_value=1e6), st.integers(min_value=0, max_value=10**6),
+       st.floats(min_value=1e-12, max_value=1.0))
+def test_valid_configs_accepted(temperature, top_k, top_p):
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    assert cfg.greedy == (temperature == 0)
+
+
+def test_config_is_frozen_and_validated_on_evolve():
+    import attrs
+
+    cfg = SamplingConfig()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cfg.temperature = 2.0  # type: ignore[misc]
+    with pytest.raises(InvalidConfigError):
+        attrs.evolve(cfg, top_p=0.0)
+    assert SamplingConfig(temperature=0) .greedy and not SamplingConfig(temperature=1).greedy
+
+
+@relaxed
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.booleans(), st.none(), st.text()),
+       st.one_of(st.integers(min_value=-5, max_value=5), st.floats(allow_nan=True), st.booleans()),
+       st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.booleans()))
+def test_config_never_fails_with_another_error(temperature, top_k, top_p):
+    try:
+        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except InvalidConfigError:
+        pass
+
+
+# ------------------------------------------------------ basic properties
+@relaxed
+@given(logit_rows(), configs(), st.sampled_from([torch.float32, torch.float64]))
+def test_rows_are_distributions(values, cfg, dtype):
+    probs = process_logits(torch.tensor(values, dtype=dtype), cfg)
+    assert probs.dtype == dtype and probs.shape == (len(values),)
+    check_distribution(probs, atol=1e-5 if dtype == torch.float32 else 1e-12)
+    # banned tokens are never produced
+    for v, prob in zip(values, probs.tolist()):
+        if v == NEG_INF:
+            assert prob == 0.0
+
+
+@relaxed
+@given(st.lists(logit_rows(min_size=5, max_size=5), min_size=1, max_size=4), configs())
+def test_batch_rows_are_processed_independently(rows, cfg):
+    batch = torch.tensor(rows, dtype=torch.float64)
+    out = process_logits(batch, cfg)
+    for i, row in enumerate(rows):
+        assert torch.equal(out[i], process_logits(torch.tensor(row, dtype=torch.float64), cfg))
+    assert process_logits(batch.reshape(len(rows), 1, 5), cfg).shape == (len(rows), 1, 5)
+
+
+@relaxed
+@given(st.lists(st.integers(-40, 40), min_size=1, max_size=10), st.integers(-400, 400), configs())
+def test_invariant_to_adding_a_constant(quarters, shift, cfg):
+    # quarter-integers: x + c is exact in float64, so the result must be exactly equal
+    x = torch.tensor(quarters, dtype=torch.float64) / 4
+    c = shift / 4
+    assert torch.allclose(process_logits(x + c, cfg), process_logits(x, cfg), rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ top-k
+@relaxed
+@given(logit_rows(max_size=10), st.integers(min_value=1, max_value=12), st.floats(min_value=0.1, max_value=3))
+def test_top_k_keeps_the_k_largest_with_ties(values, k, temperature):
+    probs = process_logits(torch.tensor(values, dtype=torch.float64), SamplingConfig(temperature=temperature, top_k=k))
+    finite = [v for v in values if v != NEG_INF]
+    if k >= len(values):
+        expected = {i for i, v in enumerate(values) if v != NEG_INF}
+    else:
+        kth = sorted(values, reverse=True)[k - 1]
+        expected = {i for i, v in enumerate(values) if v >= kth and v != NEG_INF}
+    support = {i for i, p in enumerate(probs.tolist()) if p > 0}
+    assert support == expected
+    assert len(support) >= min(k, len(finite))
+    # kept tokens keep their softmax ratios
+    kept = sorted(expected)
+    ref = torch.softmax(torch.tensor([values[i] for i in kept], dtype=torch.float64) / temperature, 0)
+    assert torch.allclose(probs[kept], ref, atol=1e-12)
+
+
+def test_top_k_ties_with_kth_are_kept():
+    probs = process_logits(torch.tensor([1.0, 3.0, 2.0, 2.0, 0.0]), SamplingConfig(top_k=2))
+    assert (probs > 0).tolist() == [False, True, True, True, False]
+
+
+# ------------------------------------------------------------------ top-p
+@relaxed
+@given(logit_rows(max_size=10), st.floats(min_value=1e-3, max_value=0.999), st.floats(min_value=0.2, max_value=3))
+def test_top_p_keeps_smallest_prefix_reaching_mass(values, top_p, temperature):
+    x = torch.tensor(values, dtype=torch.float64)
+    base = torch.softmax(x / temperature, 0).tolist()
+    order = sorted(range(len(values)), key=lambda i: (-base[i], i))  # stable, descending
+    mass, keep_count = 0.0, 0
+    for i in order:
+        keep_count += 1
+        mass += base[i]
+        if mass >= top_p:
+            break
+    # stay away from rounding at the boundary
+    cums = [sum(base[j] for j in order[: m + 1]) for m in range(len(order))]
+    assume(all(abs(c - top_p) > 1e-9 for c in cums))
+    expected = {i for i in order[:keep_count] if base[i] > 0}
+    probs = process_logits(x, SamplingConfig(temperature=temperature, top_p=top_p)).tolist()
+    support = {i for i, p in enumerate(probs) if p > 0}
+    assert support == expected
+    kept_mass = sum(base[i] for i in expected)
+    assert kept_mass >= top_p - 1e-12
+    # minimal: without its least likely member the kept set falls short of top_p
+    assert kept_mass - min(base[i] for i in expected) < top_p
+    for i in expected:
+        assert math.isclose(probs[i], base[i] / kept_mass, rel_tol=1e-9)
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    probs = process_logits(torch.tensor([0.0, 5.0, 1.0]), SamplingConfig(top_p=1e-6))
+    assert probs.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_top_k_then_top_p_order():
+    # top-k first (keeps 0.5,0.3 of logits' softmax mass renormalised), then top-p on the renormalised law
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64))
+    probs = process_logits(logits, SamplingConfig(top_k=2, top_p=0.6))
+    assert probs.tolist() == [1.0, 0.0, 0.0]  # 0.5/0.8 = 0.625 >= 0.6
+    probs = process_logits(logits, SamplingConfig(top_k=2, top_p=0.7))
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0], dtype=torch.float64))
+
+
+# ----------------------------------------------------------------- greedy
+@relaxed
+@given(logit_rows(min_size=1, max_size=12))
+def test_small_temperature_limit_is_greedy(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    finite = sorted((v for v in values if v != NEG_INF), reverse=True)
+    assume(len(finite) == 1 or finite[0] - finite[1] >= 0.01)  # a unique maximum
+    greedy = process_logits(x, SamplingConfig(temperature=0))
+    near = process_logits(x, SamplingConfig(temperature=1e-4))
+    assert greedy.tolist() == torch.nn.functional.one_hot(x.argmax(), len(values)).double().tolist()
+    assert torch.allclose(near, greedy, atol=1e-12)
+
+
+def test_greedy_picks_first_maximum_on_ties():
+    assert process_logits(torch.tensor([1.0, 4.0, 4.0, NEG_INF]), SamplingConfig(temperature=0)).tolist() == [
+        0.0, 1.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------ dtypes
+@relaxed
+@given(st.lists(st.floats(min_value=-20, max_value=20, width=16), min_size=1, max_size=12), configs())
+def test_float16_input_is_processed_in_float32(values, cfg):
+    half = torch.tensor(values, dtype=torch.float16)
+    out = process_logits(half, cfg)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, process_logits(half.float(), cfg))
+    check_distribution(out, atol=1e-5)
+    assert torch.equal(process_logits(half.bfloat16(), cfg).sum().round(), torch.tensor(1.0))
+
+
+# --------------------------------------------------------------- -inf rows
+@relaxed
+@given(logit_rows(min_size=2, max_size=10), configs())
+def test_banned_tokens_are_as_if_absent(values, cfg):
+    assume(NEG_INF in values)
+    full = process_logits(torch.tensor(values, dtype=torch.float64), cfg)
+    allowed = [i for i, v in enumerate(values) if v != NEG_INF]
+    sub = process_logits(torch.tensor([values[i] for i in allowed], dtype=torch.float64), cfg)
+    assert torch.allclose(full[allowed], sub, atol=1e-12)
+
+
+# ------------------------------------------------------------- bad logits
+@pytest.mark.parametrize("bad, message", [
+    ([0.0, float("nan"), 1.0], "NaN"),
+    ([0.0, float("inf"), 1.0], r"\+inf"),
+    ([NEG_INF, NEG_INF], "entirely -inf"),
+])
+def test_bad_logits_raise(bad, message):
+    for cfg in (SamplingConfig(), SamplingConfig(temperature=0)):
+        with pytest.raises(InvalidDistributionError, match=message):
+            process_logits(torch.tensor(bad), cfg)
+
+
+@pytest.mark.parametrize("logits, temperature", [([3e35, 0.0], 1e-3), ([10.0, 9.0], 1e-40), ([-3e38, 3e38], 0.5)])
+def test_tiny_temperature_or_huge_logits_do_not_overflow(logits, temperature):
+    # regression: dividing before shifting overflowed to +inf and softmax returned NaN
+    probs = process_logits(torch.tensor(logits), SamplingConfig(temperature=temperature))
+    assert sorted(probs.tolist()) == [0.0, 1.0]
+
+
+def test_one_bad_row_in_a_batch_raises():
+    batch = torch.tensor([[0.0, 1.0], [NEG_INF, NEG_INF]])
+    with pytest.raises(InvalidDistributionError, match="entirely -inf"):
+        process_logits(batch, SamplingConfig())
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], [[]], 3.0, [True, False]])
+def test_non_float_or_empty_logits_raise(bad):
+    value = torch.tensor(bad) if not isinstance(bad, float) else bad
+    with pytest.raises(InvalidDistributionError):
+        process_logits(value, SamplingConfig())
+    with pytest.raises(InvalidDistributionError):
+        process_logits(torch.tensor(3.0), SamplingConfig())
+
+
+@relaxed
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=0, max_size=8), configs())
+def test_no_other_exception_on_arbitrary_logits(values, cfg):
+    try:
+        out = process_logits(torch.tensor(values, dtype=torch.float32), cfg)
+    except InvalidDistributionError:
+        return
+    check_distribution(out, atol=1e-4)
+
+
+# ------------------------------------------------------ check_distribution
+@pytest.mark.parametrize("bad, message", [
+    ([0.5, float("nan"), 0.5], "NaN or inf"),
+    ([1.5, -0.5], "negative"),
+    ([0.5, 0.4], "sum to 1"),
+    ([], "shape"),
+])
+def test_check_distribution_rejects(bad, message):
+    with pytest.raises(InvalidDistributionError, match=message):
+        check_distribution(torch.tensor(bad, dtype=torch.float64), "p")
+
+
+def test_check_distribution_names_the_tensor_and_tolerances():
+    with pytest.raises(InvalidDistributionError, match="^q "):
+        check_distribution(torch.tensor([0.5, 0.4]), "q")
+    with pytest.raises(InvalidDistributionError, match="floating-point"):
+        check_distribution(torch.tensor([0, 1]), "p")
+    check_distribution(torch.tensor([0.5, 0.5 + 5e-5]))  # float32 tolerance 1e-4
+    with pytest.raises(InvalidDistributionError):
+        check_distribution(torch.tensor([0.5, 0.5 + 5e-5], dtype=torch.float64))  # float64: 1e-9

@@ -1,0 +1,174 @@
+"""Exact whole-tree losslessness harness (ALGORITHMS.md, test layer 2).
+
+A second-order Markov target and draft over a tiny vocabulary; every random
+draw of the builder and of the verifier is enumerated by
+:func:`specdec.testing.exact_law`, steps are chained exactly (a new tree from
+each new context), and the joint law of the first ``depth + 1`` emitted
+tokens is compared with the target's own law.
+
+Chaining: the law of one speculative step depends only on the last two
+committed tokens (both models are order 2, every step starts a fresh tree),
+so the law of the first ``L`` tokens is the exact composition
+``sum_t P(step emits t) * law(first L - |t| tokens | context + t)``, with
+each step's law enumerated by ``exact_law`` over the real builder + target +
+verifier code. :func:`whole_program_law` runs the literal single program
+(all steps inside one ``exact_law``) for a small case, and the tests check
+that both agree.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.testing import MarkovLM, exact_law
+from specdec.trees.base import TreeBuilder
+from specdec.verify.base import Verifier
+
+PROMPT = (0, 1)
+
+
+def log_table(probs: torch.Tensor) -> torch.Tensor:
+    """Logits ``log(table)`` (``-inf`` for zeros), float64."""
+    probs = probs.to(torch.float64)
+    probs = probs / probs.sum(-1, keepdim=True)
+    return torch.where(probs > 0, probs.log(), torch.full_like(probs, float("-inf")))
+
+
+def random_table(vocab: int, seed: int, zero_fraction: float = 0.25) -> torch.Tensor:
+    """A random ``[V, V, V]`` second-order table of probabilities (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.rand(vocab, vocab, vocab, generator=g, dtype=torch.float64) + 0.05
+    drop = torch.rand(vocab, vocab, vocab, generator=g, dtype=torch.float64) < zero_fraction
+    keep = torch.nn.functional.one_hot(raw.argmax(-1), vocab).bool()
+    raw = raw.masked_fill(drop & ~keep, 0.0)
+    return raw / raw.sum(-1, keepdim=True)
+
+
+def tied_draft_table(vocab: int, seed: int) -> torch.Tensor:
+    """A draft table with exact ties: one-hot rows, rows with q(top1) = 1/2
+    (so with K - m = 1 the residual mass 1/2 ties the top-1), equal siblings."""
+    table = random_table(vocab, seed)
+    half = torch.zeros(vocab, dtype=torch.float64)
+    half[0] = 0.5
+    half[1:] = 0.5 / (vocab - 1)
+    for a in range(vocab):
+        for b in range(vocab):
+            kind = (a * vocab + b + seed) % 4
+            if kind == 0:
+                row = torch.zeros(vocab, dtype=torch.float64)
+                row[(a + b) % vocab] = 1.0
+            elif kind == 1:
+                row = half.roll((a + 2 * b) % vocab)
+            elif kind == 2:
+                row = torch.zeros(vocab, dtype=torch.float64)
+                row[b % vocab] = 0.5
+                row[(b + 1) % vocab] = 0.5
+            else:
+                continue
+            table[a, b] = row
+    return table
+
+
+def tv(law_a: dict, law_b: dict) -> float:
+    """Largest absolute difference over outcomes (sup norm)."""
+    keys = set(law_a) | set(law_b)
+    return max(abs(law_a.get(k, 0.0) - law_b.get(k, 0.0)) for k in keys)
+
+
+class Harness:
+    """Exact law of the first ``num_tokens`` tokens generated speculatively."""
+
+    def __init__(
+        self,
+        builder: TreeBuilder,
+        verifier: Verifier,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        sampling: SamplingConfig,
+        *,
+        max_branches: int = 200_000,
+        on_tree: Callable | None = None,
+    ) -> None:
+        self.builder = builder
+        self.verifier = verifier
+        self.target = MarkovLM(log_table(target_probs))
+        self.draft = MarkovLM(log_table(draft_probs))
+        self.sampling = sampling
+        self.max_branches = max_branches
+        self.on_tree = on_tree
+        self._step_laws: dict[tuple[int, int], dict[tuple[int, ...], float]] = {}
+        self._chained: dict[tuple[tuple[int, int], int], dict[tuple[int, ...], float]] = {}
+        self.branches = 0
+
+    def one_step(self, context: Sequence[int], rng) -> tuple[int, ...]:
+        """One speculative step from ``context`` through the real lifecycle."""
+        self.target.prefill(context)
+        self.draft.begin(context)
+        tree = self.builder.build(context[-1], self.draft, self.sampling, rng)
+        if self.on_tree is not None:
+            self.on_tree(tree)
+        p = process_logits(self.target.score_tree(tree), self.sampling)
+        result = self.verifier.verify(tree, p, rng)
+        self.target.accept(result.accepted_nodes, result.bonus_token)
+        self.draft.commit(result.tokens)
+        return tuple(result.tokens)
+
+    def step_law(self, last2: tuple[int, int]) -> dict[tuple[int, ...], float]:
+        if last2 not in self._step_laws:
+            runs = [0]
+
+            def program(rng):
+                runs[0] += 1
+                return self.one_step(list(last2), rng)
+
+            self._step_laws[last2] = exact_law(program, max_branches=self.max_branches)
+            self.branches += runs[0]
+        return self._step_laws[last2]
+
+    def law(self, context: Sequence[int], num_tokens: int) -> dict[tuple[int, ...], float]:
+        """Exact law of the next ``num_tokens`` tokens after ``context``."""
+        if num_tokens == 0:
+            return {(): 1.0}
+        key = (tuple(context[-2:]), num_tokens)
+        if key not in self._chained:
+            out: dict[tuple[int, ...], float] = defaultdict(float)
+            for tokens, prob in self.step_law(key[0]).items():
+                head = tokens[:num_tokens]
+                rest = self.law(list(context) + list(head), num_tokens - len(head))
+                for tail, prob2 in rest.items():
+                    out[head + tail] += prob * prob2
+            self._chained[key] = dict(out)
+        return self._chained[key]
+
+    def reference(self, context: Sequence[int], num_tokens: int) -> dict[tuple[int, ...], float]:
+        return self.target.joint_law(list(context), num_tokens, self.sampling)
+
+    def deviation(self, num_tokens: int, context: Sequence[int] = PROMPT) -> float:
+        law = self.law(context, num_tokens)
+        total = sum(law.values())
+        assert abs(total - 1.0) < 1e-9, f"law sums to {total}"
+        return tv(law, self.reference(context, num_tokens))
+
+
+def whole_program_law(harness: Harness, num_tokens: int, context: Sequence[int] = PROMPT) -> dict:
+    """The literal program: generate until ``num_tokens`` tokens inside ONE exact_law."""
+
+    def program(rng):
+        ctx = list(context)
+        out: list[int] = []
+        while len(out) < num_tokens:
+            tokens = harness.one_step(ctx, rng)
+            out.extend(tokens)
+            ctx.extend(tokens)
+        return tuple(out[:num_tokens])
+
+    return exact_law(program, max_branches=harness.max_branches)
+
+
+T1 = SamplingConfig(temperature=1.0)
+WARPED = SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
+GREEDY = SamplingConfig(temperature=0.0)
