@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     heads, lms = {}, {}
     for v in (2, 3):
         path = shipped_head_path(v) if args.shipped else args.run / f"eagle{v}"
+        if not args.shipped and not path.exists():
+            continue
         if (path / "config.json").exists():
             heads[f"eagle{v}"] = load_head(path, model)
     if args.shipped:
@@ -107,6 +109,13 @@ def main(argv=None) -> int:
         from transformers import AutoModelForCausalLM
 
         lms["draft_lm"] = AutoModelForCausalLM.from_pretrained(args.run / "draft_lm").eval()
+    if not args.shipped and not heads and (args.run / "checkpoint").exists():  # still training
+        from specdec.train.recipes import students_from_checkpoint
+
+        for name, m in students_from_checkpoint(args.run, model).items():
+            (lms if name == "draft_lm" else heads)[name] = m
+        step = json.loads((args.run / "checkpoint" / "state.json").read_text())["step"]
+        print(f"using the run's checkpoint at step {step}")
     lms["truncated-2-layer"] = make_draft_lm(model, 2).eval()  # the untrained baseline (first 2 layers)
     prompts = heldout_prompts(tok, args.prompts, args.max_prompt_tokens)
     print(f"{len(prompts)} held-out prompts; loaded in {time.time() - t0:.0f}s", flush=True)

@@ -155,14 +155,16 @@ def _check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
     return prompt
 
 
-def _check_length(prompt_len: int, max_new_tokens: int, tree_nodes: int, limit: int | None, who: str) -> None:
+def _check_length(prompt_len: int, max_new_tokens: int, tree_depth: int, limit: int | None, who: str) -> None:
+    """The deepest tree node of the last step sits at position
+    ``prompt_len + max_new_tokens - 2 + tree_depth``; it must exist."""
     if limit is None:
         return
-    need = prompt_len + max_new_tokens + tree_nodes
+    need = prompt_len + max_new_tokens - 1 + tree_depth
     if need > limit:
         raise ContextOverflowError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree nodes ({tree_nodes}) = {need} "
-            f"exceeds the {who}'s context of {limit} tokens"
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 + tree depth ({tree_depth}) = {need} "
+            f"positions exceed the {who}'s context of {limit} tokens"
         )
 
 
@@ -188,9 +190,9 @@ def _run(
     if draft is not None and draft.vocab_size != vocab:
         raise VocabMismatchError(f"the draft's vocabulary ({draft.vocab_size}) differs from the target's ({vocab})")
     prompt = _check_prompt(prompt_ids, vocab)
-    _check_length(len(prompt), max_new_tokens, builder.max_nodes, target.max_length, "target")
+    _check_length(len(prompt), max_new_tokens, builder.max_depth, target.max_length, "target")
     if draft is not None:
-        _check_length(len(prompt), max_new_tokens, builder.max_nodes, getattr(draft, "max_length", None), "draft")
+        _check_length(len(prompt), max_new_tokens, builder.max_depth, getattr(draft, "max_length", None), "draft")
     eos: set[int] = set()
     if eos_token_id is not None:
         eos = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}

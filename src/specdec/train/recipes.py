@@ -15,7 +15,8 @@ shuffle, each conversation truncated to 1024 tokens, packed into windows of
 256 tokens, batches of 4. Resumable: run the same command again.
 
 Export to the package: ``python -m specdec.train.recipes --out RUN --export``
-(fp16 copies into ``specdec/assets``).
+(fp16 copies into ``specdec/assets``); add ``--from-checkpoint`` to export the
+latest checkpoint of a run that is still training.
 """
 
 from __future__ import annotations
@@ -36,6 +37,54 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 def _log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def students_from_checkpoint(run: Path, model: object) -> dict[str, object]:
+    """Rebuild the run's models from its latest ``checkpoint/`` (while training
+    still runs): ``{"eagle2": EagleHead, "eagle3": EagleHead, "draft_lm": LlamaForCausalLM}``."""
+    from safetensors.torch import load_file
+
+    from specdec.train.trainer import make_draft_lm, new_head
+
+    ck = run / "checkpoint"
+    out: dict[str, object] = {}
+    for v in (2, 3):
+        f = ck / f"eagle{v}.safetensors"
+        if f.exists():
+            dv = torch.load(str(run / "draft_vocab.pt"), weights_only=True) if v == 3 else None
+            head = new_head(model, v, draft_vocab=dv)
+            missing, unexpected = head.load_state_dict(load_file(str(f)), strict=False)
+            if unexpected or [m for m in missing if m not in ("embed_weight", "target_lm_head")]:
+                raise RuntimeError(f"{f}: {missing} {unexpected}")
+            out[f"eagle{v}"] = head.eval()
+    f = ck / "draft_lm.safetensors"
+    if f.exists():
+        lm = make_draft_lm(model, 2)
+        lm.load_state_dict(load_file(str(f)), strict=False)
+        out["draft_lm"] = lm.eval()
+    return out
+
+
+def export_from_checkpoint(run: Path, dest: Path) -> list[str]:
+    """Write the latest checkpoint's models to ``dest`` as the end of training would
+    (``eagle2/``, ``eagle3/`` own format, ``draft_lm/`` HF folder)."""
+    from specdec.drafts.checkpoints import save_head
+    from specdec.models.smollm2 import load_smollm2
+
+    model, tok = load_smollm2()
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    meta = {"target": "SmolLM2-135M-Instruct", "steps": state["step"], "elapsed_s": state.get("elapsed_s"),
+            "from": "checkpoint"}
+    done = []
+    for name, m in students_from_checkpoint(run, model).items():
+        if name == "draft_lm":
+            m.save_pretrained(str(dest / name))
+            tok.save_pretrained(str(dest / name))
+            (dest / name / "specdec_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        else:
+            save_head(m, dest / name, meta=meta)
+        done.append(name)
+    return done
 
 
 def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
@@ -121,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restrict-vocab", action="store_true",
                     help="token losses over the EAGLE-3 draft vocabulary only (cheaper LM heads)")
     ap.add_argument("--export", action="store_true", help="only export RUN's models to specdec/assets (fp16)")
+    ap.add_argument("--from-checkpoint", action="store_true",
+                    help="with --export: use the latest checkpoint (training may still be running)")
     ap.add_argument("--plot", type=Path, default=None, help="only plot RUN's loss curves to this PNG")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.export:
-        print(json.dumps(export_assets(args.out), indent=2))
+        run = args.out
+        if args.from_checkpoint:
+            run = args.out / "from-checkpoint"
+            print("exported", export_from_checkpoint(args.out, run))
+        print(json.dumps(export_assets(run), indent=2))
         return 0
     if args.plot:
         print(plot_losses(args.out, args.plot))
