@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--max-new-tokens", type=_positive_int, default=48,
                         help="tokens generated per method in part 1 (default: 48)")
     p_demo.set_defaults(func=_cmd_demo)
+
+    from specdec.bench.cli import add_bench_parser  # `specdec bench` (docs/bench.md)
+
+    add_bench_parser(sub)
     return parser
 
 

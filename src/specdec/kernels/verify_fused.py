@@ -1,0 +1,504 @@
+"""Fused tree verification: every node's decision in one kernel launch.
+
+Words (see :mod:`specdec.verify.base`): *accepted* child, *bonus* token,
+*residual* ``P``; ``q'`` is the recorded law of a node's sampled children.
+
+The reference is the registered verifiers of ALGORITHMS.md rules 2-5 --
+``match``, ``rejection-iid``, ``rejection-wor``, ``mixed`` -- run by
+:meth:`Verifier.verify <specdec.verify.base.Verifier.verify>` with a
+:class:`~specdec.kernels.counter_rng.CounterRandom`. With that source, node
+``i``'s draws are the uniforms ``U(seed, walk, i, t)``, so node ``i``'s
+decision (accept child ``c`` after ``t`` tests, or draw the bonus) depends only
+on its own row ``p[i]``, children and ``q'``. :func:`fused_verify` therefore
+computes every node's decision in parallel
+(:mod:`specdec.kernels.verify_triton`, one program per node) and follows the
+accepted children from the root on the host: the same
+:class:`~specdec.verify.base.VerifyResult`, and the source left at the same
+position, as the sequential walk. Discrete outputs agree exactly except when a
+uniform falls within float rounding of a decision threshold (the kernel sums
+over the vocabulary in a different order than torch; about ``1e-7`` relative
+for float32 rows).
+
+What runs where:
+
+- ``inputs="probs"``: ``p`` is given (from :func:`~specdec.sampling.process_logits`,
+  torch); the kernel fuses the normalisation, every child test, the residual
+  updates of rules 2-4, the without-replacement updates and the bonus
+  inverse-CDF draw, for all nodes, in one launch.
+- ``inputs="logits"``: the kernel also fuses temperature, the top-k mask and
+  the softmax (the top-k threshold, the ``k``-th largest logit of each row,
+  comes from one batched ``torch.topk``). Top-p needs a sort per row and stays
+  in torch: use ``inputs="probs"`` for it (the generation loop does).
+
+:class:`StepVerifier` is the switch the generation loop uses: the torch
+reference (``process_logits`` + ``verifier.verify`` with the caller's source)
+everywhere, the fused kernel when Triton is importable, the logits are on a
+CUDA device and the verifier is one of rules 2-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
+from specdec.kernels.counter_rng import CounterRandom
+from specdec.kernels.select import interpreter_enabled, triton_available
+from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.tree import DraftTree, SampleMode
+from specdec.verify.base import Verifier, VerifyResult
+from specdec.verify.match import MatchVerifier
+from specdec.verify.mixed import MixedVerifier
+from specdec.verify.rejection import RejectionIIDVerifier, RejectionWORVerifier
+
+__all__ = [
+    "KERNEL_CHOICES",
+    "FusedRule",
+    "DecisionTables",
+    "StepVerifier",
+    "build_tables",
+    "fused_rule",
+    "fused_verify",
+    "fused_verify_many",
+]
+
+KERNEL_CHOICES = ("auto", "torch", "triton")
+"""Values of the ``kernel`` option: ``auto`` (Triton on CUDA when possible,
+torch otherwise), ``torch`` (always the reference), ``triton`` (always the
+kernel; an error where it cannot run)."""
+
+
+@attrs.frozen
+class FusedRule:
+    """How a verifier orders and tests a node's children (ALGORITHMS.md rules 2-5).
+
+    Attributes:
+        name: the verifier's registry name.
+        rejection: sampled children are tested by recursive rejection against
+            ``q'`` (rules 3-5); otherwise they are matched (rule 2).
+        without_replacement: rule 4's update of ``q`` after a rejection:
+            ``True``/``False`` fixed by the verifier, ``None`` = from the law's
+            mode (rule 5).
+        match_deterministic: deterministic children are matched after the
+            sampled ones (rules 2 and 5).
+    """
+
+    name: str
+    rejection: bool
+    without_replacement: bool | None
+    match_deterministic: bool
+
+
+_RULES: dict[type, FusedRule] = {
+    MatchVerifier: FusedRule("match", rejection=False, without_replacement=False, match_deterministic=True),
+    RejectionIIDVerifier: FusedRule("rejection-iid", rejection=True, without_replacement=False, match_deterministic=False),
+    RejectionWORVerifier: FusedRule("rejection-wor", rejection=True, without_replacement=True, match_deterministic=False),
+    MixedVerifier: FusedRule("mixed", rejection=True, without_replacement=None, match_deterministic=True),
+}
+
+
+def fused_rule(verifier: Verifier) -> FusedRule | None:
+    """The fused rule for ``verifier``, or None if the kernel does not implement it.
+
+    Only the exact registered classes are fused (a subclass may change the
+    rule, e.g. the test mutants), so the kernel never silently replaces a
+    different verifier.
+    """
+    return _RULES.get(type(verifier))
+
+
+def _kernels() -> Any:
+    if not triton_available():
+        raise InvalidConfigError(
+            "the fused verification kernel needs Triton: pip install 'specdec-trees[kernels]' (triton>=3.0)"
+        )
+    from specdec.kernels import verify_triton
+
+    return verify_triton
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(1, (n - 1).bit_length())
+
+
+@attrs.frozen(eq=False)
+class DecisionTables:
+    """The kernel's view of one or more trees stacked row-wise (``R`` rows).
+
+    Attributes:
+        child_tokens: ``[R, CMAX]`` int32 children tokens in test order
+            (rejection children in draw order, then matched children), -1 pad.
+        child_rows: ``[R, CMAX]`` int32 their rows.
+        num_children: ``[R]`` int32 children tested at the row.
+        num_rejection: ``[R]`` int32 the first ones tested by rejection.
+        without_replacement: ``[R]`` int32 rule 4's ``q`` update applies.
+        law_row: ``[R]`` int32 row of :attr:`q_dense`, -1 without rejection children.
+        walk: ``[R]`` int32 the walk index of each row's tree.
+        node: ``[R]`` int32 the row's node index inside its tree.
+        q_dense: ``[L, V]`` the laws ``q'`` (the ``law.dense`` of the torch
+            rules, in the compute dtype), or None.
+        offsets: first row of each tree.
+    """
+
+    child_tokens: torch.Tensor
+    child_rows: torch.Tensor
+    num_children: torch.Tensor
+    num_rejection: torch.Tensor
+    without_replacement: torch.Tensor
+    law_row: torch.Tensor
+    walk: torch.Tensor
+    node: torch.Tensor
+    q_dense: torch.Tensor | None
+    offsets: tuple[int, ...]
+
+
+def build_tables(
+    rule: FusedRule,
+    trees: Sequence[DraftTree],
+    walks: Sequence[int],
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> DecisionTables:
+    """Lay out the children and laws of ``trees`` for the kernel (host side, torch only).
+
+    Args:
+        rule: from :func:`fused_rule`.
+        trees: the trees, stacked in order.
+        walks: the walk index (``CounterRandom.walk``) each tree is verified under.
+        device: where the kernel runs.
+        dtype: compute dtype of the laws (float32, or float64 for float64 rows).
+    """
+    tokens_rows: list[list[int]] = []
+    child_rows: list[list[int]] = []
+    n_rej: list[int] = []
+    wor: list[int] = []
+    law_row: list[int] = []
+    walk_col: list[int] = []
+    node_col: list[int] = []
+    law_ids: list[torch.Tensor] = []
+    law_probs: list[torch.Tensor] = []
+    offsets: list[int] = []
+    offset = 0
+    for tree, walk in zip(trees, walks, strict=True):
+        offsets.append(offset)
+        toks = tree.tokens.tolist()
+        for node in range(tree.num_nodes):
+            sampled = tree.sampled_children(node)
+            determ = tree.deterministic_children(node) if rule.match_deterministic else ()
+            if rule.rejection:
+                order = list(sampled) + list(determ)
+                rej = len(sampled)
+            else:
+                order = list(sampled) + list(determ)
+                rej = 0
+            w = 0
+            lrow = -1
+            if rej:
+                law = tree.sampled_law_at(node)
+                lrow = len(law_ids)
+                law_ids.append(law.indices)
+                law_probs.append(law.probs)
+                if rule.without_replacement is None:
+                    w = int(law.mode == SampleMode.WITHOUT_REPLACEMENT)
+                else:
+                    w = int(rule.without_replacement)
+            tokens_rows.append([toks[c] for c in order])
+            child_rows.append([offset + c for c in order])
+            n_rej.append(rej)
+            wor.append(w)
+            law_row.append(lrow)
+            walk_col.append(walk)
+            node_col.append(node)
+        offset += tree.num_nodes
+    cmax = _next_pow2(max((len(r) for r in tokens_rows), default=0) + 1)
+    pad_tok = torch.full((offset, cmax), -1, dtype=torch.int32)
+    pad_row = torch.full((offset, cmax), -1, dtype=torch.int32)
+    for r, (tk, cr) in enumerate(zip(tokens_rows, child_rows)):
+        if tk:
+            pad_tok[r, : len(tk)] = torch.tensor(tk, dtype=torch.int32)
+            pad_row[r, : len(cr)] = torch.tensor(cr, dtype=torch.int32)
+    q_dense = None
+    if law_ids:
+        vocab = trees[0].vocab_size
+        rows = torch.cat([torch.full((ids.numel(),), i, dtype=torch.int64) for i, ids in enumerate(law_ids)])
+        cols = torch.cat([ids.to(torch.int64) for ids in law_ids])
+        vals = torch.cat([pr.to(dtype) for pr in law_probs])
+        q_dense = torch.zeros((len(law_ids), vocab), dtype=dtype, device=device)
+        q_dense[rows.to(device), cols.to(device)] = vals.to(device)
+
+    def col(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32).to(device)
+
+    return DecisionTables(
+        child_tokens=pad_tok.to(device),
+        child_rows=pad_row.to(device),
+        num_children=col([len(r) for r in tokens_rows]),
+        num_rejection=col(n_rej),
+        without_replacement=col(wor),
+        law_row=col(law_row),
+        walk=col(walk_col),
+        node=col(node_col),
+        q_dense=q_dense,
+        offsets=tuple(offsets),
+    )
+
+
+_STATUS_TEXT = (
+    (1, "contains NaN"),
+    (2, "contains +inf (logits) or inf (probabilities)"),
+    (4, "has negative probabilities, or its logits are all -inf"),
+    (8, "does not sum to 1"),
+    (16, "leaves an empty residual"),
+)
+
+
+def _raise_status(status: list[int], what: str) -> None:
+    for row, code in enumerate(status):
+        if code:
+            reasons = ", ".join(text for bit, text in _STATUS_TEXT if code & bit)
+            raise InvalidDistributionError(f"{what} row {row} {reasons}")
+
+
+def _check_inputs(x: torch.Tensor, trees: Sequence[DraftTree], inputs: str) -> None:
+    if inputs not in ("probs", "logits"):
+        raise InvalidConfigError(f"inputs must be 'probs' or 'logits', got {inputs!r}")
+    what = "p" if inputs == "probs" else "logits"
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not torch.is_floating_point(x):
+        raise InvalidDistributionError(f"{what} must be a floating-point [n, V] tensor, got {getattr(x, 'shape', type(x))}")
+    rows = sum(t.num_nodes for t in trees)
+    if x.shape[0] != rows:
+        raise InvalidDistributionError(f"{what} has {x.shape[0]} rows but the tree(s) have {rows} nodes")
+    for tree in trees:
+        if x.shape[1] != tree.vocab_size:
+            raise VocabMismatchError(f"{what} has vocabulary {x.shape[1]} but the tree's is {tree.vocab_size}")
+
+
+def fused_verify_many(
+    verifier: Verifier,
+    trees: Sequence[DraftTree],
+    x: torch.Tensor,
+    rng: CounterRandom,
+    *,
+    inputs: str = "probs",
+    sampling: SamplingConfig | None = None,
+    block: int | None = None,
+) -> list[VerifyResult]:
+    """Verify several trees in one launch, as ``[verifier.verify(t, p_t, rng) for t in trees]``
+    would with a :class:`CounterRandom` (tree ``k`` gets walk ``rng.walk + k + 1``).
+
+    Args:
+        verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
+        trees: the trees (same vocabulary).
+        x: ``[sum n_k, V]`` the trees' rows stacked in order: processed
+            probabilities ``p`` (``inputs="probs"``) or raw target logits
+            (``inputs="logits"``).
+        rng: the counter-based source; left where the sequential walks leave it.
+        inputs: ``"probs"`` or ``"logits"``.
+        sampling: required for ``inputs="logits"`` (temperature > 0, ``top_p == 1``).
+        block: vocabulary block of the kernel (power of two; default 1024).
+
+    Returns:
+        One :class:`~specdec.verify.base.VerifyResult` per tree.
+
+    Raises:
+        InvalidConfigError: Triton missing, an unsupported verifier, or a
+            sampling configuration the logits mode does not fuse.
+        UnsupportedTreeError: as :meth:`Verifier.verify`.
+        InvalidDistributionError, VocabMismatchError: bad rows (every row is
+            checked, not only the visited ones).
+    """
+    rule = fused_rule(verifier)
+    if rule is None:
+        raise InvalidConfigError(
+            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
+            f"fused: {', '.join(r.name for r in _RULES.values())}"
+        )
+    if not isinstance(rng, CounterRandom):
+        raise InvalidConfigError(f"the fused kernel draws from a CounterRandom, got {type(rng).__name__}")
+    if not trees:
+        return []
+    _check_inputs(x, trees, inputs)
+    for tree in trees:
+        verifier.check_tree(tree)
+    temperature = 1.0
+    kth = None
+    if inputs == "logits":
+        if not isinstance(sampling, SamplingConfig):
+            raise InvalidConfigError("inputs='logits' needs the SamplingConfig")
+        if sampling.greedy or sampling.top_p < 1.0:
+            raise InvalidConfigError(
+                "inputs='logits' fuses temperature > 0 and top-k only; process top-p / greedy rows with "
+                "process_logits and pass inputs='probs'"
+            )
+        temperature = float(sampling.temperature)
+        vocab = x.shape[1]
+        if 0 < sampling.top_k < vocab:
+            kth = torch.topk(x, sampling.top_k, dim=-1).values[:, -1].float().contiguous()
+        else:
+            kth = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    walks = [rng.walk + 1 + k for k in range(len(trees))]
+    tables = build_tables(rule, trees, walks, device=x.device, dtype=compute)
+    if block is None:
+        block = 1024
+    if not 16 <= block <= 4096 or block & (block - 1):
+        raise InvalidConfigError(f"block must be a power of two in [16, 4096], got {block}")
+    out = _kernels().launch_decisions(
+        x,
+        logits=inputs == "logits",
+        temperature=temperature,
+        kth=kth,
+        q_dense=tables.q_dense,
+        law_row=tables.law_row,
+        child_tokens=tables.child_tokens,
+        child_rows=tables.child_rows,
+        num_children=tables.num_children,
+        num_rejection=tables.num_rejection,
+        without_replacement=tables.without_replacement,
+        walk=tables.walk,
+        node=tables.node,
+        seed=rng.seed,
+        atol=1e-9 if compute == torch.float64 and inputs == "probs" else 1e-4,
+        block=block,
+    ).tolist()
+    _raise_status([row[3] for row in out], "p" if inputs == "probs" else "logits")
+    num_children = tables.num_children.tolist()
+    results = []
+    for tree, walk, start in zip(trees, walks, tables.offsets):
+        accepted: list[int] = []
+        attempted = 0
+        row = start
+        while True:
+            if num_children[row]:
+                attempted += 1
+            child, bonus, draws, _ = out[row]
+            if child < 0:
+                tokens = [int(tree.tokens[i]) for i in accepted] + [int(bonus)]
+                results.append(VerifyResult(tuple(accepted), tuple(tokens), attempted))
+                rng.set_position(walk, row - start, draws)
+                break
+            accepted.append(child - start)
+            row = child
+    return results
+
+
+def fused_verify(
+    verifier: Verifier,
+    tree: DraftTree,
+    x: torch.Tensor,
+    rng: CounterRandom,
+    *,
+    inputs: str = "probs",
+    sampling: SamplingConfig | None = None,
+    block: int | None = None,
+) -> VerifyResult:
+    """``verifier.verify(tree, p, rng)`` computed by the fused kernel.
+
+    Args:
+        verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
+        tree: the draft tree (``n`` nodes).
+        x: ``[n, V]`` processed target probabilities ``p`` (``inputs="probs"``)
+            or raw target logits (``inputs="logits"``, needs ``sampling``).
+        rng: a :class:`CounterRandom`; the walk uses ``rng.walk + 1`` and the
+            source ends where :meth:`Verifier.verify` would leave it.
+        inputs, sampling, block: see :func:`fused_verify_many`.
+
+    Returns:
+        The :class:`~specdec.verify.base.VerifyResult` of the sequential walk.
+
+    Example (needs Triton; on a CPU set ``TRITON_INTERPRET=1``)::
+
+        rng_a, rng_b = CounterRandom(seed=1), CounterRandom(seed=1)
+        assert fused_verify(MixedVerifier(), tree, p, rng_a) == MixedVerifier().verify(tree, p, rng_b)
+    """
+    return fused_verify_many(verifier, [tree], x, rng, inputs=inputs, sampling=sampling, block=block)[0]
+
+
+class StepVerifier:
+    """One step's ``logits -> VerifyResult``, on the torch reference or the fused kernel.
+
+    The torch path is the generation loop's original two lines:
+    ``p = process_logits(logits, sampling)`` then ``verifier.verify(tree, p, rng)``
+    with the caller's source. The Triton path (:func:`fused_verify`) draws from
+    its own :class:`CounterRandom` seeded with ``seed``; it fuses the softmax
+    and top-k when ``top_p == 1`` and the temperature is positive, and
+    otherwise verifies the ``p`` of ``process_logits``.
+
+    Args:
+        verifier: the step's verifier.
+        sampling: the sampling configuration.
+        seed: seeds the counter-based source of the Triton path (None: entropy).
+        kernel: ``"auto"`` (Triton when importable, the logits are on CUDA and
+            the verifier is fused; torch otherwise), ``"torch"`` or ``"triton"``
+            (raises :class:`~specdec.errors.InvalidConfigError` where the kernel
+            cannot run; CPU tensors are accepted under ``TRITON_INTERPRET=1``).
+        block: the kernel's vocabulary block (default 1024).
+
+    Attributes:
+        paths_used: the paths taken so far (``"torch"``, ``"triton"``).
+    """
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        sampling: SamplingConfig,
+        seed: int | None,
+        kernel: str = "auto",
+        block: int | None = None,
+    ) -> None:
+        if kernel not in KERNEL_CHOICES:
+            raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
+        self.verifier = verifier
+        self.sampling = sampling
+        self.seed = seed
+        self.kernel = kernel
+        self.block = block
+        self.rule = fused_rule(verifier)
+        self.paths_used: set[str] = set()
+        self._counter: CounterRandom | None = None
+        if kernel == "triton":
+            if self.rule is None:
+                raise InvalidConfigError(
+                    f"kernel='triton': verifier {getattr(verifier, 'registry_name', '?')!r} has no fused kernel "
+                    f"(fused: {', '.join(r.name for r in _RULES.values())})"
+                )
+            _kernels()
+
+    @property
+    def path_label(self) -> str:
+        """``"torch"``, ``"triton"`` or ``"torch+triton"`` (``"torch"`` before any step)."""
+        return "+".join(sorted(self.paths_used)) or "torch"
+
+    def _use_triton(self, logits: torch.Tensor) -> bool:
+        if self.kernel == "torch":
+            return False
+        if self.kernel == "auto":
+            return logits.is_cuda and self.rule is not None and triton_available()
+        if not (logits.is_cuda or interpreter_enabled()):
+            raise InvalidConfigError(
+                f"kernel='triton' needs the target logits on a CUDA device (got {logits.device}); "
+                "set TRITON_INTERPRET=1 to run the kernel on CPU tensors (slow, for tests)"
+            )
+        return True
+
+    def __call__(self, tree: DraftTree, logits: torch.Tensor, rng: RandomSource) -> VerifyResult:
+        """Verify ``tree`` against the target's raw ``logits`` (``[n, V]``)."""
+        if not self._use_triton(logits):
+            self.paths_used.add("torch")
+            p = process_logits(logits, self.sampling)
+            return self.verifier.verify(tree, p, rng)
+        self.paths_used.add("triton")
+        if self._counter is None:
+            self._counter = CounterRandom.seeded(self.seed)
+        s = self.sampling
+        if s.greedy or s.top_p < 1.0:
+            p = process_logits(logits, s)
+            return fused_verify(self.verifier, tree, p, self._counter, inputs="probs", block=self.block)
+        return fused_verify(self.verifier, tree, logits, self._counter, inputs="logits", sampling=s, block=self.block)
