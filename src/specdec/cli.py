@@ -5,20 +5,26 @@ Subcommands:
 - ``specdec list [ROLE] [--pattern GLOB]``: the registered strategies of each
   registry role (``tree``, ``verifier``, ``draft``, ``target``, ``method``).
 - ``specdec demo``: a small self-contained demonstration that needs no model
-  download. It drafts random trees with a toy draft model on a toy target (two
-  :class:`~specdec.models.CallableLM` bigram tables over a tiny vocabulary),
-  verifies them with every registered verifier, and prints, per verifier, the
-  acceptance statistics and how far the empirical law of the first emitted
-  token is from the target's exact law, next to the distance that plain
-  sampling from the target gets with the same number of draws.
+  download, on a toy target and a toy draft (two
+  :class:`~specdec.models.CallableLM` bigram tables over a tiny vocabulary).
+  Part 1 generates with every registered method and prints tau, the
+  acceptance by depth and whether, at temperature 0, the output equals plain
+  autoregressive decoding token for token. Part 2 drafts random trees with
+  the child kinds each registered verifier supports, verifies them, and prints
+  the acceptance statistics and how far the empirical law of the first
+  emitted token is from the target's exact law, next to the 95th percentile
+  of that distance for as many direct draws from the target.
+- ``specdec bench``: the side-by-side benchmark on a real model, defined in
+  :mod:`specdec.bench.cli`.
 
 Words: *accepted* = draft tokens the verifier kept; *bonus* = the one token
 the verifier draws from the target at the end of a step; *tau* = tokens
 emitted per target forward = accepted + 1 (the bonus is counted).
 
-Every subcommand exits with status 0 on success, 1 when there is nothing to
-show (a pattern that matches no name, no verifier registered) and 2 on bad
-input, with a one-line message on stderr.
+``list`` and ``demo`` exit with status 0 on success, 1 when there is nothing
+to show (a pattern that matches no name) or when the demo finds a method that
+fails or is not greedy-exact, and 2 on bad input, with a one-line message on
+stderr.
 """
 
 from __future__ import annotations

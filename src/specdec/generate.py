@@ -26,8 +26,9 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.kernels.verify_fused import StepVerifier
 from specdec.rng import RandomSource, TorchRandom
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -57,6 +58,10 @@ class GenerationStats:
         time_prefill, time_draft, time_target, time_verify, time_total: seconds.
             ``time_draft`` covers tree building (draft forwards included);
             ``time_verify`` covers processing the target logits and verification.
+        kernel_path: how logits processing + verification ran: ``"torch"``
+            (the reference: ``process_logits`` + ``Verifier.verify``),
+            ``"triton"`` (the fused kernel, :mod:`specdec.kernels.verify_fused`)
+            or ``"torch+triton"`` if steps differed.
     """
 
     steps: int
@@ -71,6 +76,7 @@ class GenerationStats:
     time_target: float
     time_verify: float
     time_total: float
+    kernel_path: str = "torch"
 
     @property
     def target_forwards(self) -> int:
@@ -180,6 +186,7 @@ def _run(
     eos_token_id: int | Sequence[int] | None,
     timings: dict[str, float],
     counters: dict[str, Any],
+    kernel: str = "auto",
 ) -> Iterator[list[int]]:
     """The step loop; yields the tokens kept at each step."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
@@ -197,6 +204,8 @@ def _run(
     if eos_token_id is not None:
         eos = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
     rng = TorchRandom.seeded(seed)
+    # logits -> p -> verify: the torch reference, or the fused Triton kernel on CUDA (specdec.kernels)
+    step_verifier = StepVerifier(verifier, sampling, seed, kernel)
     clock = time.perf_counter
     t0 = clock()
     with torch.inference_mode():
@@ -214,13 +223,13 @@ def _run(
             t1 = clock()
             logits = target.score_tree(tree)
             t2 = clock()
-            p = process_logits(logits, sampling)
-            result = verifier.verify(tree, p, rng)
+            result = step_verifier(tree, logits, rng)
             t3 = clock()
         timings["draft"] += t1 - t0
         timings["target"] += t2 - t1
         timings["verify"] += t3 - t2
         counters["steps"] += 1
+        counters["kernel_path"] = step_verifier.path_label
         counters["tree_nodes"] += tree.num_nodes
         counters["emitted"] += len(result.tokens)
         counters["accepted"] += result.num_accepted
@@ -259,7 +268,7 @@ def _new_accounting() -> tuple[dict[str, float], dict[str, Any]]:
     timings = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
     counters: dict[str, Any] = {
         "steps": 0, "tree_nodes": 0, "emitted": 0, "accepted": 0,
-        "depth_attempted": [], "depth_accepted": [], "stop_reason": "length",
+        "depth_attempted": [], "depth_accepted": [], "stop_reason": "length", "kernel_path": "torch",
     }
     return timings, counters
 
@@ -275,12 +284,13 @@ def _generate(
     seed: int | None,
     eos_token_id: int | Sequence[int] | None,
     callback: Callable[[list[int]], None] | None,
+    kernel: str = "auto",
 ) -> GenerationOutput:
     timings, counters = _new_accounting()
     start = time.perf_counter()
     tokens: list[int] = []
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, timings, counters):
+                      eos_token_id, timings, counters, kernel):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -290,19 +300,23 @@ def _generate(
         accepted=counters["accepted"], depth_attempted=tuple(counters["depth_attempted"]),
         depth_accepted=tuple(counters["depth_accepted"]), tree_nodes=counters["tree_nodes"],
         time_prefill=timings["prefill"], time_draft=timings["draft"], time_target=timings["target"],
-        time_verify=timings["verify"], time_total=total,
+        time_verify=timings["verify"], time_total=total, kernel_path=counters["kernel_path"],
     )
     return GenerationOutput(tokens=tokens, stats=stats, stop_reason=counters["stop_reason"])
+
+
+def _is_hf_model(model: Any) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PreTrainedModel)
 
 
 def _as_target(model: Any) -> TargetModel:
     if isinstance(model, TargetModel):
         return model
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover
-        PreTrainedModel = ()  # type: ignore[assignment]
-    if PreTrainedModel and isinstance(model, PreTrainedModel):
+    if _is_hf_model(model):
         from specdec.targets.hf import HFTarget
 
         return HFTarget(model)
@@ -312,11 +326,7 @@ def _as_target(model: Any) -> TargetModel:
 def _as_draft(model: Any) -> DraftModel | None:
     if model is None or isinstance(model, DraftModel):
         return model
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover
-        PreTrainedModel = ()  # type: ignore[assignment]
-    if PreTrainedModel and isinstance(model, PreTrainedModel):
+    if _is_hf_model(model):
         from specdec.drafts.hf import HFDraft
 
         return HFDraft(model)
@@ -335,6 +345,11 @@ class SpeculativeGenerator:
             compose ``tree`` and ``verifier`` by name.
         tree: tree builder name, when composing (overrides the method's).
         verifier: verifier name, when composing (overrides the method's).
+        kernel: ``"auto"`` (default: the fused Triton verification kernel when
+            Triton is installed and the target's logits are on CUDA, the torch
+            reference otherwise), ``"torch"`` or ``"triton"`` (an error where
+            it cannot run); see ``docs/kernels.md``. The path taken is in
+            ``GenerationStats.kernel_path``.
         **method_options: tree builder parameters overriding the defaults.
 
     Example:
@@ -355,9 +370,15 @@ class SpeculativeGenerator:
         *,
         tree: str | None = None,
         verifier: str | None = None,
+        kernel: str = "auto",
         **method_options: Any,
     ) -> None:
         from specdec.methods import compose, resolve_method
+        from specdec.kernels.verify_fused import KERNEL_CHOICES
+
+        if kernel not in KERNEL_CHOICES:
+            raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
+        self.kernel = kernel
 
         self.target = _as_target(target)
         self.draft = _as_draft(draft)
@@ -401,7 +422,7 @@ class SpeculativeGenerator:
             callback: called with each step's new tokens as they are emitted.
         """
         return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         sampling or SamplingConfig(), seed, eos_token_id, callback)
+                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel)
 
     def stream(
         self,
@@ -414,7 +435,7 @@ class SpeculativeGenerator:
         """Yield each step's new tokens as soon as they are verified."""
         timings, counters = _new_accounting()
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters)
+                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters, self.kernel)
 
 
 def autoregressive_generate(

@@ -96,7 +96,6 @@ from specdec.rng import RandomSource  # noqa: E402
 from specdec.tree import DraftTree, NodeKind, SparseLaw  # noqa: E402
 from specdec.trees.chain import ChainTreeBuilder  # noqa: E402
 from specdec.verify.base import NodeOutcome, Verifier  # noqa: E402
-from specdec.verify.mixed import MixedVerifier  # noqa: E402
 
 
 class RatioOnTopKVerifier(Verifier):
@@ -134,31 +133,6 @@ class MisreportedLawChain(ChainTreeBuilder):
         return attrs.evolve(tree, laws=laws)
 
 
-class DeterministicFirstMixed(MixedVerifier):
-    """BROKEN on a pruned dynamic tree: rule 5 with the deterministic children
-    tried before the sampled one (ALGORITHMS.md, RheoSampling)."""
-
-    def verify_node(self, tree, node, p_node, rng):
-        from specdec.verify.match import sample_and_match
-        from specdec.verify.rejection import recursive_rejection
-
-        P = p_node / p_node.sum()
-        determ = tree.deterministic_children(node)
-        if determ:
-            accepted, P = sample_and_match(P, determ, [int(tree.tokens[c]) for c in determ], rng)
-            if accepted is not None:
-                return NodeOutcome(accepted_child=accepted)
-        sampled = tree.sampled_children(node)
-        if sampled:
-            law = tree.law_of(sampled[0])
-            accepted, P = recursive_rejection(P, law.dense(tree.vocab_size, dtype=P.dtype), sampled,
-                                              [int(tree.tokens[c]) for c in sampled], rng,
-                                              without_replacement=False)
-            if accepted is not None:
-                return NodeOutcome(accepted_child=accepted)
-        return NodeOutcome(bonus_token=rng.categorical(P))
-
-
 def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> SpeculativeGenerator:
     if name == "ratio-on-topk":
         gen = generator_for("eagle2", target, draft)
@@ -166,9 +140,6 @@ def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> Speculati
     elif name == "misreported-law":
         gen = generator_for("sd", target, draft)
         gen.builder = MisreportedLawChain(depth=3)
-    elif name == "rheo-deterministic-first":
-        gen = generator_for("rheo", target, draft)
-        gen.verifier = DeterministicFirstMixed()
     else:  # pragma: no cover
         raise KeyError(name)
     return gen
@@ -176,7 +147,11 @@ def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> Speculati
 
 @pytest.mark.parametrize("mutant", ["ratio-on-topk", "misreported-law"])
 def test_harness_catches_mutant(mutant: str) -> None:
-    """The statistical test has power: each broken method fails it."""
+    """The statistical test has power: each broken method fails it.
+
+    (Subtler bugs, such as RheoSampling's verifier trying the deterministic
+    children first on a pruned tree, bias the law by ~1e-2 and are caught by
+    the exact whole-tree tests in ``tests/trees`` instead.)"""
     sampling = SAMPLINGS["T1"]
     target, draft = make_models()
     law = target.joint_law(PROMPT, NUM_TOKENS, sampling)

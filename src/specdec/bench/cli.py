@@ -233,8 +233,8 @@ def _bench(args: argparse.Namespace) -> int:
     from specdec.sampling import SamplingConfig
 
     started = time.perf_counter()
-    out_console = Console()
-    log_console = Console(stderr=True)
+    out_console = Console(width=None if sys.stdout.isatty() else 160)
+    log_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
     def log(msg: str) -> None:
         log_console.print(f"[dim]specdec bench:[/dim] {msg}", highlight=False)

@@ -53,9 +53,9 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
     table = Table(title=title, show_lines=False)
     for col, just in (("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"),
                       ("tok/s", "right"), ("speedup", "right"), ("acceptance by depth", "left"),
-                      ("time % draft/target/verify/other", "right"), ("fwd", "right"), ("tokens", "right"),
+                      ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"), ("tokens", "right"),
                       ("=AR", "right")):
-        table.add_column(col, justify=just, no_wrap=col != "acceptance by depth")
+        table.add_column(col, justify=just, no_wrap=True)
     for rec in sorted(records, key=lambda r: (r["temperature"], _row_rank(r))):
         acc = " ".join(f"{a:.2f}" for a in rec.get("acceptance_by_depth") or [])
         match = rec.get("matches_autoregressive")

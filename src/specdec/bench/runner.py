@@ -259,6 +259,7 @@ def hf_assisted_generate(
     temperature: float,
     seed: int,
     eos_token_id: int | list[int] | None,
+    pad_token_id: int | None = None,
 ) -> tuple[list[int], float, int]:
     """Transformers' assisted generation: ``target.generate(assistant_model=draft)``.
 
@@ -271,21 +272,25 @@ def hf_assisted_generate(
         ``(new tokens, seconds, target forwards)``; forwards are counted with
         a forward hook on the target and include the first (prefill + verify) one.
     """
+    import copy
+
     import transformers
 
     device = next(target_model.parameters()).device
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    kwargs: dict[str, Any] = dict(
-        max_new_tokens=max_new_tokens, assistant_model=draft_model, attention_mask=torch.ones_like(ids),
-        do_sample=temperature > 0, top_k=0, top_p=1.0,
-        pad_token_id=(eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id),
-    )
-    if temperature > 0:
-        kwargs["temperature"] = float(temperature)
-    if eos_token_id is not None:
-        kwargs["eos_token_id"] = eos_token_id
-    else:
-        kwargs["eos_token_id"] = None
+    config = copy.deepcopy(target_model.generation_config)
+    config.max_new_tokens = int(max_new_tokens)
+    config.min_new_tokens = None
+    config.max_length = None
+    config.do_sample = temperature > 0
+    config.temperature = float(temperature) if temperature > 0 else 1.0
+    config.top_k = 0
+    config.top_p = 1.0
+    config.eos_token_id = eos_token_id
+    if config.pad_token_id is None:
+        config.pad_token_id = pad_token_id
+    kwargs: dict[str, Any] = dict(generation_config=config, assistant_model=draft_model,
+                                  attention_mask=torch.ones_like(ids))
     calls = [0]
 
     def hook(_module: Any, _args: Any, _out: Any) -> None:
@@ -385,7 +390,9 @@ def run_bench(
     def call(row: RowSpec, prompt: Sequence[int], t: float, seed: int, n: int) -> dict[str, Any]:
         sampling = SamplingConfig(temperature=t)
         if row.kind == "peer":
-            tokens, seconds, calls = hf_assisted_generate(models.hf_target, models.hf_draft, prompt, n, t, seed, eos)
+            pad = models.eos_token_id[0] if isinstance(models.eos_token_id, list) else models.eos_token_id
+            tokens, seconds, calls = hf_assisted_generate(models.hf_target, models.hf_draft, prompt, n, t, seed, eos,
+                                                          pad_token_id=pad)
             nan = float("nan")
             return dict(new_tokens=len(tokens), steps=calls, emitted=len(tokens), depth_attempted=(),
                         depth_accepted=(), time_total=seconds, time_prefill=nan, time_draft=nan,

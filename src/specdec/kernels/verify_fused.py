@@ -64,6 +64,8 @@ __all__ = [
     "fused_rule",
     "fused_verify",
     "fused_verify_many",
+    "NodeDecision",
+    "node_decisions",
 ]
 
 KERNEL_CHOICES = ("auto", "torch", "triton")
@@ -190,12 +192,8 @@ def build_tables(
         for node in range(tree.num_nodes):
             sampled = tree.sampled_children(node)
             determ = tree.deterministic_children(node) if rule.match_deterministic else ()
-            if rule.rejection:
-                order = list(sampled) + list(determ)
-                rej = len(sampled)
-            else:
-                order = list(sampled) + list(determ)
-                rej = 0
+            order = list(sampled) + list(determ)  # the verifiers' test order
+            rej = len(sampled) if rule.rejection else 0
             w = 0
             lrow = -1
             if rej:
@@ -278,6 +276,140 @@ def _check_inputs(x: torch.Tensor, trees: Sequence[DraftTree], inputs: str) -> N
             raise VocabMismatchError(f"{what} has vocabulary {x.shape[1]} but the tree's is {tree.vocab_size}")
 
 
+@attrs.frozen
+class NodeDecision:
+    """What a node's rule decides on its own uniforms (exactly one token field is set).
+
+    Attributes:
+        accepted_child: the accepted child (a node of the same tree), or None.
+        bonus_token: the bonus token drawn at the node, or None.
+        draws: uniforms the rule used at the node (tests + 1 for a bonus).
+    """
+
+    accepted_child: int | None
+    bonus_token: int | None
+    draws: int
+
+
+def node_decisions(
+    verifier: Verifier,
+    trees: Sequence[DraftTree],
+    x: torch.Tensor,
+    *,
+    seed: int,
+    walks: Sequence[int],
+    nodes: Sequence[Sequence[int]] | None = None,
+    inputs: str = "probs",
+    sampling: SamplingConfig | None = None,
+    block: int | None = None,
+) -> list[dict[int, NodeDecision]]:
+    """Every requested node's decision, computed by one kernel launch.
+
+    Node ``i`` of tree ``k`` decides with the uniforms ``U(seed, walks[k], i, t)``,
+    exactly as ``verifier.verify_node`` does with a :class:`CounterRandom` at
+    position ``(walks[k], i, 0)``.
+
+    Args:
+        verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
+        trees: the trees (same vocabulary).
+        x: ``[sum n_k, V]`` the trees' rows stacked in order: processed
+            probabilities ``p`` (``inputs="probs"``) or raw target logits
+            (``inputs="logits"``).
+        seed: the :class:`CounterRandom` seed.
+        walks: the walk index of each tree.
+        nodes: per tree, the nodes to decide (default: all). Only their rows are checked.
+        inputs: ``"probs"`` or ``"logits"``.
+        sampling: required for ``inputs="logits"`` (temperature > 0, ``top_p == 1``).
+        block: vocabulary block of the kernel (power of two in ``[16, 4096]``; default 1024).
+
+    Returns:
+        Per tree, ``{node: NodeDecision}``.
+
+    Raises:
+        InvalidConfigError: Triton missing, an unsupported verifier, or a
+            sampling configuration the logits mode does not fuse.
+        UnsupportedTreeError: as :meth:`Verifier.verify`.
+        InvalidDistributionError, VocabMismatchError: bad rows.
+    """
+    rule = fused_rule(verifier)
+    if rule is None:
+        raise InvalidConfigError(
+            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
+            f"fused: {', '.join(r.name for r in _RULES.values())}"
+        )
+    if not trees:
+        return []
+    _check_inputs(x, trees, inputs)
+    for tree in trees:
+        verifier.check_tree(tree)
+    if block is None:
+        block = 1024
+    if not isinstance(block, int) or not 16 <= block <= 4096 or block & (block - 1):
+        raise InvalidConfigError(f"block must be a power of two in [16, 4096], got {block!r}")
+    temperature = 1.0
+    if inputs == "logits":
+        if not isinstance(sampling, SamplingConfig):
+            raise InvalidConfigError("inputs='logits' needs the SamplingConfig")
+        if sampling.greedy or sampling.top_p < 1.0:
+            raise InvalidConfigError(
+                "inputs='logits' fuses temperature > 0 and top-k only; process top-p / greedy rows with "
+                "process_logits and pass inputs='probs'"
+            )
+        temperature = float(sampling.temperature)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    tables = build_tables(rule, trees, walks, device=x.device, dtype=compute)
+    if nodes is None:
+        rows = None
+        selected = [(k, i) for k, tree in enumerate(trees) for i in range(tree.num_nodes)]
+    else:
+        selected = [(k, int(i)) for k, wanted in enumerate(nodes) for i in wanted]
+        for k, i in selected:
+            if not 0 <= i < trees[k].num_nodes:
+                raise ValueError(f"node {i} outside tree {k} of {trees[k].num_nodes} nodes")
+        rows = torch.tensor([tables.offsets[k] + i for k, i in selected], dtype=torch.int64, device=x.device)
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if rows is None or t is None else t.index_select(0, rows)
+
+    xs = pick(x)
+    if xs.stride(1) != 1:
+        xs = xs.contiguous()
+    kth = None
+    if inputs == "logits":
+        if 0 < sampling.top_k < x.shape[1]:  # type: ignore[union-attr]
+            kth = torch.topk(xs, sampling.top_k, dim=-1).values[:, -1].float().contiguous()  # type: ignore[union-attr]
+        else:
+            kth = torch.full((xs.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
+    out = _kernels().launch_decisions(
+        xs,
+        logits=inputs == "logits",
+        temperature=temperature,
+        kth=kth,
+        q_dense=tables.q_dense,
+        law_row=pick(tables.law_row),
+        child_tokens=pick(tables.child_tokens),
+        child_rows=pick(tables.child_rows),
+        num_children=pick(tables.num_children),
+        num_rejection=pick(tables.num_rejection),
+        without_replacement=pick(tables.without_replacement),
+        walk=pick(tables.walk),
+        node=pick(tables.node),
+        seed=seed,
+        atol=1e-9 if compute == torch.float64 and inputs == "probs" else 1e-4,
+        block=block,
+    ).tolist()
+    _raise_status([row[3] for row in out], "p" if inputs == "probs" else "logits")
+    decisions: list[dict[int, NodeDecision]] = [{} for _ in trees]
+    for (k, i), (child, bonus, draws, _) in zip(selected, out):
+        start = tables.offsets[k]
+        decisions[k][i] = NodeDecision(
+            accepted_child=child - start if child >= 0 else None,
+            bonus_token=bonus if child < 0 else None,
+            draws=draws,
+        )
+    return decisions
+
+
 def fused_verify_many(
     verifier: Verifier,
     trees: Sequence[DraftTree],
@@ -294,98 +426,38 @@ def fused_verify_many(
     Args:
         verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
         trees: the trees (same vocabulary).
-        x: ``[sum n_k, V]`` the trees' rows stacked in order: processed
-            probabilities ``p`` (``inputs="probs"``) or raw target logits
-            (``inputs="logits"``).
+        x: ``[sum n_k, V]`` the trees' rows stacked in order (see :func:`node_decisions`).
         rng: the counter-based source; left where the sequential walks leave it.
-        inputs: ``"probs"`` or ``"logits"``.
-        sampling: required for ``inputs="logits"`` (temperature > 0, ``top_p == 1``).
-        block: vocabulary block of the kernel (power of two; default 1024).
+        inputs, sampling, block: see :func:`node_decisions`.
 
     Returns:
         One :class:`~specdec.verify.base.VerifyResult` per tree.
 
     Raises:
-        InvalidConfigError: Triton missing, an unsupported verifier, or a
-            sampling configuration the logits mode does not fuse.
-        UnsupportedTreeError: as :meth:`Verifier.verify`.
-        InvalidDistributionError, VocabMismatchError: bad rows (every row is
-            checked, not only the visited ones).
+        As :func:`node_decisions` (every row is checked, not only the visited ones).
     """
-    rule = fused_rule(verifier)
-    if rule is None:
-        raise InvalidConfigError(
-            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
-            f"fused: {', '.join(r.name for r in _RULES.values())}"
-        )
     if not isinstance(rng, CounterRandom):
         raise InvalidConfigError(f"the fused kernel draws from a CounterRandom, got {type(rng).__name__}")
-    if not trees:
-        return []
-    _check_inputs(x, trees, inputs)
-    for tree in trees:
-        verifier.check_tree(tree)
-    temperature = 1.0
-    kth = None
-    if inputs == "logits":
-        if not isinstance(sampling, SamplingConfig):
-            raise InvalidConfigError("inputs='logits' needs the SamplingConfig")
-        if sampling.greedy or sampling.top_p < 1.0:
-            raise InvalidConfigError(
-                "inputs='logits' fuses temperature > 0 and top-k only; process top-p / greedy rows with "
-                "process_logits and pass inputs='probs'"
-            )
-        temperature = float(sampling.temperature)
-        vocab = x.shape[1]
-        if 0 < sampling.top_k < vocab:
-            kth = torch.topk(x, sampling.top_k, dim=-1).values[:, -1].float().contiguous()
-        else:
-            kth = torch.full((x.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     walks = [rng.walk + 1 + k for k in range(len(trees))]
-    tables = build_tables(rule, trees, walks, device=x.device, dtype=compute)
-    if block is None:
-        block = 1024
-    if not 16 <= block <= 4096 or block & (block - 1):
-        raise InvalidConfigError(f"block must be a power of two in [16, 4096], got {block}")
-    out = _kernels().launch_decisions(
-        x,
-        logits=inputs == "logits",
-        temperature=temperature,
-        kth=kth,
-        q_dense=tables.q_dense,
-        law_row=tables.law_row,
-        child_tokens=tables.child_tokens,
-        child_rows=tables.child_rows,
-        num_children=tables.num_children,
-        num_rejection=tables.num_rejection,
-        without_replacement=tables.without_replacement,
-        walk=tables.walk,
-        node=tables.node,
-        seed=rng.seed,
-        atol=1e-9 if compute == torch.float64 and inputs == "probs" else 1e-4,
-        block=block,
-    ).tolist()
-    _raise_status([row[3] for row in out], "p" if inputs == "probs" else "logits")
-    num_children = tables.num_children.tolist()
+    decisions = node_decisions(
+        verifier, trees, x, seed=rng.seed, walks=walks, inputs=inputs, sampling=sampling, block=block
+    )
     results = []
-    for tree, walk, start in zip(trees, walks, tables.offsets):
+    for tree, walk, decided in zip(trees, walks, decisions):
         accepted: list[int] = []
         attempted = 0
-        row = start
+        node = 0
         while True:
-            if num_children[row]:
+            if tree.children(node):
                 attempted += 1
-            child, bonus, draws, _ = out[row]
-            if child < 0:
-                tokens = [int(tree.tokens[i]) for i in accepted] + [int(bonus)]
+            d = decided[node]
+            if d.accepted_child is None:
+                tokens = [int(tree.tokens[i]) for i in accepted] + [int(d.bonus_token)]  # type: ignore[arg-type]
                 results.append(VerifyResult(tuple(accepted), tuple(tokens), attempted))
-                rng.set_position(walk, row - start, draws)
+                rng.set_position(walk, node, d.draws)
                 break
-            accepted.append(child - start)
-            row = child
+            accepted.append(d.accepted_child)
+            node = d.accepted_child
     return results
 
 

@@ -403,6 +403,7 @@ def launch_decisions(
         CMAX=cmax,
         BLOCK=block,
         F64=f64,
+        enable_fp_fusion=False,  # no a*b+c contraction: the same roundings as torch's separate ops
     )
     return out
 
@@ -419,7 +420,7 @@ def uniform_table(seed: int, walk: torch.Tensor, node: torch.Tensor, width: int)
     if total:
         grid = (triton.cdiv(total, UNIFORM_BLOCK),)
         _uniform_kernel[grid](walk, node, walk, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, out, total,
-                              TABLE=True, WIDTH=width, BLOCK=UNIFORM_BLOCK)
+                              TABLE=True, WIDTH=width, BLOCK=UNIFORM_BLOCK, enable_fp_fusion=False)
     return out
 
 
@@ -431,7 +432,7 @@ def launch_uniforms(seed: int, walk: torch.Tensor, node: torch.Tensor, draw: tor
     if total:
         grid = (triton.cdiv(total, UNIFORM_BLOCK),)
         _uniform_kernel[grid](walk, node, draw, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, out, total,
-                              TABLE=False, WIDTH=1, BLOCK=UNIFORM_BLOCK)
+                              TABLE=False, WIDTH=1, BLOCK=UNIFORM_BLOCK, enable_fp_fusion=False)
     return out
 
 

@@ -1,0 +1,368 @@
+"""One-shot GPU check of the Triton kernels: correctness against the torch
+references, then kernel-vs-reference timings (issue 6, item 4).
+
+Prepared to run in ONE call on a lent GPU (the device budget is 15 minutes in
+all); it has NOT been run on a GPU yet (no device was lent when it was
+written). It was smoke-tested on the CPU through Triton's interpreter::
+
+    TRITON_INTERPRET=1 python benchmarks/gpu_check.py --device cpu --vocab 1000 --sizes 8 --reps 1 --out /tmp/gpu_check
+
+On the GPU machine::
+
+    pip install -e '.[kernels]'          # triton>=3.0
+    python benchmarks/gpu_check.py --out $OUT/gpu_check     # ~5 minutes on an H100/H200
+
+What it does, for vocabularies 49152 and 128256 and trees of 16, 64 and 128
+nodes (``--vocab``, ``--sizes``):
+
+1. correctness: for each fused verifier (rules 2-5) and input mode (``probs``
+   = processed rows, ``logits`` = raw logits with temperature 0.7 and top-k 50
+   fused), every node's decision from the kernel
+   (:func:`~specdec.kernels.verify_fused.node_decisions`) is compared with the
+   reference verifier's ``verify_node`` on the same counter-based uniforms,
+   and the whole walk (:func:`~specdec.kernels.verify_fused.fused_verify`)
+   with ``Verifier.verify``. Float32 rows may disagree when a uniform falls
+   within float rounding of a threshold (different summation order); the
+   check reports the count and requires it below ``--max-mismatch-rate``
+   (float64 rows are checked too and should agree everywhere);
+2. timing, median over ``--reps`` after warm-up, CUDA events: the reference
+   (``process_logits`` + ``Verifier.verify`` on the CUDA logits, the path the
+   generation loop takes with ``kernel="torch"``), the same with the logits
+   copied to the CPU first (the default of ``HFTarget``, ``logits_device="cpu"``),
+   and the kernel path (:class:`~specdec.kernels.verify_fused.StepVerifier`
+   with ``kernel="triton"``: logits mode for T=0.7/top-k 50, probs mode with
+   top-p 0.9). The issue's goal: kernel >= 5x faster than the reference for a
+   64-node tree at V=128256;
+3. KV compaction (SmolLM2-135M cache: 30 layers, 3 KV heads, head dim 64, 512
+   committed positions + the tree, bfloat16): Triton vs the in-place torch
+   version vs the gather reference, correctness and time.
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
+catches its own errors (recorded in the output, exit status 1 at the end) so
+that one failure does not lose the rest of a scarce GPU run; ``--budget-s``
+stops starting new timing cases when time runs short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.kernels.counter_rng import CounterRandom
+from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
+from specdec.kernels.verify_fused import StepVerifier, fused_verify, node_decisions
+from specdec.registry import get
+from specdec.rng import TorchRandom
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.tree import DraftTree, SampleMode, SparseLaw, TreeAssembler
+
+RULES = ("match", "rejection-iid", "rejection-wor", "mixed")
+SHAPE = {"match": "eagle (top-K)", "rejection-iid": "specinfer (iid)", "rejection-wor": "sequoia (wor)",
+         "mixed": "rheo (1 sampled + top-K)"}
+LOGITS_SAMPLING = SamplingConfig(temperature=0.7, top_k=50)
+PROBS_SAMPLING = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9)
+BRANCHING = (4, 3, 2, 2, 2, 1, 1, 1, 1, 1)
+TOP_M = 64
+
+
+# ---------------------------------------------------------------- test trees
+def make_case(rule: str, vocab: int, num_nodes: int, seed: int, device: str) -> tuple[DraftTree, torch.Tensor]:
+    """A tree of exactly ``num_nodes`` nodes shaped as its method builds them, and
+    ``[n, V]`` float32 target logits on ``device`` correlated with the draft.
+
+    Shapes: ``match`` top-K deterministic children (EAGLE); ``mixed`` one
+    sampled child from ``q' = top-64 of q minus S`` then top-K deterministic
+    (RheoSampling); ``rejection-iid``/``rejection-wor`` sampled children from the
+    node's whole ``q`` (static SpecInfer / Sequoia trees record it).
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    draft_logits = 3.0 * torch.randn(num_nodes, vocab, generator=gen)
+    q = torch.softmax(draft_logits.double(), dim=-1)
+    asm = TreeAssembler(root_token=int(torch.randint(vocab, (1,), generator=gen)), vocab_size=vocab)
+    depth = {0: 0}
+    frontier = [0]
+    while len(asm) < num_nodes:
+        if not frontier:
+            frontier = [len(asm) - 1]
+        node = frontier.pop(0)
+        room = num_nodes - len(asm)
+        b = min(BRANCHING[min(depth[node], len(BRANCHING) - 1)], room)
+        top = torch.topk(q[node], TOP_M)
+        kids: list[int] = []
+        if rule == "match":
+            kids = [asm.add_deterministic(node, int(t), weight=0.5) for t in top.indices[:b].tolist()]
+        elif rule == "mixed":
+            det = top.indices[: b - 1]
+            rest_i, rest_p = top.indices[b - 1 :], top.values[b - 1 :]
+            law = SparseLaw(rest_i, rest_p / rest_p.sum(), SampleMode.IID)
+            y = int(law.indices[torch.multinomial(law.probs, 1, generator=gen)])
+            kids.append(asm.add_sampled(node, y, law, weight=0.5))
+            kids += [asm.add_deterministic(node, int(t), weight=0.5) for t in det.tolist()]
+        else:
+            mode = SampleMode.IID if rule == "rejection-iid" else SampleMode.WITHOUT_REPLACEMENT
+            law = SparseLaw.from_dense(q[node], mode)
+            draws = torch.multinomial(law.probs, b, replacement=mode == SampleMode.IID, generator=gen)
+            kids = [asm.add_sampled(node, int(law.indices[i]), law, weight=0.5) for i in draws.tolist()]
+        for k in kids:
+            depth[k] = depth[node] + 1
+        frontier += kids
+    tree = asm.build()
+    # node i's draft row was q[i]; the target's logits are the draft's plus noise
+    target = draft_logits[: tree.num_nodes] + 0.7 * torch.randn(tree.num_nodes, vocab, generator=gen)
+    return tree, target.to(device)
+
+
+# ------------------------------------------------------------------- helpers
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], Any], device: str, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def environment(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": device}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+    info["interpreter"] = os.environ.get("TRITON_INTERPRET", "0")
+    return info
+
+
+# --------------------------------------------------------------- correctness
+def check_case(rule: str, tree: DraftTree, logits: torch.Tensor, inputs: str, dtype: torch.dtype,
+               seed: int, block: int | None) -> dict[str, Any]:
+    verifier = get("verifier", rule)()
+    sampling = LOGITS_SAMPLING
+    p = process_logits(logits.to(dtype), sampling)
+    x = p if inputs == "probs" else logits
+    walk = 5
+    (kernel,) = node_decisions(verifier, [tree], x, seed=seed, walks=[walk], inputs=inputs, sampling=sampling,
+                               block=block)
+    rng = CounterRandom(seed)
+    mismatches = []
+    for node in range(tree.num_nodes):
+        rng.set_position(walk, node, 0)
+        ref = verifier.verify_node(tree, node, p[node], rng)
+        got = kernel[node]
+        if (got.accepted_child, got.bonus_token, got.draws) != (ref.accepted_child, ref.bonus_token, rng.draw):
+            mismatches.append({"node": node, "kernel": [got.accepted_child, got.bonus_token, got.draws],
+                               "reference": [ref.accepted_child, ref.bonus_token, rng.draw]})
+    a, b = CounterRandom(seed, walk=walk - 1), CounterRandom(seed, walk=walk - 1)
+    same_walk = fused_verify(verifier, tree, x, a, inputs=inputs, sampling=sampling, block=block) == \
+        verifier.verify(tree, p, b) and a.position == b.position
+    return {"nodes": tree.num_nodes, "mismatches": len(mismatches), "examples": mismatches[:3],
+            "walk_equal": bool(same_walk)}
+
+
+def correctness(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    rows = []
+    for vocab in args.vocab:
+        for n in args.sizes:
+            for rule in RULES:
+                tree, logits = make_case(rule, vocab, n, seed=vocab + n, device=args.device)
+                for inputs, dtype in (("probs", torch.float32), ("logits", torch.float32), ("probs", torch.float64)):
+                    if inputs == "logits" and dtype != torch.float32:
+                        continue
+                    try:
+                        res = check_case(rule, tree, logits, inputs, dtype, seed=n, block=args.block)
+                    except Exception as exc:  # recorded; the run goes on
+                        res = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+                    res.update(vocab=vocab, size=n, rule=rule, inputs=inputs, dtype=str(dtype).replace("torch.", ""))
+                    rows.append(res)
+                    print(f"[check] V={vocab} n={n} {rule} {inputs}/{res['dtype']}: "
+                          f"{res.get('mismatches', 'ERROR')} mismatches, walk equal {res.get('walk_equal')}",
+                          flush=True)
+    report["correctness"] = rows
+    decisions = sum(r.get("nodes", 0) for r in rows)
+    bad = sum(r.get("mismatches", 0) for r in rows)
+    errors = [r for r in rows if "error" in r]
+    f64_bad = sum(r.get("mismatches", 0) for r in rows if r["dtype"] == "float64")
+    report["correctness_summary"] = {
+        "decisions": decisions, "mismatches": bad, "float64_mismatches": f64_bad, "errors": len(errors),
+        "walks_equal": sum(bool(r.get("walk_equal")) for r in rows), "walks": len(rows),
+        "ok": not errors and decisions > 0 and bad <= args.max_mismatch_rate * decisions and f64_bad == 0,
+    }
+
+
+# -------------------------------------------------------------------- timing
+def timing(args: argparse.Namespace, report: dict[str, Any], deadline: float) -> None:
+    rows = []
+    for vocab in args.vocab:
+        for n in args.sizes:
+            for rule in RULES:
+                if time.monotonic() > deadline:
+                    report.setdefault("skipped_for_time", []).append(f"timing V={vocab} n={n} {rule}")
+                    continue
+                tree, logits = make_case(rule, vocab, n, seed=vocab + n, device=args.device)
+                verifier = get("verifier", rule)()
+                res: dict[str, Any] = {"vocab": vocab, "size": n, "rule": rule, "shape": SHAPE[rule]}
+                try:
+                    for label, sampling in (("T0.7-k50", LOGITS_SAMPLING), ("T0.7-k50-p0.9", PROBS_SAMPLING)):
+                        rng = TorchRandom.seeded(0, device=args.device)
+                        res[f"torch_device_ms[{label}]"] = median_ms(
+                            lambda: verifier.verify(tree, process_logits(logits, sampling), rng), args.device, args.reps)
+                        rng_cpu = TorchRandom.seeded(0)
+                        res[f"torch_cpu_copy_ms[{label}]"] = median_ms(
+                            lambda: verifier.verify(tree, process_logits(logits.cpu(), sampling), rng_cpu),
+                            args.device, args.reps)
+                        step = StepVerifier(verifier, sampling, seed=0, kernel="triton", block=args.block)
+                        res[f"triton_ms[{label}]"] = median_ms(lambda: step(tree, logits, rng), args.device, args.reps)
+                        res[f"speedup_vs_torch_device[{label}]"] = (
+                            res[f"torch_device_ms[{label}]"] / res[f"triton_ms[{label}]"])
+                except Exception as exc:
+                    res["error"] = f"{type(exc).__name__}: {exc}"
+                    res["trace"] = traceback.format_exc()[-2000:]
+                rows.append(res)
+                print(f"[time] V={vocab} n={n} {rule}: " + ", ".join(
+                    f"{k}={v:.3f}" for k, v in res.items() if isinstance(v, float)), flush=True)
+    report["timing"] = rows
+    goal = [r for r in rows if r["vocab"] == 128256 and r["size"] == 64 and "error" not in r]
+    report["goal_5x_at_V128256_n64"] = {
+        r["rule"]: round(r["speedup_vs_torch_device[T0.7-k50]"], 2) for r in goal
+    }
+
+
+def kv_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    from specdec.kernels.kv_compact_triton import compact_kv_triton
+
+    rows = []
+    for n in args.sizes:
+        res: dict[str, Any] = {"tree_nodes": n}
+        try:
+            gen = torch.Generator().manual_seed(n)
+            shape = (1, 3, 512 + n, 64)
+            base = [torch.randn(shape, generator=gen).to(args.device, torch.bfloat16) for _ in range(60)]
+            path = [0] + sorted(torch.randperm(n - 1, generator=gen)[: min(6, n - 1)].add(1).tolist())
+            keep = kv_keep_index(512, path, device=args.device)
+            expected = compact_kv_reference(base, keep)
+            got = compact_kv_triton([t.clone() for t in base], keep)
+            res["equal"] = all(torch.equal(a, b) for a, b in zip(got, expected))
+            res["triton_ms"] = median_ms(lambda: compact_kv_triton([t for t in base], keep), args.device, args.reps)
+            res["inplace_ms"] = median_ms(lambda: compact_kv_inplace([t for t in base], keep), args.device, args.reps)
+            res["reference_ms"] = median_ms(lambda: compact_kv_reference(base, keep), args.device, args.reps)
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}"
+            res["trace"] = traceback.format_exc()[-2000:]
+        rows.append(res)
+        print(f"[kv] n={n}: {res}", flush=True)
+    report["kv_compaction"] = rows
+
+
+# -------------------------------------------------------------------- output
+def to_markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = ["# GPU check of the Triton kernels", "", f"Command: `{report['command']}`", "",
+             "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    summary = report.get("correctness_summary")
+    if summary:
+        lines += ["## Correctness (kernel vs reference verifiers on the same counter stream)", "",
+                  f"{summary['decisions']} node decisions, {summary['mismatches']} mismatches "
+                  f"({summary['float64_mismatches']} with float64 rows), {summary['walks_equal']}/{summary['walks']} "
+                  f"walks equal, {summary['errors']} errors: {'OK' if summary['ok'] else 'FAILED'}.", ""]
+    if report.get("timing"):
+        lines += ["## Verification time per step, ms (median)", "",
+                  "| V | nodes | tree | torch on GPU (k50) | torch via CPU copy (k50) | triton (k50) | speedup (k50) "
+                  "| torch on GPU (k50,p0.9) | triton (k50,p0.9) | speedup (k50,p0.9) |",
+                  "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["timing"]:
+            if "error" in r:
+                lines.append(f"| {r['vocab']} | {r['size']} | {r['shape']} | error: {r['error'][:80]} |")
+                continue
+            a, b = "[T0.7-k50]", "[T0.7-k50-p0.9]"
+            lines.append(
+                f"| {r['vocab']} | {r['size']} | {r['shape']} | {r['torch_device_ms' + a]:.3f} | "
+                f"{r['torch_cpu_copy_ms' + a]:.3f} | {r['triton_ms' + a]:.3f} | {r['speedup_vs_torch_device' + a]:.1f}x | "
+                f"{r['torch_device_ms' + b]:.3f} | {r['triton_ms' + b]:.3f} | {r['speedup_vs_torch_device' + b]:.1f}x |")
+        lines += ["", f"Goal (>= 5x at V=128256, 64 nodes): {report.get('goal_5x_at_V128256_n64')}", ""]
+    if report.get("kv_compaction"):
+        lines += ["## KV compaction (SmolLM2 cache, bf16), ms (median)", "",
+                  "| tree nodes | equal | triton | torch in place | torch reference |", "|---:|---|---:|---:|---:|"]
+        for r in report["kv_compaction"]:
+            if "error" in r:
+                lines.append(f"| {r['tree_nodes']} | error: {r['error'][:80]} | | | |")
+            else:
+                lines.append(f"| {r['tree_nodes']} | {r['equal']} | {r['triton_ms']:.3f} | {r['inplace_ms']:.3f} | "
+                             f"{r['reference_ms']:.3f} |")
+    if report.get("skipped_for_time"):
+        lines += ["", "Skipped for time: " + "; ".join(report["skipped_for_time"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Correctness and timing of specdec's Triton kernels on a GPU.")
+    parser.add_argument("--out", default="benchmarks/results/gpu")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--vocab", type=int, nargs="+", default=[49152, 128256])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 128])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--block", type=int, default=None, help="vocabulary block of the kernel (default 1024)")
+    parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv"])
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"command": "python benchmarks/gpu_check.py " + " ".join(argv or sys.argv[1:]),
+                              "environment": environment(args.device)}
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        report["error"] = "no CUDA device"
+    sections = [("correctness", lambda: correctness(args, report)),
+                ("timing", lambda: timing(args, report, start + args.budget_s)),
+                ("kv", lambda: kv_check(args, report))]
+    for name, run in sections:
+        if name in args.skip or "error" in report:
+            continue
+        try:
+            run()
+        except Exception as exc:
+            report.setdefault("section_errors", {})[name] = traceback.format_exc()[-3000:]
+            print(f"[{name}] failed: {exc}", flush=True)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))  # keep partial results
+    report["wall_s"] = round(time.monotonic() - start, 1)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_check.md").write_text(to_markdown(report))
+    print(to_markdown(report))
+    ok = ("error" not in report and not report.get("section_errors")
+          and report.get("correctness_summary", {}).get("ok", "correctness" in args.skip))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

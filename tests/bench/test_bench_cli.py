@@ -1,0 +1,138 @@
+"""``specdec bench`` end to end on tiny random models, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec import cli
+from specdec.bench import cli as bench_cli
+from specdec.bench import runner as bench_runner
+
+REQUIRED = {
+    "method": str, "temperature": float, "tau": float, "tokens_per_s": float, "speedup": float,
+    "target_forwards": int, "new_tokens": int, "acceptance_by_depth": list, "kind": str, "runs": int,
+}
+
+
+def _run(capsys, *args):
+    code = cli.main(["bench", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if any model is loaded or any benchmark runs."""
+    def boom(*a, **k):
+        raise AssertionError("long work started before the input was validated")
+
+    monkeypatch.setattr("specdec.bench.models.load_bench_models", boom)
+    monkeypatch.setattr(bench_runner, "run_bench", boom)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--methods", "sd,nosuch"], "unknown method 'nosuch'"),
+        (["--methods", "rheo@eagle7"], "unknown draft kind"),
+        (["--prompts", "/nonexistent/q.jsonl"], "does not exist"),
+        (["--temperatures", "0,hot"], "not a number"),
+        (["--temperatures", "-1"], ">= 0"),
+        (["--seeds", "1,x"], "not an integer"),
+        (["--budget", "lots"], "--budget"),
+        (["--budget", "0"], "--budget"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--eagle3-head", "/nonexistent/head"], "does not exist"),
+    ],
+)
+def test_bad_input_fails_before_any_work(capsys, no_work, args, message):
+    code, out, err = _run(capsys, *args)
+    assert code == 2 and message in err and err.startswith("specdec bench: error:")
+
+
+def test_unknown_preset_and_malformed_prompt_file(capsys, no_work, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--preset", "huge"])
+    assert exc.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"question_id": 1, "category": "x"}\n')
+    code, _, err = _run(capsys, "--prompts", bad)
+    assert code == 2 and "q.jsonl:1: missing turns" in err
+
+
+def test_unwritable_out_fails_before_any_work(capsys, no_work, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = _run(capsys, "--out", blocker)
+    assert code == 2 and "not a directory" in err
+    code, _, err = _run(capsys, "--out", blocker / "sub")
+    assert code == 2 and "cannot be written" in err
+
+
+def test_draft_vocabulary_mismatch(capsys, tiny_dirs, monkeypatch):
+    monkeypatch.setattr(bench_runner, "run_bench", lambda *a, **k: pytest.fail("ran despite a bad draft"))
+    code, _, err = _run(capsys, "--target", tiny_dirs["target"], "--draft", tiny_dirs["bad_vocab"],
+                        "--prompts", tiny_dirs["prompts"], "--methods", "sd", "--budget", "2")
+    assert code == 2 and "vocabulary of 50 tokens but the target has 64" in err
+
+
+def test_unknown_target_is_a_clear_error(capsys, tmp_path):
+    code, _, err = _run(capsys, "--target", tmp_path / "no-model", "--methods", "sd", "--budget", "2")
+    assert code == 2 and "cannot load the target" in err
+
+
+def test_end_to_end_results_and_plots(capsys, tiny_dirs, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, err = _run(
+        capsys, "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+        "--methods", "sd,specinfer,sequoia,eagle2,rheo,hf-assisted", "--budget", "6", "--depth", "3",
+        "--num-prompts", "2", "--max-new-tokens", "6", "--seeds", "0,1", "--ignore-eos", "--out", out,
+    )
+    assert code == 0, err
+    assert "speedup" in stdout and "hf-assisted" in stdout
+    records = json.loads((out / "results.json").read_text())
+    rows = ["autoregressive", "sd", "specinfer", "sequoia", "eagle2", "rheo", "hf-assisted"]
+    assert sorted((r["method"], r["temperature"]) for r in records) == sorted((m, t) for m in rows for t in (0.0, 1.0))
+    for r in records:
+        for key, typ in REQUIRED.items():
+            assert isinstance(r[key], typ), (key, r)
+        assert r["new_tokens"] == 6 * 2 * (1 if r["temperature"] == 0 else 2)  # 2 prompts, 2 seeds at T > 0
+        if r["kind"] == "speculative":
+            assert r["budget_nodes"] == 6 and r["budget_depth"] == 3 and r["options"]
+            assert len(r["acceptance_by_depth"]) <= 3
+            if r["temperature"] == 0:
+                assert r["matches_autoregressive"] == 1.0
+    runs = (out / "runs.jsonl").read_text().splitlines()
+    assert len(runs) == len(rows) * 2 * 3  # rows x prompts x (1 unit at T=0 + 2 seeds at T=1)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["budget"] == {"nodes": 6, "depth": 3, "auto": False} and meta["prompts"]["count"] == 2
+    for name in ("tau.png", "acceptance.png", "speedup.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
+    from bench_helpers import make_model
+    from specdec.drafts.checkpoints import save_head
+    from specdec.train.trainer import new_head
+
+    target = make_model(0, layers=2)
+    head = new_head(target, 3, seed=3)
+    save_head(head, tmp_path / "head3")
+    out = tmp_path / "auto"
+    code, stdout, err = _run(
+        capsys, "--target", tiny_dirs["target"], "--draft", "truncated:1", "--eagle3-head", tmp_path / "head3",
+        "--prompts", tiny_dirs["prompts"], "--methods", "eagle3,rheo,rheo@lm", "--temperatures", "1",
+        "--num-prompts", "1", "--max-new-tokens", "5", "--budget", "auto", "--out", out, "--no-plots",
+    )
+    assert code == 0, err
+    records = {r["method"]: r for r in json.loads((out / "results.json").read_text())}
+    assert records["rheo"]["draft"] == "eagle3" and records["rheo@lm"]["draft"] == "lm"
+    meta = json.loads((out / "meta.json").read_text())
+    auto = meta["auto_budget"]
+    assert meta["budget"]["auto"] and set(auto["acceptance"]) == {"eagle3@T=1", "lm@T=1"}
+    best = max(auto["table"], key=auto["table"].get)
+    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"
+    assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
+    assert not (out / "tau.png").exists()

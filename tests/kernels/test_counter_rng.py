@@ -1,0 +1,148 @@
+"""CounterRandom: the counter-based stream the fused kernel reproduces (no Triton needed).
+
+Known-answer vectors pin the generator; seeded chi-square tests check that the
+uniforms, Bernoulli and categorical draws have the right laws and that draws
+at different keys (draw index, node, walk) behave independently; the keying
+rules (``begin_node``) are what lets a kernel decide every node in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec.kernels.counter_rng import CounterRandom, counter_uniform, inverse_cdf, philox4x32
+from specdec.registry import get
+from specdec.testing import chi_square_test
+from specdec.tree import SampleMode, SparseLaw, TreeAssembler
+
+ALPHA = 1e-3
+M32 = 0xFFFFFFFF
+
+
+def test_philox_known_answers() -> None:
+    """Random123's kat_vectors for philox4x32-10."""
+    assert philox4x32(0, 0, 0, 0, 0, 0) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    assert philox4x32(M32, M32, M32, M32, M32, M32) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
+    pi = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)
+    assert philox4x32(*pi) == (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+
+
+def test_uniform_is_a_pure_function_of_the_key() -> None:
+    u = counter_uniform(7, 1, 2, 3)
+    assert 0.0 <= u < 1.0
+    assert counter_uniform(7, 1, 2, 3) == u
+    others = {counter_uniform(7, 1, 2, 4), counter_uniform(7, 1, 3, 3), counter_uniform(7, 2, 2, 3),
+              counter_uniform(8, 1, 2, 3), counter_uniform(7 + (1 << 32), 1, 2, 3)}
+    assert u not in others and len(others) == 5
+    assert (counter_uniform(0, 0, 0, 0) * 2**53).is_integer()  # 53-bit grid
+
+
+def _uniform_chi2(values: list[float], bins: int = 20):
+    cells = [min(int(v * bins), bins - 1) for v in values]
+    return chi_square_test(cells, {b: 1.0 / bins for b in range(bins)})
+
+
+@pytest.mark.parametrize("axis", ["draw", "node", "walk", "seed"])
+def test_uniforms_are_uniform_along_every_key_axis(axis: str) -> None:
+    n = 4000
+    keys = {
+        "draw": [(3, 1, 2, i) for i in range(n)],
+        "node": [(3, 1, i, 0) for i in range(n)],
+        "walk": [(3, i, 0, 0) for i in range(n)],
+        "seed": [(i, 1, 0, 0) for i in range(n)],
+    }[axis]
+    values = [counter_uniform(*k) for k in keys]
+    assert _uniform_chi2(values).p_value > ALPHA
+    mean = sum(values) / n
+    assert abs(mean - 0.5) < 4 * math.sqrt(1 / 12 / n)
+
+
+def test_neighbouring_keys_are_independent() -> None:
+    """Pairs (draw t, draw t+1) and (node i, node i+1) fill the unit square evenly."""
+    for pair in (lambda i: ((5, i, 0, 0), (5, i, 0, 1)), lambda i: ((5, 2, i, 0), (5, 2, i + 1, 0))):
+        cells = []
+        for i in range(4000):
+            a, b = (counter_uniform(*k) for k in pair(i))
+            cells.append((int(a * 5), int(b * 5)))
+        law = {(x, y): 1 / 25 for x in range(5) for y in range(5)}
+        assert chi_square_test(cells, law).p_value > ALPHA
+
+
+def test_the_chi_square_check_has_power() -> None:
+    """The same check rejects a slightly biased stream (u**1.1) and a lagged copy."""
+    values = [counter_uniform(3, 1, 2, i) ** 1.1 for i in range(4000)]
+    assert _uniform_chi2(values).p_value < ALPHA
+    cells = [(int(counter_uniform(5, i, 0, 0) * 5), int(counter_uniform(5, i, 0, 0) * 5)) for i in range(1000)]
+    assert chi_square_test(cells, {(x, y): 1 / 25 for x in range(5) for y in range(5)}).p_value < ALPHA
+
+
+def test_bernoulli_and_categorical_laws() -> None:
+    rng = CounterRandom(11)
+    hits = []
+    draws = []
+    probs = torch.tensor([0.1, 0.0, 0.45, 0.25, 0.2], dtype=torch.float64)
+    for node in range(3000):
+        rng.begin_node(node)
+        hits.append(rng.bernoulli(0.3))
+        draws.append(rng.categorical(probs))
+    assert chi_square_test(hits, {True: 0.3, False: 0.7}).p_value > ALPHA
+    result = chi_square_test(draws, {i: float(p) for i, p in enumerate(probs)})
+    assert result.p_value > ALPHA and result.unexpected == 0
+
+
+def test_bernoulli_always_consumes_one_draw() -> None:
+    rng = CounterRandom(1)
+    rng.begin_node(0)
+    assert rng.bernoulli(1.0) is True and rng.bernoulli(0.0) is False and rng.bernoulli(torch.tensor(1.5))
+    assert rng.position == (1, 0, 3)
+
+
+def test_begin_node_keys_the_stream() -> None:
+    rng = CounterRandom(9)
+    assert rng.position == (0, 0, 0)
+    rng.begin_node(0)
+    rng.uniform()
+    rng.begin_node(4)
+    assert rng.position == (1, 4, 0)
+    assert rng.uniform() == counter_uniform(9, 1, 4, 0)
+    rng.begin_node(0)  # a new walk
+    assert rng.position == (2, 0, 0)
+    rng.set_position(7, 3, 2)
+    assert rng.uniform() == counter_uniform(9, 7, 3, 2) and rng.position == (7, 3, 3)
+    with pytest.raises(ValueError):
+        CounterRandom(-1)
+    with pytest.raises(ValueError):
+        rng.set_position(2**32, 0, 0)
+    assert CounterRandom.seeded(2**64 + 5).seed == 5
+    assert CounterRandom.seeded(None).seed != CounterRandom.seeded(None).seed
+
+
+def test_inverse_cdf_edges() -> None:
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
+    assert inverse_cdf(probs, 0.0) == 1
+    assert inverse_cdf(probs, 0.4999) == 1
+    assert inverse_cdf(probs, 0.5) == 3
+    assert inverse_cdf(probs, 1.0 - 2**-53) == 3
+    assert inverse_cdf(torch.tensor([2.0, 6.0]), 0.3) == 1  # unnormalised weights
+    with pytest.raises(ValueError, match="all-zero"):
+        inverse_cdf(torch.zeros(3), 0.5)
+
+
+def test_verifier_walk_keys_draws_by_node() -> None:
+    """Verifier.verify calls begin_node before each node's rule: the draws of node i
+    are U(seed, walk, i, 0..), whatever happened at the other nodes."""
+    asm = TreeAssembler(root_token=0, vocab_size=4)
+    law = SparseLaw(torch.tensor([1, 2]), torch.tensor([0.5, 0.5], dtype=torch.float64), SampleMode.IID)
+    a = asm.add_sampled(0, token=1, law=law, weight=0.5)
+    asm.add_deterministic(a, token=3, weight=0.5)
+    tree = asm.build()
+    p = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.25] * 4], dtype=torch.float64)
+    rng = CounterRandom(3, walk=10)
+    result = get("verifier", "mixed")().verify(tree, p, rng)
+    assert result.accepted_nodes == (1, 2)  # p forces both acceptances
+    # node 2 is a leaf: its bonus is its first draw, keyed (walk 11, node 2, draw 0)
+    assert rng.position == (11, 2, 1)
+    assert result.bonus_token == inverse_cdf(p[2], counter_uniform(3, 11, 2, 0))
