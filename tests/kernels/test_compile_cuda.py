@@ -35,7 +35,7 @@ VERIFY = {
     "x_ptr": "*fp32", "x_stride": "i32", "kth_ptr": "*fp32", "temperature": "fp32", "q_ptr": "*fp32",
     "q_stride": "i32", "law_ptr": "*i32", "tok_ptr": "*i32", "crow_ptr": "*i32", "nchild_ptr": "*i32",
     "nrej_ptr": "*i32", "wor_ptr": "*i32", "unif_ptr": "*fp64", "ws_i_ptr": "*i32", "ws_f_ptr": "*fp64",
-    "out_ptr": "*i32", "V": "i32", "atol": "fp32",
+    "bsum_ptr": "*fp64", "out_ptr": "*i32", "V": "i32", "atol": "fp32",
     "LOGITS": "constexpr", "HAS_LAW": "constexpr", "CMAX": "constexpr", "BLOCK": "constexpr", "F64": "constexpr",
 }
 UNIFORM = {"walk_ptr": "*i32", "node_ptr": "*i32", "draw_ptr": "*i32", "k0_in": "i64", "k1_in": "i64",
@@ -75,7 +75,8 @@ def compiled() -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     if "skip" in result:
         pytest.skip(result["skip"])
-    if any("ptxas" in r.get("error", "").lower() and "not found" in r.get("error", "").lower() for r in result.values()):
+    errors = [r.get("error", "").lower() for r in result.values()]
+    if any("ptxas" in e and "not found" in e for e in errors):
         pytest.skip("the Triton installation has no ptxas")
     return result
 

@@ -146,3 +146,14 @@ def test_verifier_walk_keys_draws_by_node() -> None:
     # node 2 is a leaf: its bonus is its first draw, keyed (walk 11, node 2, draw 0)
     assert rng.position == (11, 2, 1)
     assert result.bonus_token == inverse_cdf(p[2], counter_uniform(3, 11, 2, 0))
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import specdec.kernels.counter_rng as counter_rng
+    import specdec.kernels.select as select
+
+    for module in (counter_rng, select):
+        failures, tried = doctest.testmod(module, verbose=False)
+        assert tried > 0 and failures == 0, module.__name__

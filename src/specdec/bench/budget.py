@@ -66,6 +66,7 @@ __all__ = [
     "specinfer_expansion",
     "method_options",
     "supports_budget",
+    "method_tree",
     "choose_budget",
     "profile_positional_acceptance",
     "smooth_acceptance",
@@ -167,7 +168,8 @@ def specinfer_expansion(budget: Budget) -> tuple[int, ...]:
 _BUDGET_TREES = ("chain", "static", "sequoia", "eagle", "rheo")
 
 
-def _tree_of(method: str) -> str:
+def method_tree(method: str) -> str:
+    """Registry name of the tree builder of registered ``method``."""
     from specdec.methods import resolve_method
 
     return resolve_method(method).tree
@@ -177,7 +179,7 @@ def supports_budget(method: str) -> bool:
     """Whether :func:`method_options` can map a budget onto ``method``'s tree builder."""
     from specdec.trees.dynamic import DynamicTreeBuilder
 
-    tree = _tree_of(method)
+    tree = method_tree(method)
     if tree in _BUDGET_TREES:
         return True
     cls = get("tree", tree)
@@ -204,7 +206,7 @@ def method_options(method: str, budget: Budget, *, acceptance: Sequence[float] |
     """
     from specdec.trees.dynamic import DynamicTreeBuilder
 
-    tree = _tree_of(method)
+    tree = method_tree(method)
     cls = get("tree", tree)
     if tree == "chain":
         return {"depth": min(budget.nodes, budget.depth)}

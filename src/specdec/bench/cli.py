@@ -52,10 +52,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "quick": Preset("quick", prompts=5, max_new_tokens=48, temperatures=(0.0, 1.0), seeds=(0,),
                     methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,hf-assisted", budget="auto",
-                    profile_prompts=2, profile_steps=4),
+                    profile_prompts=3, profile_steps=8),
     "full": Preset("full", prompts=None, max_new_tokens=128, temperatures=(0.0, 1.0), seeds=(0, 1),
                    methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,rheo@eagle2,hf-assisted", budget="auto",
-                   profile_prompts=8, profile_steps=8),
+                   profile_prompts=8, profile_steps=16),
 }
 """``quick`` (the default) finishes in under 10 minutes on a 2-core CPU; ``full``
 runs the whole prompt set (hours on a CPU)."""
@@ -282,11 +282,15 @@ def _bench(args: argparse.Namespace) -> int:
     probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
     check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
 
-    # ---- 3. profiles and the budget
-    profile_prompts = rendered[: settings.profile_prompts]
+    # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any)
+    k = settings.profile_prompts
+    spare = [p for p in select_prompts(prompts_all, len(prompts) + k) if p not in prompts]
+    profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare) if len(ids) <= args.max_prompt_tokens][:k]
+    if not profile_prompts:
+        profile_prompts = rendered[:k]
     kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
     sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = {}
-    for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method and B._tree_of(r.method) == "sequoia"}):
+    for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method and B.method_tree(r.method) == "sequoia"}):
         for t in settings.temperatures:
             log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
             rates = B.profile_positional_acceptance(
@@ -346,6 +350,8 @@ def _bench(args: argparse.Namespace) -> int:
             "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
             "auto_budget": auto_info,
             "sequoia_acceptance": {f"{k}@T={t:g}": list(v) for (k, t), v in sequoia_acc.items()},
+            "profile_prompts": len(profile_prompts),
+            "profile_steps_per_prompt": settings.profile_steps,
             "prompts": {"source": str(args.prompts), "count": len(used),
                         "ids": [p.question_id for p in used], "categories": [p.category for p in used]},
             "models": dict(models.descriptions),

@@ -1,9 +1,33 @@
 """Compute kernels, each beside its pure-torch reference.
 
 A kernel and its reference share one signature; the reference defines the
-semantics (and is what the tests compare a kernel against).
+semantics (and is what the tests compare a kernel against). The Triton
+kernels (:mod:`specdec.kernels.verify_triton`,
+:mod:`specdec.kernels.kv_compact_triton`) are imported only when used, so
+importing specdec never needs Triton; see ``docs/kernels.md``.
+
+- KV compaction: :func:`compact_kv_reference` (reference),
+  :func:`compact_kv_inplace` (torch, in place), ``compact_kv_triton`` (one
+  launch), :func:`compact_kv_auto` (picks by device).
+- Verification (ALGORITHMS.md rules 2-5): the registered verifiers run with a
+  :class:`CounterRandom` (reference), :func:`fused_verify` (one launch for
+  every node), :class:`StepVerifier` (the generation loop's switch).
 """
 
+from specdec.kernels.counter_rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
+from specdec.kernels.select import compact_kv_auto, triton_available
+from specdec.kernels.verify_fused import StepVerifier, fused_verify, fused_verify_many, node_decisions
 
-__all__ = ["compact_kv_inplace", "compact_kv_reference", "kv_keep_index"]
+__all__ = [
+    "CounterRandom",
+    "StepVerifier",
+    "compact_kv_auto",
+    "compact_kv_inplace",
+    "compact_kv_reference",
+    "fused_verify",
+    "fused_verify_many",
+    "kv_keep_index",
+    "node_decisions",
+    "triton_available",
+]

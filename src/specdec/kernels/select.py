@@ -26,7 +26,10 @@ def triton_available() -> bool:
     """Whether Triton is installed (cached; does not import it)."""
     global _TRITON
     if _TRITON is None:
-        _TRITON = importlib.util.find_spec("triton") is not None
+        try:
+            _TRITON = importlib.util.find_spec("triton") is not None
+        except (ImportError, ValueError):  # a broken or blocked installation
+            _TRITON = False
     return _TRITON
 
 

@@ -97,8 +97,12 @@ class FusedRule:
 
 _RULES: dict[type, FusedRule] = {
     MatchVerifier: FusedRule("match", rejection=False, without_replacement=False, match_deterministic=True),
-    RejectionIIDVerifier: FusedRule("rejection-iid", rejection=True, without_replacement=False, match_deterministic=False),
-    RejectionWORVerifier: FusedRule("rejection-wor", rejection=True, without_replacement=True, match_deterministic=False),
+    RejectionIIDVerifier: FusedRule(
+        "rejection-iid", rejection=True, without_replacement=False, match_deterministic=False
+    ),
+    RejectionWORVerifier: FusedRule(
+        "rejection-wor", rejection=True, without_replacement=True, match_deterministic=False
+    ),
     MixedVerifier: FusedRule("mixed", rejection=True, without_replacement=None, match_deterministic=True),
 }
 
@@ -267,7 +271,8 @@ def _check_inputs(x: torch.Tensor, trees: Sequence[DraftTree], inputs: str) -> N
         raise InvalidConfigError(f"inputs must be 'probs' or 'logits', got {inputs!r}")
     what = "p" if inputs == "probs" else "logits"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not torch.is_floating_point(x):
-        raise InvalidDistributionError(f"{what} must be a floating-point [n, V] tensor, got {getattr(x, 'shape', type(x))}")
+        got = getattr(x, "shape", type(x))
+        raise InvalidDistributionError(f"{what} must be a floating-point [n, V] tensor, got {got}")
     rows = sum(t.num_nodes for t in trees)
     if x.shape[0] != rows:
         raise InvalidDistributionError(f"{what} has {x.shape[0]} rows but the tree(s) have {rows} nodes")
@@ -434,7 +439,9 @@ def fused_verify_many(
         One :class:`~specdec.verify.base.VerifyResult` per tree.
 
     Raises:
-        As :func:`node_decisions` (every row is checked, not only the visited ones).
+        InvalidConfigError: ``rng`` is not a :class:`CounterRandom`, or as :func:`node_decisions`.
+        UnsupportedTreeError: as :meth:`Verifier.verify`.
+        InvalidDistributionError: a bad row (every row is checked, not only the visited ones).
     """
     if not isinstance(rng, CounterRandom):
         raise InvalidConfigError(f"the fused kernel draws from a CounterRandom, got {type(rng).__name__}")

@@ -24,12 +24,20 @@ One program per tree row (node). Program ``r``:
    each pass recomputes it elementwise from ``p``, ``q'`` and the list of
    rejections so far (the same float operations as the torch rules).
 3. *bonus* (no child accepted): inverse CDF of the residual with uniform
-   ``U(seed, walk, node, #children)``, in float64, block by block: one pass
-   for the total, one to find the first index whose cumulative sum exceeds
-   ``u * total``.
+   ``U(seed, walk, node, #children)``, in float64: one pass stores every
+   block's sum, a scan of the block sums finds the total and the block where
+   the cumulative sum first exceeds ``u * total``, and that block alone is
+   recomputed to find the index.
 
 Output per row: ``[accepted child row or -1, bonus token or -1, draws used,
 status bits]``.
+
+Every float32 division is ``tl.div_rn`` (IEEE round-to-nearest, as torch
+divides; a plain ``/`` on float32 compiles to an approximate division on NVIDIA
+GPUs), and
+the kernels are compiled without FMA contraction, so that elementwise values
+are the torch rules' own; only the sums over the vocabulary are taken in a
+different order.
 """
 
 from __future__ import annotations
@@ -85,11 +93,22 @@ def _philox_uniform(k0, k1, c0, c1, c2, c3):
 
 
 @triton.jit
+def _div(a, b, CD: tl.constexpr):
+    """``a / b`` rounded to nearest like torch: ``tl.div_rn`` in float32 (a plain
+    ``/`` is an approximate division there), ``/`` in float64 (already exact)."""
+    if CD == tl.float64:
+        out = a / b
+    else:
+        out = tl.div_rn(a, b)
+    return out
+
+
+@triton.jit
 def _residual(p, q, offs, m0, n_ops, ops_i, ops_f, CD: tl.constexpr):
     """Residual ``P`` and draft law ``q`` after the first ``n_ops`` rejections
     recorded in the workspace, elementwise: the float operations of
     :mod:`specdec.verify.residual` (``p`` and ``q`` may be blocks or scalars)."""
-    P = p / m0
+    P = _div(p, m0, CD)
     for j in range(0, n_ops):
         kind = tl.load(ops_i + 3 * j)
         xj = tl.load(ops_i + 3 * j + 1)
@@ -99,9 +118,9 @@ def _residual(p, q, offs, m0, n_ops, ops_i, ops_f, CD: tl.constexpr):
         else:  # match (rule 2): P(x) = 0, / mass
             t = tl.where(offs == xj, 0.0, P)
         if mj > 0:  # mass 0: the branch had probability 0; the residual is kept
-            P = t / mj
+            P = _div(t, mj, CD)
         if tl.load(ops_i + 3 * j + 2) != 0:  # without replacement (rule 4): q(x) = 0; q = norm(q)
-            q = tl.where(offs == xj, 0.0, q) / tl.load(ops_f + 2 * j + 1).to(CD)
+            q = _div(tl.where(offs == xj, 0.0, q), tl.load(ops_f + 2 * j + 1).to(CD), CD)
     return P, q
 
 
@@ -113,8 +132,8 @@ def _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0
     law ``q'`` loaded, then the first ``n_ops`` recorded rejections applied."""
     if LOGITS:
         lg = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        e = tl.exp((lg - mx) / temperature)
-        pv = tl.where(mask & (lg >= kth), e / z, 0.0).to(CD)
+        e = tl.exp(tl.div_rn(lg - mx, temperature))
+        pv = tl.where(mask & (lg >= kth), tl.div_rn(e, z), 0.0).to(CD)
     else:
         pv = tl.load(x_row + offs, mask=mask, other=0.0).to(CD)
     if HAS_LAW:
@@ -124,7 +143,7 @@ def _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0
     if n_ops > 0:
         P, q = _residual(pv, qv, offs, m0, n_ops, ops_i, ops_f, CD)
     else:
-        P = pv / m0
+        P = _div(pv, m0, CD)
         q = qv
     return P, q
 
@@ -146,6 +165,7 @@ def _fused_verify_kernel(
     unif_ptr,
     ws_i_ptr,
     ws_f_ptr,
+    bsum_ptr,
     out_ptr,
     V,
     atol,
@@ -200,8 +220,8 @@ def _fused_verify_kernel(
             lk = tl.where(mask & (lg >= kth), lg, float("-inf"))
             new_max = tl.maximum(run_max, tl.max(lk, axis=0))
             if new_max > float("-inf"):
-                scale = tl.exp((run_max - new_max) / temperature)
-                e = tl.where(lk > float("-inf"), tl.exp((lk - new_max) / temperature), 0.0)
+                scale = tl.exp(tl.div_rn(run_max - new_max, temperature))
+                e = tl.where(lk > float("-inf"), tl.exp(tl.div_rn(lk - new_max, temperature)), 0.0)
                 run_sum = run_sum * scale + tl.sum(e, axis=0)
                 run_max = new_max
         if run_max == float("-inf"):
@@ -236,7 +256,7 @@ def _fused_verify_kernel(
             x = tl.load(tok_ptr + row * CMAX + c)
             if LOGITS:
                 lx = tl.load(x_row + x).to(tl.float32)
-                px = tl.where(lx >= kth, tl.exp((lx - mx) / temperature) / z, 0.0).to(CD)
+                px = tl.where(lx >= kth, tl.div_rn(tl.exp(tl.div_rn(lx - mx, temperature)), z), 0.0).to(CD)
             else:
                 px = tl.load(x_row + x).to(CD)
             if HAS_LAW:
@@ -246,13 +266,13 @@ def _fused_verify_kernel(
             if c > 0:
                 Px, qx = _residual(px, qx, x, m0, c, ops_i, ops_f, CD)
             else:
-                Px = px / m0
+                Px = _div(px, m0, CD)
             u = tl.load(unif + c)
             tl.store(ops_i + 3 * c + 1, x)
             tl.store(ops_i + 3 * c + 2, 0)
             if c < nrej:
                 # rules 3/4 (the sampled part of rule 5): accept with min(1, P(x) / q(x))
-                prob = tl.minimum(Px / qx, 1.0)
+                prob = tl.minimum(_div(Px, qx, CD), 1.0)
                 if u < prob.to(tl.float64):
                     accepted = tl.load(crow_ptr + row * CMAX + c)
                     draws = c + 1
@@ -282,37 +302,58 @@ def _fused_verify_kernel(
             tl.debug_barrier()  # the rejection recorded above is read back by every thread
 
     # ------------------------------------------------------------ 3. bonus
-    # Inverse CDF of the residual in float64: pass A sums it block by block,
-    # pass B finds the first index whose cumulative sum exceeds u * total
-    # (both passes add the same numbers in the same order, so it exists unless
-    # u * total rounded up to total: then the last positive index, pass C).
+    # Inverse CDF of the residual in float64, one pass over the vocabulary:
+    # pass A stores each block's sum (the last value of its cumulative sum);
+    # a scan of the block sums gives the total and then the block where the
+    # cumulative sum first exceeds u * total (both scans add the same numbers
+    # in the same order, so that block exists unless u * total rounded up to
+    # total); only that block is recomputed to find the index. If rounding
+    # leaves the crossing past the block's own sum, its last positive index is
+    # taken; if u * total rounded up to total, the last positive index of the
+    # row (pass C, a second full pass that essentially never runs).
     bonus = tl.full((), -1, tl.int32)
     if accepted < 0:
         u = tl.load(unif + nc)
-        total = tl.zeros((), tl.float64)
+        num_blocks = tl.cdiv(V, BLOCK)
+        sums = bsum_ptr + row.to(tl.int64) * num_blocks
         for start in range(0, V, BLOCK):
             offs = start + arange
             mask = offs < V
             P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
                                    ops_f, LOGITS, HAS_LAW, CD)
             vals = tl.where(mask, tl.maximum(P, 0.0), 0.0).to(tl.float64)
-            total += tl.max(tl.cumsum(vals, axis=0), axis=0)
+            tl.store(sums + start // BLOCK, tl.max(tl.cumsum(vals, axis=0), axis=0))
+        tl.debug_barrier()  # the block sums written above are read back by every thread
+        total = tl.zeros((), tl.float64)
+        for b0 in range(0, num_blocks, BLOCK):
+            bidx = b0 + arange
+            total = tl.max(total + tl.cumsum(tl.load(sums + bidx, mask=bidx < num_blocks, other=0.0), axis=0), axis=0)
         if total > 0:
             target = u * total
             running = tl.zeros((), tl.float64)
-            for start in range(0, V, BLOCK):
-                if bonus < 0:
-                    offs = start + arange
-                    mask = offs < V
-                    P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
-                                           ops_f, LOGITS, HAS_LAW, CD)
-                    vals = tl.where(mask, tl.maximum(P, 0.0), 0.0).to(tl.float64)
-                    cdf = running + tl.cumsum(vals, axis=0)
-                    end = tl.max(cdf, axis=0)
+            prev = tl.zeros((), tl.float64)
+            block = tl.full((), -1, tl.int32)
+            for b0 in range(0, num_blocks, BLOCK):
+                if block < 0:
+                    bidx = b0 + arange
+                    cum = running + tl.cumsum(tl.load(sums + bidx, mask=bidx < num_blocks, other=0.0), axis=0)
+                    end = tl.max(cum, axis=0)
                     if end > target:
-                        bonus = tl.min(tl.where(cdf > target, offs, 2147483647), axis=0)
+                        block = tl.min(tl.where(cum > target, bidx, 2147483647), axis=0)
+                        prev = tl.max(tl.where(bidx < block, cum, running), axis=0)
                     running = end
-            if bonus < 0:  # pass C
+            if block >= 0:
+                offs = block * BLOCK + arange
+                mask = offs < V
+                P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
+                                       ops_f, LOGITS, HAS_LAW, CD)
+                vals = tl.where(mask, tl.maximum(P, 0.0), 0.0).to(tl.float64)
+                cdf = prev + tl.cumsum(vals, axis=0)
+                if tl.max(cdf, axis=0) > target:
+                    bonus = tl.min(tl.where(cdf > target, offs, 2147483647), axis=0)
+                else:
+                    bonus = tl.max(tl.where(vals > 0, offs, -1), axis=0)
+            else:  # pass C
                 for start in range(0, V, BLOCK):
                     offs = start + arange
                     mask = offs < V
@@ -395,6 +436,7 @@ def launch_decisions(
         uniform_table(seed, walk, node, cmax),
         torch.zeros(rows * cmax * 3, dtype=torch.int32, device=x.device),
         torch.zeros(rows * cmax * 2, dtype=torch.float64, device=x.device),
+        torch.empty(rows * triton.cdiv(vocab, block), dtype=torch.float64, device=x.device),
         out,
         vocab,
         float(atol),
@@ -403,6 +445,7 @@ def launch_decisions(
         CMAX=cmax,
         BLOCK=block,
         F64=f64,
+        num_warps=4 if block <= 1024 else 8,
         enable_fp_fusion=False,  # no a*b+c contraction: the same roundings as torch's separate ops
     )
     return out

