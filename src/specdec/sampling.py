@@ -123,14 +123,62 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / config.temperature
     probs = torch.softmax(scaled, dim=-1)
     if config.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= config.top_p
-        drop_sorted[..., 0] = False  # the most probable token is always kept
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        keep = top_p_keep(probs.reshape(-1, vocab), config.top_p).reshape(probs.shape)
+        probs = probs.masked_fill(~keep, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+_TOP_P_CANDIDATES = 1024
+
+
+def _top_p_keep_sorted(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep mask over probabilities sorted in decreasing order: a token is kept
+    iff the mass strictly before it is below ``top_p`` (the first always)."""
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep = mass_before < top_p
+    keep[..., 0] = True
+    return keep
+
+
+def _top_p_keep_full(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = _top_p_keep_sorted(sorted_probs, top_p)
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``[R, V]`` bool mask of the top-p (nucleus) set of each row of ``probs``.
+
+    The set is the shortest prefix of the row sorted by (probability
+    descending, token id ascending) whose mass reaches ``top_p``. A full sort of
+    ``V`` entries per row dominates a CPU step, so each row's candidates are
+    first narrowed to its 1024 largest entries: when the entries strictly above
+    the candidates' smallest value already hold ``top_p`` of the mass, every
+    token outside them is dropped and sorting the candidates alone gives the
+    same set. Rows where that does not hold are sorted in full.
+
+    Args:
+        probs: ``[R, V]`` probabilities.
+        top_p: in ``(0, 1)``.
+    """
+    k = _TOP_P_CANDIDATES
+    if k >= probs.shape[-1]:
+        return _top_p_keep_full(probs, top_p)
+    values, index = torch.topk(probs, k, dim=-1)
+    # order the candidates by (value desc, index asc), as the stable full sort does
+    index_sorted, perm = torch.sort(index, dim=-1)
+    values_sorted, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)
+    index_sorted = index_sorted.gather(-1, order)
+    keep_sorted = _top_p_keep_sorted(values_sorted, top_p)
+    # a row is settled iff its first candidate equal to the smallest candidate value is dropped
+    first_tie = (values_sorted > values_sorted[..., -1:]).sum(dim=-1, keepdim=True)
+    settled = ~keep_sorted.gather(-1, first_tie).squeeze(-1)
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, index_sorted, keep_sorted)
+    if not bool(settled.all()):
+        rows = torch.nonzero(~settled).flatten()
+        keep[rows] = _top_p_keep_full(probs[rows], top_p)
+    return keep
 
 
 def check_distribution(p: torch.Tensor, name: str = "p", *, atol: float | None = None) -> None:
