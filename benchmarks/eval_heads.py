@@ -156,14 +156,23 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens):
     from specdec.drafts.eagle import hf_feature_fn, make_draft
     from specdec.targets.hf import HFTarget
 
+    from specdec.drafts.hf import HFDraft
+    from specdec.models.hf_common import truncated_copy
+
     out = {}
-    runs = [("eagle2", "eagle2"), ("eagle3", "eagle3"), ("rheo", "eagle3")]
+    runs = [("eagle2", "eagle2"), ("eagle3", "eagle3"), ("rheo", "eagle3"), ("eagle2", "draft_lm"),
+            ("eagle2", "truncated-4-layer")]
     for method, head_name in runs:
-        if head_name not in heads:
+        if head_name in heads:
+            head = heads[head_name]
+            draft = make_draft(head, feature_fn=hf_feature_fn(model, head.config.target_layers))
+            target = HFTarget(model, capture_layers=head.config.target_layers)
+        elif head_name == "draft_lm" and draft_lm is not None:
+            draft, target = HFDraft(draft_lm), HFTarget(model)
+        elif head_name == "truncated-4-layer":  # issue 3's baseline draft
+            draft, target = HFDraft(truncated_copy(model, 4)), HFTarget(model)
+        else:
             continue
-        head = heads[head_name]
-        draft = make_draft(head, feature_fn=hf_feature_fn(model, head.config.target_layers))
-        target = HFTarget(model, capture_layers=head.config.target_layers)
         gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, N=60, depth=6)
         for temp in (0.0, 1.0):
             emitted = steps = 0
