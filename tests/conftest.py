@@ -7,6 +7,7 @@
 - Torch runs single-threaded: the tests use tiny tensors, for which OpenMP
   thread hand-off costs milliseconds per op on a loaded 2-core machine.
 - No model hub: ``HF_HUB_OFFLINE=1``.
+- Without a GPU, Triton kernels run under its interpreter (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Triton reads TRITON_INTERPRET when its own language module is imported, which
+# a test module may trigger (through transformers) before tests/kernels is
+# collected: set it here, first, so on a machine without CUDA every Triton
+# kernel runs under the interpreter.
+import torch  # noqa: E402  (importing torch does not import triton)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 
 from specdec.rng import TorchRandom
