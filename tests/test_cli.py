@@ -218,3 +218,14 @@ def test_console_script_is_installed():
     assert done.returncode == (0 if list_registered("method") else 1), done.stderr
     bad = subprocess.run([str(script), "list", "nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_train_commands_are_dispatched_with_their_own_parsers(capsys) -> None:
+    from specdec.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["train-eagle", "--help"])
+    assert exc.value.code == 0 and "--version" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["train-draft"])  # --target and --out are required
+    assert exc.value.code == 2 and "--target" in capsys.readouterr().err

@@ -210,7 +210,10 @@ def _run(
     t0 = clock()
     with torch.inference_mode():
         target.prefill(prompt)
-        if draft is not None:
+        if draft is not None and getattr(draft, "needs_target_hidden", False):
+            # feature-level drafts (EAGLE) start from the target's prompt features
+            draft.begin(prompt, target_hidden=target.hidden_states())
+        elif draft is not None:
             draft.begin(prompt)
     timings["prefill"] += clock() - t0
     root = prompt[-1]
@@ -313,13 +316,19 @@ def _is_hf_model(model: Any) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def _as_target(model: Any) -> TargetModel:
+def _as_target(model: Any, capture_layers: tuple[int, ...] = ()) -> TargetModel:
     if isinstance(model, TargetModel):
+        captured = tuple(getattr(model, "capture_layers", ()))
+        if capture_layers and captured != capture_layers:
+            raise InvalidConfigError(
+                f"the draft needs the target's hidden states {capture_layers}, but the target captures {captured}: "
+                f"build it with HFTarget(model, capture_layers={capture_layers}) or pass the Hugging Face model itself"
+            )
         return model
     if _is_hf_model(model):
         from specdec.targets.hf import HFTarget
 
-        return HFTarget(model)
+        return HFTarget(model, capture_layers=capture_layers)
     raise InvalidConfigError(f"target must be a TargetModel or a transformers PreTrainedModel, got {type(model).__name__}")
 
 
@@ -380,8 +389,10 @@ class SpeculativeGenerator:
             raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
         self.kernel = kernel
 
-        self.target = _as_target(target)
         self.draft = _as_draft(draft)
+        # a feature-level draft (EAGLE) needs the target to capture its layers
+        layers = tuple(getattr(self.draft, "target_layers", ())) if getattr(self.draft, "needs_target_hidden", False) else ()
+        self.target = _as_target(target, capture_layers=layers)
         if self.draft is None:
             raise InvalidConfigError("a draft model is required (use autoregressive_generate for plain decoding)")
         if self.draft.vocab_size != self.target.vocab_size:

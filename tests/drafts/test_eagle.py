@@ -195,3 +195,23 @@ def test_greedy_generation_is_exact_with_hf_target(target, version):
     gen = specdec.SpeculativeGenerator(target=t, draft=d, method="eagle2" if version == 2 else "eagle3")
     out = gen.generate(PROMPT, max_new_tokens=12, sampling=specdec.SamplingConfig(temperature=0.0))
     assert out.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_generator_wires_target_features_for_a_raw_hf_model(target, version):
+    """Given the Hugging Face model itself, the generator builds a target that
+    captures the head's layers and seeds the head with the prompt's features
+    (no fallback forward); a pre-built target that captures other layers is refused."""
+    import specdec
+    from specdec.errors import InvalidConfigError
+    from specdec.targets.hf import HFTarget
+
+    head = _head(target, version)
+    d = make_draft(head)  # no feature_fn: the prompt's features must come from the target
+    gen = specdec.SpeculativeGenerator(target=target, draft=d, method="rheo", K=3, depth=3, N=8)
+    assert gen.target.capture_layers == d.target_layers
+    greedy = specdec.SamplingConfig(temperature=0.0)
+    ref = specdec.autoregressive_generate(target, PROMPT, 12, greedy)
+    assert gen.generate(PROMPT, 12, greedy).tokens == ref.tokens
+    with pytest.raises(InvalidConfigError, match="hidden states"):
+        specdec.SpeculativeGenerator(target=HFTarget(target), draft=d, method="eagle2")

@@ -50,7 +50,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "quick": Preset("quick", prompts=5, max_new_tokens=48, temperatures=(0.0, 1.0), seeds=(0,),
+    "quick": Preset("quick", prompts=5, max_new_tokens=40, temperatures=(0.0, 1.0), seeds=(0,),
                     methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,hf-assisted", budget="auto",
                     profile_prompts=3, profile_steps=8),
     "full": Preset("full", prompts=None, max_new_tokens=128, temperatures=(0.0, 1.0), seeds=(0, 1),
@@ -221,6 +221,7 @@ def bench_main(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specdec.bench import budget as B
@@ -237,7 +238,8 @@ def _bench(args: argparse.Namespace) -> int:
     log_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
     def log(msg: str) -> None:
-        log_console.print(f"[dim]specdec bench:[/dim] {msg}", highlight=False)
+        stamp = escape(f"specdec bench [{time.perf_counter() - started:4.0f} s]:")
+        log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False)
 
     # ---- 1. everything that needs no model
     settings = resolve_settings(args)

@@ -1,6 +1,7 @@
 """Draft models, registered under role ``"draft"``."""
 
 from specdec.drafts.base import DraftModel
+from specdec.drafts.eagle import Eagle2Draft, Eagle3Draft
 from specdec.drafts.hf import HFDraft
 
-__all__ = ["DraftModel", "HFDraft"]
+__all__ = ["DraftModel", "Eagle2Draft", "Eagle3Draft", "HFDraft"]
