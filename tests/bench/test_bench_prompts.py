@@ -111,11 +111,15 @@ def test_text_files_line_and_block_modes(tmp_path):
 def test_select_prompts_round_robin_over_categories():
     ps = [BenchPrompt(i, c, ["x"]) for i, c in enumerate("aaabbc")]
     assert [p.question_id for p in select_prompts(ps, 4)] == [0, 3, 5, 1]
+    assert [p.question_id for p in select_prompts(ps, 2)] == [0, 3]  # evenly spaced categories first
+    assert [p.question_id for p in select_prompts(ps, 5)] == [0, 3, 5, 1, 4]
     assert select_prompts(ps, None) == ps and select_prompts(ps, 10) == ps
     with pytest.raises(InvalidConfigError):
         select_prompts(ps, 0)
     shipped = select_prompts(load_prompts("shipped"), 13)
     assert len({p.category for p in shipped}) == 13  # one per category
+    quick = select_prompts(load_prompts("shipped"), 5)
+    assert [p.category for p in quick] == ["writing", "reasoning", "extraction", "humanities", "qa"]
     assert select_prompts(load_prompts("shipped"), 13) == shipped  # deterministic
 
 

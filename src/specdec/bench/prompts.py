@@ -271,14 +271,16 @@ def select_prompts(prompts: Sequence[BenchPrompt], count: int | None) -> list[Be
     """``count`` prompts spread over the categories (all when ``count`` is None
     or at least ``len(prompts)``).
 
-    Categories are visited round-robin in order of first appearance, taking
-    each category's prompts in file order, so a small selection covers as
-    many categories as possible and is the same on every run.
+    With ``C`` categories (in order of first appearance), a first pass takes
+    the first prompt of ``min(count, C)`` evenly spaced categories (indices
+    ``floor(i * C / min(count, C))``); further passes go round-robin over all
+    categories, taking each category's prompts in file order. A small
+    selection thus spans the whole set, and is the same on every run.
 
     Example:
-        >>> ps = [BenchPrompt(i, c, ["x"]) for i, c in enumerate("aabbc")]
-        >>> [p.question_id for p in select_prompts(ps, 3)]
-        [0, 2, 4]
+        >>> ps = [BenchPrompt(i, c, ["x"]) for i, c in enumerate("aabbcd")]
+        >>> [p.question_id for p in select_prompts(ps, 2)], [p.question_id for p in select_prompts(ps, 5)]
+        ([0, 4], [0, 2, 4, 5, 1])
     """
     if count is None or count >= len(prompts):
         return list(prompts)
@@ -288,7 +290,8 @@ def select_prompts(prompts: Sequence[BenchPrompt], count: int | None) -> list[Be
     for p in prompts:
         by_cat.setdefault(p.category, []).append(p)
     queues = list(by_cat.values())
-    out: list[BenchPrompt] = []
+    first = min(count, len(queues))
+    out = [queues[(i * len(queues)) // first].pop(0) for i in range(first)]
     i = 0
     while len(out) < count:
         q = queues[i % len(queues)]

@@ -179,11 +179,14 @@ def write_plots(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], ti
 
     fig, axes = plt.subplots(1, len(temps), figsize=(5.2 * len(temps), 4.0), squeeze=False)
     for ax, t in zip(axes[0], temps):
+        deepest = 1
         for n in names:
             r = lookup.get((n, t))
             if r and r["kind"] == "speculative" and r.get("acceptance_by_depth"):
                 acc = r["acceptance_by_depth"]
                 ax.plot(range(1, len(acc) + 1), acc, marker="o", label=n)
+                deepest = max(deepest, len(acc))
+        ax.set_xticks(range(1, deepest + 1))
         ax.set_xlabel("depth")
         ax.set_ylabel("P(accepted | tested)")
         ax.set_ylim(0, 1.02)
