@@ -122,7 +122,7 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     save_head(head, tmp_path / "head3")
     out = tmp_path / "auto"
     code, stdout, err = _run(
-        capsys, "--target", tiny_dirs["target"], "--draft", "truncated:1", "--eagle3-head", tmp_path / "head3",
+        capsys, "--target", tiny_dirs["target"], "--eagle3-head", tmp_path / "head3",  # default draft: truncated copy
         "--prompts", tiny_dirs["prompts"], "--methods", "eagle3,rheo,rheo@lm", "--temperatures", "1",
         "--num-prompts", "1", "--max-new-tokens", "5", "--budget", "auto", "--out", out, "--no-plots",
     )
@@ -130,6 +130,8 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     records = {r["method"]: r for r in json.loads((out / "results.json").read_text())}
     assert records["rheo"]["draft"] == "eagle3" and records["rheo@lm"]["draft"] == "lm"
     meta = json.loads((out / "meta.json").read_text())
+    assert meta["models"]["lm"].startswith("truncated copy of the target (1 of 2 layers")
+    assert "truncated copy" in stdout  # the output says which draft LM ran
     auto = meta["auto_budget"]
     assert meta["budget"]["auto"] and set(auto["acceptance"]) == {"eagle3@T=1", "lm@T=1"}
     best = max(auto["table"], key=auto["table"].get)
