@@ -15,7 +15,7 @@ import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 
-__all__ = ["SamplingConfig", "process_logits", "check_distribution"]
+__all__ = ["SamplingConfig", "process_logits", "check_distribution", "construction_config"]
 
 
 def _check_temperature(_inst: object, _attr: object, value: float) -> None:
@@ -66,6 +66,40 @@ class SamplingConfig:
     def greedy(self) -> bool:
         """True when ``temperature == 0`` (argmax decoding)."""
         return self.temperature == 0
+
+
+UNTEMPERED = SamplingConfig(temperature=1.0)
+"""The draft's plain softmax (no temperature, top-k or top-p): the construction law at ``T = 0``."""
+
+
+def construction_config(sampling: SamplingConfig) -> SamplingConfig:
+    """The processing of the draft law ``q`` that branching tree builders rank and draw by.
+
+    At ``T > 0`` this is ``sampling`` itself: ``q`` is processed exactly as the
+    target's ``p`` (ALGORITHMS.md, notation). At ``T = 0`` the target law is
+    one-hot and every verifier reduces to rule 1 (accept the child equal to
+    ``argmax p``), which never reads ``q``; a one-hot ``q`` would turn every
+    top-K tree into a chain (all mass on one token). So at ``T = 0`` builders
+    that branch (static, Sequoia, EAGLE, Rheo) rank and draw by the draft's
+    untempered law ``softmax(logits)``, as EAGLE's reference code does. The law
+    recorded in the tree is this law, the one actually used, so rules 3 and 4
+    stay exact (with a one-hot ``p`` they accept exactly ``argmax p``, for any
+    proposal law). The chain builder keeps the greedy draft (its single child is
+    the argmax either way).
+
+    Args:
+        sampling: the target's sampling configuration.
+
+    Returns:
+        ``sampling`` when ``T > 0``, else ``SamplingConfig(temperature=1.0)``.
+
+    Example:
+        >>> construction_config(SamplingConfig(temperature=0.0))
+        SamplingConfig(temperature=1.0, top_k=0, top_p=1.0)
+        >>> construction_config(SamplingConfig(temperature=0.7, top_k=5)).top_k
+        5
+    """
+    return UNTEMPERED if sampling.greedy else sampling
 
 
 def _check_logits(logits: torch.Tensor) -> None:

@@ -138,6 +138,35 @@ def test_chain_is_greedy_at_temperature_zero():
         prefix.append(expected)
 
 
+# ------------------------------------------- T = 0: the construction law
+def _untempered(draft, prefix):
+    return torch.softmax(draft.fn([list(prefix)])[0], dim=-1)
+
+
+@pytest.mark.parametrize("builder_cls", [EagleTreeBuilder, RheoTreeBuilder])
+def test_dynamic_trees_branch_at_temperature_zero(builder_cls):
+    """At T = 0 the dynamic trees rank by the draft's untempered law: the root's
+    children are its top-K (not the single greedy token a one-hot q would give)."""
+    draft = random_draft(9, seed=2, scale=1.0)
+    tree = build(builder_cls(K=3, depth=2, N=8), draft, GREEDY)
+    q = _untempered(draft, [0])
+    kids = tree.children(0)
+    assert [int(tree.tokens[c]) for c in kids] == torch.argsort(q, descending=True, stable=True)[:3].tolist()
+    assert [float(tree.weights[c]) for c in kids] == pytest.approx(sorted(q.tolist(), reverse=True)[:3])
+    assert all(int(tree.kinds[c]) == NodeKind.DETERMINISTIC for c in range(1, tree.num_nodes))
+    assert tree.num_nodes == 9
+
+
+@pytest.mark.parametrize("mode", ["iid", "wor"])
+def test_static_children_at_temperature_zero_come_from_the_untempered_law(mode):
+    draft = random_draft(6, seed=7, scale=1.0)
+    tree = build(StaticTreeBuilder(expansion=(3, 1), mode=mode), draft, GREEDY, seed=3)
+    law = tree.law_of(tree.children(0)[0])
+    assert torch.allclose(law.dense(6), _untempered(draft, [0]), atol=1e-12)
+    if mode == "wor":
+        assert len({int(tree.tokens[c]) for c in tree.children(0)}) == 3
+
+
 # ------------------------------------------------------------------- static
 def test_static_children_per_depth_shape_and_batched_levels():
     draft = random_draft(8, seed=1)

@@ -132,6 +132,10 @@ GREEDY_CASES = [
     ("rheo-greedy", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3), "greedy"),
     ("eagle-match-T0", EagleTreeBuilder(K=3, B=2, depth=3, N=4), "match"),
     ("rheo-mixed-T0", RheoTreeBuilder(K=3, m=1, B=2, depth=3, N=4, M=4), "mixed"),
+    # at T = 0 the static and Sequoia children are drawn from the untempered draft law
+    # (construction_config), and the rejection rules must still emit exactly argmax p
+    ("static-iid-T0", StaticTreeBuilder(expansion=(2, 1), mode="iid"), "rejection-iid"),
+    ("sequoia-T0", SequoiaTreeBuilder(num_nodes=4, max_depth=2, acceptance=(0.5, 0.2)), "rejection-wor"),
 ]
 
 

@@ -34,7 +34,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.registry import register
 from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
 from specdec.trees._common import check_int, log_weight, normalised_law, top_tokens
 from specdec.trees.base import TreeBuilder
@@ -266,6 +266,10 @@ class DynamicTreeBuilder(TreeBuilder):
         """Children of each of ``k`` nodes with draft laws ``q`` ``[k, V]`` (float64)."""
         raise NotImplementedError
 
+    def proposer(self, sampling: SamplingConfig) -> ProposeFn:
+        """The child proposal used under ``sampling`` (default: :meth:`propose`)."""
+        return self.propose
+
     def rank_key(self, node: DynamicNode) -> tuple:
         """The total order (-score, creation index) (ALGORITHMS.md)."""
         return rank_key(node)
@@ -295,12 +299,14 @@ class DynamicTreeBuilder(TreeBuilder):
         return self.depth
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """Grow the tree from the draft law processed by :func:`~specdec.sampling.construction_config`
+        (the target's processing at ``T > 0``; the draft's untempered law at ``T = 0``)."""
         return grow_dynamic_tree(
             root_token,
             draft,
-            sampling,
+            construction_config(sampling),
             rng,
-            self.propose,
+            self.proposer(sampling),
             beam_width=int(self.B),  # type: ignore[arg-type]
             depth=self.depth,
             num_keep=self.N,

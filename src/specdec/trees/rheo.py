@@ -29,8 +29,10 @@ every expanded node ``u`` with processed draft law ``q_u``:
    children.
 
 A node gets no sampled slot (it becomes an EAGLE-2 node with top-``K``
-deterministic children) when its residual mass is 0 (e.g. at ``T = 0``,
-where ``q`` is one-hot: Rheo is then exactly EAGLE-2) or below ``threshold``.
+deterministic children) when its residual mass is 0 or below ``threshold``,
+and no node gets one at ``T = 0``: there the trees are built from the draft's
+untempered law (:func:`~specdec.sampling.construction_config`) exactly as
+EAGLE-2 builds them, and verified greedily (rule 1), so Rheo is EAGLE-2.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_children, top_tokens
-from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder
+from specdec.sampling import SamplingConfig
+from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
 
 __all__ = ["RheoTreeBuilder", "rheo_proposal", "residual_mass"]
 
@@ -165,3 +168,10 @@ class RheoTreeBuilder(DynamicTreeBuilder):
 
     def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
         return rheo_proposal(q, self.K, self.m, self.M, float(self.threshold), rng)
+
+    def proposer(self, sampling: SamplingConfig) -> ProposeFn:
+        """At ``T = 0`` no node gets a sampled slot (ALGORITHMS.md, RheoSampling
+        step 6): the children are EAGLE-2's top-``K``, so the tree is EAGLE-2's."""
+        if sampling.greedy:
+            return lambda q, rng: eagle_proposal(q, self.K)
+        return self.propose

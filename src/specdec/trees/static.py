@@ -30,7 +30,7 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import check_mode, check_paths, draw_children, normalised_law
 from specdec.trees.base import TreeBuilder
@@ -101,12 +101,15 @@ def build_static_tree(
         mode: how each node's children are drawn from its ``q``.
         root_token: the last committed token.
         draft: the draft model (begun/committed up to ``root_token``).
-        sampling: the processing shared with the target.
+        sampling: the target's processing; children are drawn from the draft
+            law processed by :func:`~specdec.sampling.construction_config`
+            (the same processing at ``T > 0``, the untempered draft law at ``T = 0``).
         rng: the source of every draw.
 
     Returns:
         The tree; node ``i``'s children are its slot draws in draw order.
     """
+    sampling = construction_config(sampling)  # the draft's untempered law at T = 0 (not one-hot)
     slots: dict[tuple[int, ...], int] = {}
     for path in paths:
         parent = path[:-1]
