@@ -133,9 +133,10 @@ def test_profile_topk_measures_ranks():
     a = profile_positional_acceptance(target, draft, [[0], [1, 2]], SamplingConfig(temperature=1.0), 3,
                                       steps_per_prompt=3)
     assert a == (0.0, 1.0, 0.0)
-    # at T = 0 the draft's processed law is one-hot (as in the tree builders): only its argmax is a child
+    # at T = 0 the children are ranked by the draft's untempered law, as in the tree builders
+    # (construction_config): the target's greedy token 2 is the draft's second choice
     greedy = SamplingConfig(temperature=0)
-    assert profile_positional_acceptance(target, draft, [[0]], greedy, 3) == (0.0, 0.0, 0.0)
+    assert profile_positional_acceptance(target, draft, [[0]], greedy, 3) == (0.0, 1.0, 0.0)
     assert profile_positional_acceptance(target, _table_lm([[0.0, 1.0, 3.0]] * 3), [[0]], greedy, 2) == (1.0, 0.0)
 
 

@@ -50,7 +50,7 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError
 from specdec.registry import get
 from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig, construction_config, process_logits
 from specdec.targets.base import TargetModel
 from specdec.tree import SampleMode, TreeAssembler
 from specdec.trees._common import top_tokens
@@ -386,6 +386,9 @@ def profile_positional_acceptance(
         >>> lm = CallableLM(lambda p: torch.tensor([[2.0, 1.0, 0.0]] * len(p)), vocab_size=3)
         >>> profile_positional_acceptance(lm, CallableLM(lm.fn, 3), [[0]], SamplingConfig(temperature=0), 2)
         (1.0, 0.0)
+        >>> flip = CallableLM(lambda p: torch.tensor([[1.0, 2.0, 0.0]] * len(p)), vocab_size=3)
+        >>> profile_positional_acceptance(lm, flip, [[0]], SamplingConfig(temperature=0), 2)  # T=0: ranked by softmax
+        (0.0, 1.0)
     """
     from specdec.trees.static import StaticTreeBuilder
 
@@ -414,7 +417,8 @@ def profile_positional_acceptance(
                 if children == "wor":
                     tree = wor.build(root, draft, sampling, rng)
                 else:
-                    q = draft.root_distribution(sampling).to(torch.float64)
+                    # rank as the dynamic builders do (the untempered law at T = 0)
+                    q = draft.root_distribution(construction_config(sampling)).to(torch.float64)
                     q = (q / q.sum()).unsqueeze(0)
                     asm = TreeAssembler(root, draft.vocab_size)
                     for token, prob in top_tokens(q, k_max)[0]:
