@@ -136,5 +136,9 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     assert meta["budget"]["auto"] and set(auto["acceptance"]) == {"eagle3@T=1", "lm@T=1"}
     best = max(auto["table"], key=auto["table"].get)
     assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"
+    t1 = auto["forward_time_s"]["1"]
+    assert auto["autoregressive_tokens_per_s"] == pytest.approx(1 / t1)
+    assert auto["predicted_speedup"] == pytest.approx(auto["table"][best] * t1)
+    assert "predicts" in err + stdout and "autoregressive decoding" in err + stdout
     assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
     assert not (out / "tau.png").exists()
