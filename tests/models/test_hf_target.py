@@ -272,3 +272,42 @@ def test_other_architectures_without_forked_modeling_code(arch, impl):
 def test_sliding_window_models_are_refused():
     with pytest.raises(NotImplementedError, match="sliding"):
         HFTarget(tiny_architecture("mistral-sliding", "sdpa")).prefill([1, 2])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_small_trees_scored_padded_equal_unpadded(impl, monkeypatch):
+    """On CPU trees of 2-3 nodes are scored padded to 4 tokens (a faster matrix
+    path); logits, captured features and the cache after accept must equal the
+    unpadded forward's, and the padding must really reach the model."""
+    model = make_tiny_llama(impl, torch.float64, seed=5)
+    padded, plain = HFTarget(model, capture_layers=(1, -1)), HFTarget(model, capture_layers=(1, -1), min_tree_tokens=1)
+    assert padded.min_tree_tokens == 4
+    sizes: list[int] = []
+    real = hf_common.forward_tokens
+
+    def spy(model_, cache, tokens, *args, **kwargs):
+        sizes.append(len(tokens))
+        return real(model_, cache, tokens, *args, **kwargs)
+
+    monkeypatch.setattr("specdec.targets.hf.forward_tokens", spy)
+    rng = random.Random(5)
+    prompt = [rng.randrange(VOCAB) for _ in range(7)]
+    padded.prefill(prompt)
+    plain.prefill(prompt)
+    for step in range(12):
+        tree = random_tree(rng, padded.committed_tokens[-1], size=1 + step % 3)  # 2..4 nodes, root included
+        sizes.clear()
+        a, b = padded.score_tree(tree), plain.score_tree(tree)
+        assert sizes == [max(tree.num_nodes, 4) if tree.num_nodes > 1 else 1, tree.num_nodes]
+        # (not bit-equal: HF computes rotary angles in float32, and the BLAS path depends on the row count)
+        assert a.shape == b.shape and float((a - b).abs().max()) < 1e-5
+        assert padded.hidden_states().shape == plain.hidden_states().shape
+        assert float((padded.hidden_states() - plain.hidden_states()).abs().max()) < 1e-5
+        path, bonus = random_path(rng, tree), rng.randrange(VOCAB)
+        padded.accept(path, bonus)
+        plain.accept(path, bonus)
+        assert padded.cache_length == plain.cache_length == len(plain.committed_tokens) - 1
+        for mine, ref in zip(padded._cache.tensors(), plain._cache.tensors(), strict=True):
+            assert float((mine - ref).abs().max()) < 1e-5
+    with pytest.raises(ValueError, match="min_tree_tokens"):
+        HFTarget(model, min_tree_tokens=0)
