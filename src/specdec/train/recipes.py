@@ -113,7 +113,7 @@ def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
     return sizes
 
 
-def _smooth(xs: list[float], k: int = 10) -> list[float]:
+def _smooth(xs: list[float], k: int = 50) -> list[float]:
     out, acc = [], 0.0
     for i, x in enumerate(xs):
         acc += x
@@ -132,7 +132,12 @@ def plot_losses(run: Path, png: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for f in sorted(run.glob("*.metrics.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        by_step = {}  # a resumed run re-logs the steps after its last checkpoint: keep the latest
+        for line in f.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                by_step[row["step"]] = row
+        rows = [by_step[s] for s in sorted(by_step)]
         if not rows:
             continue
         name = f.name.split(".")[0]
@@ -141,7 +146,7 @@ def plot_losses(run: Path, png: Path) -> Path:
         axes[1].plot(steps, _smooth([r["acc"] for r in rows]), label=f"{name} (depth 1)")
         if "acc2" in rows[0]:
             axes[1].plot(steps, _smooth([r.get("acc2", 0.0) for r in rows]), "--", label=f"{name} (depth 3, TTT)")
-    axes[0].set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log", title="loss")
+    axes[0].set(xlabel="step", ylabel="training loss (50-step mean)", yscale="log", title="loss")
     axes[1].set(xlabel="step", ylabel="top-1 agreement with the target (train batches)", title="agreement")
     for ax in axes:
         ax.grid(alpha=0.3)
