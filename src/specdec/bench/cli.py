@@ -50,9 +50,9 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "quick": Preset("quick", prompts=5, max_new_tokens=40, temperatures=(0.0, 1.0), seeds=(0,),
+    "quick": Preset("quick", prompts=6, max_new_tokens=40, temperatures=(0.0, 1.0), seeds=(0,),
                     methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,hf-assisted", budget="auto",
-                    profile_prompts=3, profile_steps=8),
+                    profile_prompts=4, profile_steps=12),
     "full": Preset("full", prompts=None, max_new_tokens=128, temperatures=(0.0, 1.0), seeds=(0, 1),
                    methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,rheo@eagle2,hf-assisted", budget="auto",
                    profile_prompts=8, profile_steps=16),
