@@ -134,7 +134,9 @@ GREEDY_CASES = [
     ("rheo-mixed-T0", RheoTreeBuilder(K=3, m=1, B=2, depth=3, N=4, M=4), "mixed"),
     # at T = 0 the static and Sequoia children are drawn from the untempered draft law
     # (construction_config), and the rejection rules must still emit exactly argmax p
+    ("chain-T0", ChainTreeBuilder(depth=3), "rejection-iid"),
     ("static-iid-T0", StaticTreeBuilder(expansion=(2, 1), mode="iid"), "rejection-iid"),
+    ("static-wor-T0", StaticTreeBuilder(expansion=(3, 1), mode="wor"), "rejection-wor"),
     ("sequoia-T0", SequoiaTreeBuilder(num_nodes=4, max_depth=2, acceptance=(0.5, 0.2)), "rejection-wor"),
 ]
 
