@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 import pytest
 import torch
 
@@ -329,13 +331,25 @@ def test_rheo_node_has_sampled_slot_with_true_law_and_proxy():
         assert law.indices.tolist() == [2, 3]
         assert law.probs.tolist() == pytest.approx([2 / 3, 1 / 3])  # q' = norm(q on topM minus S)
         assert int(tree.tokens[s]) in (2, 3)
-        assert float(tree.weights[s]) == pytest.approx(0.3)  # proxy 1 - q(S), token independent
+        # default proxy "displaced": q of the 3rd-ranked token (the slot's rank), token independent
+        assert float(tree.weights[s]) == pytest.approx(0.2)
         assert s < det[0]  # created (and ranked) before its deterministic siblings
+        residual = build(attrs.evolve(builder, proxy="residual"), draft, seed=seed)
+        assert float(residual.weights[residual.sampled_children(0)[0]]) == pytest.approx(0.3)  # 1 - q(S)
+
+
+def test_rheo_displaced_proxy_with_two_sampled_slots():
+    draft = table_draft({(): [0.35, 0.25, 0.2, 0.15, 0.05]}, 5)
+    tree = build(RheoTreeBuilder(K=4, m=2, depth=1, N=10, M=5), draft, seed=1)
+    sampled = tree.sampled_children(0)
+    assert [float(tree.weights[c]) for c in sampled] == pytest.approx([0.2, 0.15])  # ranks 3 and 4
+    with pytest.raises(InvalidConfigError, match="proxy"):
+        RheoTreeBuilder(proxy="q")
 
 
 def test_rheo_sparse_draft_limits_the_sampled_law():
     draft = table_draft({(): [0.4, 0.3, 0.2, 0.1]}, 4)
-    tree = build(RheoTreeBuilder(K=2, m=1, depth=1, N=10, M=3), draft)
+    tree = build(RheoTreeBuilder(K=2, m=1, depth=1, N=10, M=3, proxy="residual"), draft)
     (s,) = tree.sampled_children(0)
     assert tree.law_of(s).indices.tolist() == [1, 2]  # top-3 minus S = {0}
     assert tree.law_of(s).probs.tolist() == pytest.approx([0.6, 0.4])
@@ -345,7 +359,7 @@ def test_rheo_sparse_draft_limits_the_sampled_law():
 def test_rheo_two_sampled_slots_are_drawn_without_replacement_with_split_proxy():
     draft = table_draft({(): [0.4, 0.3, 0.2, 0.1]}, 4)
     for seed in range(6):
-        tree = build(RheoTreeBuilder(K=3, m=2, depth=1, N=10, M=4), draft, seed=seed)
+        tree = build(RheoTreeBuilder(K=3, m=2, depth=1, N=10, M=4, proxy="residual"), draft, seed=seed)
         kids = tree.sampled_children(0)
         assert len(kids) == 2 and len({int(tree.tokens[c]) for c in kids}) == 2
         assert tree.law_of(kids[0]).mode == SampleMode.WITHOUT_REPLACEMENT

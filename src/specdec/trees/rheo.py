@@ -67,8 +67,16 @@ def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
     return float(rest.sum())
 
 
+PROXIES = ("residual", "displaced")
+"""Proxy weights of sampled children: ``"residual"``, ``1 - q(S)`` split evenly
+(ALGORITHMS.md's default); ``"displaced"``, the ``q`` of the token ranked where
+the child sits (rank ``K - m + i`` for the ``i``-th draw), i.e. the weight of the
+deterministic child EAGLE-2 would have put in that slot. Both are functions of
+``q`` alone, never of the drawn token."""
+
+
 def rheo_proposal(
-    q: torch.Tensor, K: int, m: int, M: int, threshold: float, rng: RandomSource
+    q: torch.Tensor, K: int, m: int, M: int, threshold: float, rng: RandomSource, proxy: str = "residual"
 ) -> list[list[ChildProposal]]:
     """RheoSampling's children of ``k`` nodes (steps 1-3 of the module docstring).
 
@@ -99,8 +107,11 @@ def rheo_proposal(
             torch.tensor([token for token, _ in candidates], dtype=torch.int64), probs / probs.sum(), mode
         )
         drawn = draw_children(law.probs, m, mode, rng)
-        proxy = min(1.0, residual / len(drawn))
-        children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, proxy, law) for i in drawn]
+        if proxy == "displaced":
+            weights = [candidates[min(i, len(candidates) - 1)][1] for i in range(len(drawn))]
+        else:
+            weights = [min(1.0, residual / len(drawn))] * len(drawn)
+        children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
         children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
         out.append(children)
     return out
@@ -122,6 +133,8 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             ``M >= K - m + 1``).
         threshold: inject sampled slots only where the residual mass
             ``1 - q(S)`` is at least this (default 0: wherever it is positive).
+        proxy: the sampled children's construction weight, ``"residual"``
+            (default) or ``"displaced"`` (:data:`PROXIES`).
 
     Verified by the ``"mixed"`` verifier (rule 5); at ``T = 0`` the trees are
     EAGLE-2's and ``"greedy"`` applies.
@@ -138,13 +151,14 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         ['ROOT', 'SAMPLED', 'DETERMINISTIC']
         >>> tree.laws[0].indices.tolist(), [round(x, 3) for x in tree.laws[0].probs.tolist()]
         ([1, 2], [0.6, 0.4])
-        >>> round(float(tree.weights[1]), 3)  # the proxy 1 - q(S), whichever token was drawn
-        0.5
+        >>> round(float(tree.weights[1]), 3)  # the proxy: q of the 2nd-ranked token, whichever was drawn
+        0.3
     """
 
     m: int = attrs.field(default=1)
     M: int = attrs.field(default=64)
     threshold: float = attrs.field(default=0.0)
+    proxy: str = attrs.field(default="displaced")
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "mixed"
@@ -165,9 +179,11 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             or not 0.0 <= self.threshold <= 1.0
         ):
             raise InvalidConfigError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
+        if self.proxy not in PROXIES:
+            raise InvalidConfigError(f"proxy must be one of {', '.join(PROXIES)}, got {self.proxy!r}")
 
     def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
-        return rheo_proposal(q, self.K, self.m, self.M, float(self.threshold), rng)
+        return rheo_proposal(q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy)
 
     def proposer(self, sampling: SamplingConfig) -> ProposeFn:
         """At ``T = 0`` no node gets a sampled slot (ALGORITHMS.md, RheoSampling
