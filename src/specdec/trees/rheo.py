@@ -15,10 +15,13 @@ every expanded node ``u`` with processed draft law ``q_u``:
    are drawn from ``q'_u`` (without replacement when ``m > 1``, in draw
    order) and recorded with their TRUE law ``q'_u``;
 3. *proxy weight* of a sampled child: a function of ``q_u`` alone, never of
-   the drawn token: the *residual mass* ``1 - q_u(S_u)`` (what the slot stands
-   for), split evenly, ``(1 - q_u(S_u)) / k``, between the ``k`` sampled
-   children when ``k > 1`` (``k = min(m, |support of q'_u|)``). Deterministic
-   children weigh ``q_u(x)``;
+   the drawn token. specdec's default (``proxy="displaced"``): the ``q_u`` of
+   the token ranked where the child sits (rank ``K - m + i`` for the ``i``-th
+   draw). ALGORITHMS.md's (``proxy="residual"``): the *residual mass*
+   ``1 - q_u(S_u)`` (what the slot stands for), split evenly,
+   ``(1 - q_u(S_u)) / k``, between the ``k`` sampled children when ``k > 1``
+   (``k = min(m, |support of q'_u|)``); docs/trees.md says why the default
+   differs. Deterministic children weigh ``q_u(x)``;
 4. expand and prune exactly as EAGLE-2 with these weights
    (:func:`~specdec.trees.dynamic.grow_dynamic_tree`, total order
    ``(-score, creation index)``); a node's sampled children are created
@@ -45,12 +48,12 @@ import torch
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_children, top_tokens
-from specdec.sampling import SamplingConfig
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
 
-__all__ = ["RheoTreeBuilder", "rheo_proposal", "residual_mass"]
+__all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass"]
 
 
 def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
@@ -87,6 +90,8 @@ def rheo_proposal(
         M: size of the sparse draft (``M >= K - m + 1``).
         threshold: inject the sampled slots only where ``1 - q(S) >= threshold``.
         rng: source of the draws (one ``categorical`` per sampled child).
+        proxy: the sampled children's weight, one of :data:`PROXIES`
+            (:class:`RheoTreeBuilder` defaults to ``"displaced"``).
 
     Returns:
         Per node: its sampled children (draw order, law ``q'``, proxy weight),
@@ -133,8 +138,8 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             ``M >= K - m + 1``).
         threshold: inject sampled slots only where the residual mass
             ``1 - q(S)`` is at least this (default 0: wherever it is positive).
-        proxy: the sampled children's construction weight, ``"residual"``
-            (default) or ``"displaced"`` (:data:`PROXIES`).
+        proxy: the sampled children's construction weight, ``"displaced"``
+            (default) or ``"residual"`` (ALGORITHMS.md's; :data:`PROXIES`).
 
     Verified by the ``"mixed"`` verifier (rule 5); at ``T = 0`` the trees are
     EAGLE-2's and ``"greedy"`` applies.
