@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-tokens", type=int, default=200)
     ap.add_argument("--tau", action="store_true", help="also measure tau with the generator")
     ap.add_argument("--tau-prompts", type=int, default=5)
+    ap.add_argument("--tau-seeds", type=int, default=1, help="seeds per prompt at T=1 (T=0 is deterministic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -144,14 +145,15 @@ def main(argv=None) -> int:
                "agreement": {k: a / b for k, (a, b) in counts.items()},
                "positions": {k: b for k, (_, b) in counts.items()}}
     if args.tau:
-        results["tau"] = measure_tau(model, heads, lms.get("draft_lm"), prompts[: args.tau_prompts], args.new_tokens)
+        results["tau"] = measure_tau(model, heads, lms.get("draft_lm"), prompts[: args.tau_prompts], args.new_tokens,
+                                     seeds=args.tau_seeds)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
-def measure_tau(model, heads, draft_lm, prompts, new_tokens):
+def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1):
     import specdec
     from specdec.drafts.eagle import hf_feature_fn, make_draft
     from specdec.targets.hf import HFTarget
@@ -176,13 +178,20 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens):
         gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, N=60, depth=6)
         for temp in (0.0, 1.0):
             emitted = steps = 0
+            taus = []
             t0 = time.time()
             for i, (_, prompt) in enumerate(prompts):
-                o = gen.generate(prompt, max_new_tokens=new_tokens,
-                                 sampling=specdec.SamplingConfig(temperature=temp), seed=i)
-                emitted += o.stats.emitted
-                steps += o.stats.steps
-            out[f"{method}+{head_name} T={temp:g}"] = {"tau": emitted / steps, "seconds": time.time() - t0}
+                for s in range(seeds if temp > 0 else 1):
+                    o = gen.generate(prompt, max_new_tokens=new_tokens,
+                                     sampling=specdec.SamplingConfig(temperature=temp), seed=i + 1000 * s)
+                    emitted += o.stats.emitted
+                    steps += o.stats.steps
+                    taus.append(o.stats.emitted / o.stats.steps)
+            mean = sum(taus) / len(taus)
+            stderr = (sum((t - mean) ** 2 for t in taus) / max(1, len(taus) - 1) / len(taus)) ** 0.5
+            # tau = all emitted tokens / all steps; stderr: of the per-run taus' mean
+            out[f"{method}+{head_name} T={temp:g}"] = {"tau": emitted / steps, "runs": len(taus),
+                                                       "stderr": stderr, "seconds": time.time() - t0}
             print(method, head_name, temp, out[f"{method}+{head_name} T={temp:g}"], flush=True)
     return out
 

@@ -331,16 +331,35 @@ def test_rheo_node_has_sampled_slot_with_true_law_and_proxy():
         assert law.indices.tolist() == [2, 3]
         assert law.probs.tolist() == pytest.approx([2 / 3, 1 / 3])  # q' = norm(q on topM minus S)
         assert int(tree.tokens[s]) in (2, 3)
-        # default proxy "displaced": q of the 3rd-ranked token (the slot's rank), token independent
-        assert float(tree.weights[s]) == pytest.approx(0.2)
+        # default proxy "scaled": 0.25 * (1 - q(S)), token independent
+        assert float(tree.weights[s]) == pytest.approx(0.25 * 0.3)
         assert s < det[0]  # created (and ranked) before its deterministic siblings
         residual = build(attrs.evolve(builder, proxy="residual"), draft, seed=seed)
         assert float(residual.weights[residual.sampled_children(0)[0]]) == pytest.approx(0.3)  # 1 - q(S)
+        scaled = build(attrs.evolve(builder, proxy_scale=0.5), draft, seed=seed)
+        assert float(scaled.weights[scaled.sampled_children(0)[0]]) == pytest.approx(0.15)
+        # "displaced": q of the 3rd-ranked token (the slot's rank)
+        displaced = build(attrs.evolve(builder, proxy="displaced"), draft, seed=seed)
+        assert float(displaced.weights[displaced.sampled_children(0)[0]]) == pytest.approx(0.2)
+        # the proxy never changes what is drawn or recorded
+        for other in (residual, scaled, displaced):
+            assert other.tokens.tolist() == tree.tokens.tolist()
+            assert other.law_of(other.sampled_children(0)[0]).probs.tolist() == law.probs.tolist()
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.5, True, "0.25", float("nan")])
+def test_rheo_rejects_bad_proxy_scale(bad):
+    with pytest.raises(InvalidConfigError, match="proxy_scale"):
+        RheoTreeBuilder(proxy_scale=bad)
+
+
+def test_rheo_default_sparse_draft_is_1024():
+    assert RheoTreeBuilder().M == 1024 and RheoTreeBuilder().proxy == "scaled"
 
 
 def test_rheo_displaced_proxy_with_two_sampled_slots():
     draft = table_draft({(): [0.35, 0.25, 0.2, 0.15, 0.05]}, 5)
-    tree = build(RheoTreeBuilder(K=4, m=2, depth=1, N=10, M=5), draft, seed=1)
+    tree = build(RheoTreeBuilder(K=4, m=2, depth=1, N=10, M=5, proxy="displaced"), draft, seed=1)
     sampled = tree.sampled_children(0)
     assert [float(tree.weights[c]) for c in sampled] == pytest.approx([0.2, 0.15])  # ranks 3 and 4
     with pytest.raises(InvalidConfigError, match="proxy"):

@@ -87,7 +87,18 @@ CASES = [
     ("rheo-mixed-V4", RheoTreeBuilder(K=3, m=1, B=2, depth=2, N=4, M=4), "mixed", 4, (5, 6), True),
     ("rheo-mixed-sparseM", RheoTreeBuilder(K=3, m=1, B=1, depth=2, N=3, M=3), "mixed", 4, (7, 8), True),
     ("rheo-mixed-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4), "mixed", 4, (1, 2), True),
-    # the residual-mass proxy (ALGORITHMS.md's default; "displaced" is specdec's default)
+    # the other proxies (the cases above use the default, "scaled" with c = 0.25)
+    ("rheo-scaled-half", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy_scale=0.5), "mixed", 3, (3, 4), True),
+    ("rheo-displaced", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="displaced"), "mixed", 3, (1, 2), True),
+    (
+        "rheo-displaced-m2",
+        RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="displaced"),
+        "mixed",
+        4,
+        (1, 2),
+        True,
+    ),
+    # the residual-mass proxy (ALGORITHMS.md's default)
     ("rheo-residual", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="residual"), "mixed", 3, (1, 2), True),
     ("rheo-residual-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="residual"), "mixed", 4, (3, 4), True),
     (
@@ -306,8 +317,17 @@ RHEO_MUTANTS = [
     ("proxy-q'(y)", ProxyIsTrueLaw, None, SMALL, 3, (3, 4)),
     ("proxy-q(y)", ProxyIsDraftProb, None, SMALL, 3, (3, 4)),
     ("law-q-not-q'", RecordsQInsteadOfQPrime, None, SMALL, 3, (1, 2)),
-    ("ties-by-token-id", TiesByTokenId, None, dict(SMALL, N=2), 3, (1, 2)),
+    ("ties-by-token-id", TiesByTokenId, None, SMALL, 3, (1, 2)),
     ("descendant-outranks-ancestor", DescendantOutranksAncestor, None, dict(SMALL, B=2, depth=2), 3, (1, 2)),
+    ("ties-by-token-id-displaced", TiesByTokenId, None, dict(SMALL, N=2, proxy="displaced"), 3, (1, 2)),
+    (
+        "descendant-outranks-ancestor-displaced",
+        DescendantOutranksAncestor,
+        None,
+        dict(SMALL, B=2, depth=2, proxy="displaced"),
+        3,
+        (1, 2),
+    ),
     ("ties-by-token-id-residual", TiesByTokenId, None, dict(SMALL, proxy="residual"), 3, (5, 6)),
     (
         "descendant-outranks-ancestor-residual",
@@ -318,7 +338,7 @@ RHEO_MUTANTS = [
         (4, 5),
     ),
     (
-        # found for the residual proxy; a short search found no small case for "displaced"
+        # found for the residual proxy; a short search found no small case for "displaced" or "scaled"
         "deterministic-first-verifier-residual",
         RheoTreeBuilder,
         DeterministicFirstVerifier,

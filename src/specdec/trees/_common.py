@@ -24,6 +24,7 @@ __all__ = [
     "log_weight",
     "normalised_law",
     "top_tokens",
+    "top_tokens_tensors",
 ]
 
 
@@ -106,6 +107,33 @@ def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
     for r, c, v in zip(rows[order].tolist(), cols[order].tolist(), values[order].tolist()):
         if len(out[r]) < count:
             out[r].append((c, v))
+    return out
+
+
+def top_tokens_tensors(q: torch.Tensor, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`top_tokens` as tensors: per row, ``([n] int64 ids, [n] probs)`` with
+    ``n <= count``, in the same order (``(-q(x), x)``; tokens with ``q = 0``
+    never returned). For large ``count`` (a sparse draft of hundreds of
+    entries) this avoids building Python lists.
+
+    Example:
+        >>> import torch
+        >>> ids, probs = top_tokens_tensors(torch.tensor([[0.25, 0.5, 0.25, 0.0]], dtype=torch.float64), 3)[0]
+        >>> ids.tolist(), probs.tolist()
+        ([1, 0, 2], [0.5, 0.25, 0.25])
+    """
+    if q.dim() != 2:
+        raise ValueError(f"top_tokens_tensors expects [k, V] probabilities, got shape {tuple(q.shape)}")
+    vocab = q.shape[-1]
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    thresholds = None if count >= vocab else torch.topk(q, count, dim=-1).values[:, -1]
+    for r in range(q.shape[0]):
+        row = q[r]
+        keep = row > 0 if thresholds is None else (row >= thresholds[r]) & (row > 0)
+        cols = torch.nonzero(keep, as_tuple=True)[0]  # ids ascending
+        values = row[cols]
+        order = torch.sort(values, descending=True, stable=True).indices[:count]
+        out.append((cols[order], values[order]))
     return out
 
 

@@ -15,13 +15,17 @@ every expanded node ``u`` with processed draft law ``q_u``:
    are drawn from ``q'_u`` (without replacement when ``m > 1``, in draw
    order) and recorded with their TRUE law ``q'_u``;
 3. *proxy weight* of a sampled child: a function of ``q_u`` alone, never of
-   the drawn token. specdec's default (``proxy="displaced"``): the ``q_u`` of
-   the token ranked where the child sits (rank ``K - m + i`` for the ``i``-th
-   draw). ALGORITHMS.md's (``proxy="residual"``): the *residual mass*
-   ``1 - q_u(S_u)`` (what the slot stands for), split evenly,
+   the drawn token. ALGORITHMS.md's (``proxy="residual"``): the *residual
+   mass* ``1 - q_u(S_u)`` (what the slot stands for), split evenly,
    ``(1 - q_u(S_u)) / k``, between the ``k`` sampled children when ``k > 1``
-   (``k = min(m, |support of q'_u|)``); docs/trees.md says why the default
-   differs. Deterministic children weigh ``q_u(x)``;
+   (``k = min(m, |support of q'_u|)``). specdec's default (``proxy="scaled"``)
+   discounts it by the draft's tail calibration ``c`` (``proxy_scale``,
+   default 0.25): ``c (1 - q_u(S_u)) / k``, an estimate of the slot's
+   acceptance ``sum_y min(p(y), q'_u(y))``, which equals the residual mass
+   only when ``p = q``. ``proxy="displaced"``: the ``q_u`` of the token
+   ranked where the child sits (rank ``K - m + i`` for the ``i``-th draw).
+   docs/trees.md says why the default differs. Deterministic children weigh
+   ``q_u(x)``;
 4. expand and prune exactly as EAGLE-2 with these weights
    (:func:`~specdec.trees.dynamic.grow_dynamic_tree`, total order
    ``(-score, creation index)``); a node's sampled children are created
@@ -50,7 +54,7 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
-from specdec.trees._common import draw_children, top_tokens
+from specdec.trees._common import draw_children, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
 
 __all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass"]
@@ -70,16 +74,24 @@ def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
     return float(rest.sum())
 
 
-PROXIES = ("residual", "displaced")
-"""Proxy weights of sampled children: ``"residual"``, ``1 - q(S)`` split evenly
-(ALGORITHMS.md's default); ``"displaced"``, the ``q`` of the token ranked where
-the child sits (rank ``K - m + i`` for the ``i``-th draw), i.e. the weight of the
-deterministic child EAGLE-2 would have put in that slot. Both are functions of
-``q`` alone, never of the drawn token."""
+PROXIES = ("scaled", "residual", "displaced")
+"""Proxy weights of sampled children: ``"scaled"``, ``c (1 - q(S))`` split evenly
+(specdec's default, ``c = proxy_scale``); ``"residual"``, ``1 - q(S)`` split
+evenly (ALGORITHMS.md's default, ``c = 1``); ``"displaced"``, the ``q`` of the
+token ranked where the child sits (rank ``K - m + i`` for the ``i``-th draw),
+i.e. the weight of the deterministic child EAGLE-2 would have put in that slot.
+All are functions of ``q`` alone, never of the drawn token."""
 
 
 def rheo_proposal(
-    q: torch.Tensor, K: int, m: int, M: int, threshold: float, rng: RandomSource, proxy: str = "residual"
+    q: torch.Tensor,
+    K: int,
+    m: int,
+    M: int,
+    threshold: float,
+    rng: RandomSource,
+    proxy: str = "residual",
+    proxy_scale: float = 0.25,
 ) -> list[list[ChildProposal]]:
     """RheoSampling's children of ``k`` nodes (steps 1-3 of the module docstring).
 
@@ -91,7 +103,8 @@ def rheo_proposal(
         threshold: inject the sampled slots only where ``1 - q(S) >= threshold``.
         rng: source of the draws (one ``categorical`` per sampled child).
         proxy: the sampled children's weight, one of :data:`PROXIES`
-            (:class:`RheoTreeBuilder` defaults to ``"displaced"``).
+            (:class:`RheoTreeBuilder` defaults to ``"scaled"``).
+        proxy_scale: ``c`` of the ``"scaled"`` proxy (ignored by the others).
 
     Returns:
         Per node: its sampled children (draw order, law ``q'``, proxy weight),
@@ -99,23 +112,22 @@ def rheo_proposal(
         without a sampled slot gets its top-``K`` deterministic children.
     """
     out: list[list[ChildProposal]] = []
-    for row, ranked in zip(q, top_tokens(q, max(K, M))):
-        slots = ranked[: K - m]
-        candidates = ranked[K - m : M]
+    for row, (ids, probs) in zip(q, top_tokens_tensors(q, max(K, M))):
+        slots = list(zip(ids[: K - m].tolist(), probs[: K - m].tolist()))
+        cand_ids, cand_probs = ids[K - m : M], probs[K - m : M]
         residual = residual_mass(row, [token for token, _ in slots])
-        if not candidates or residual <= 0.0 or residual < threshold:
-            out.append([ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in ranked[:K]])
+        if cand_ids.numel() == 0 or residual <= 0.0 or residual < threshold:
+            out.append([ChildProposal(token, NodeKind.DETERMINISTIC, prob)
+                        for token, prob in zip(ids[:K].tolist(), probs[:K].tolist())])
             continue
         mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
-        probs = torch.tensor([prob for _, prob in candidates], dtype=torch.float64)
-        law = SparseLaw(
-            torch.tensor([token for token, _ in candidates], dtype=torch.int64), probs / probs.sum(), mode
-        )
+        law = SparseLaw(cand_ids.to(torch.int64), cand_probs / cand_probs.sum(), mode)
         drawn = draw_children(law.probs, m, mode, rng)
         if proxy == "displaced":
-            weights = [candidates[min(i, len(candidates) - 1)][1] for i in range(len(drawn))]
+            weights = [float(cand_probs[min(i, cand_probs.numel() - 1)]) for i in range(len(drawn))]
         else:
-            weights = [min(1.0, residual / len(drawn))] * len(drawn)
+            c = proxy_scale if proxy == "scaled" else 1.0
+            weights = [min(1.0, c * residual / len(drawn))] * len(drawn)
         children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
         children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
         out.append(children)
@@ -134,12 +146,16 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         B: beam width (default ``K``).
         depth: levels below the root (default 6, as EAGLE-2).
         N: draft nodes kept (default 60, as EAGLE-2).
-        M: sparse draft size, the top-``M`` entries of ``q`` (default 64;
-            ``M >= K - m + 1``).
+        M: sparse draft size, the top-``M`` entries of ``q`` (default 1024;
+            ``M >= K - m + 1``; ALGORITHMS.md suggests "64 or so": docs/trees.md
+            gives the measurements behind the larger default).
         threshold: inject sampled slots only where the residual mass
             ``1 - q(S)`` is at least this (default 0: wherever it is positive).
-        proxy: the sampled children's construction weight, ``"displaced"``
-            (default) or ``"residual"`` (ALGORITHMS.md's; :data:`PROXIES`).
+        proxy: the sampled children's construction weight, ``"scaled"``
+            (default), ``"residual"`` (ALGORITHMS.md's) or ``"displaced"``
+            (:data:`PROXIES`).
+        proxy_scale: ``c`` of the ``"scaled"`` proxy, in ``(0, 1]`` (default
+            0.25; ``1`` is the ``"residual"`` proxy).
 
     Verified by the ``"mixed"`` verifier (rule 5); at ``T = 0`` the trees are
     EAGLE-2's and ``"greedy"`` applies.
@@ -156,14 +172,15 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         ['ROOT', 'SAMPLED', 'DETERMINISTIC']
         >>> tree.laws[0].indices.tolist(), [round(x, 3) for x in tree.laws[0].probs.tolist()]
         ([1, 2], [0.6, 0.4])
-        >>> round(float(tree.weights[1]), 3)  # the proxy: q of the 2nd-ranked token, whichever was drawn
-        0.3
+        >>> round(float(tree.weights[1]), 3)  # the proxy: 0.25 * (1 - q(S)), whichever token was drawn
+        0.125
     """
 
     m: int = attrs.field(default=1)
-    M: int = attrs.field(default=64)
+    M: int = attrs.field(default=1024)
     threshold: float = attrs.field(default=0.0)
-    proxy: str = attrs.field(default="displaced")
+    proxy: str = attrs.field(default="scaled")
+    proxy_scale: float = attrs.field(default=0.25)
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "mixed"
@@ -186,9 +203,17 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             raise InvalidConfigError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
         if self.proxy not in PROXIES:
             raise InvalidConfigError(f"proxy must be one of {', '.join(PROXIES)}, got {self.proxy!r}")
+        if (
+            not isinstance(self.proxy_scale, (int, float))
+            or isinstance(self.proxy_scale, bool)
+            or not 0.0 < self.proxy_scale <= 1.0
+        ):
+            raise InvalidConfigError(f"proxy_scale must be a number in (0, 1], got {self.proxy_scale!r}")
 
     def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
-        return rheo_proposal(q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy)
+        return rheo_proposal(
+            q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy, float(self.proxy_scale)
+        )
 
     def proposer(self, sampling: SamplingConfig) -> ProposeFn:
         """At ``T = 0`` no node gets a sampled slot (ALGORITHMS.md, RheoSampling
