@@ -155,6 +155,7 @@ def main(argv=None) -> int:
 
 def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1):
     import specdec
+    from specdec.bench.runner import _stderr
     from specdec.drafts.eagle import hf_feature_fn, make_draft
     from specdec.targets.hf import HFTarget
 
@@ -187,11 +188,9 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1):
                     emitted += o.stats.emitted
                     steps += o.stats.steps
                     taus.append(o.stats.emitted / o.stats.steps)
-            mean = sum(taus) / len(taus)
-            stderr = (sum((t - mean) ** 2 for t in taus) / max(1, len(taus) - 1) / len(taus)) ** 0.5
-            # tau = all emitted tokens / all steps; stderr: of the per-run taus' mean
+            # tau = all emitted tokens / all steps; stderr: of the per-run taus' mean (as specdec bench)
             out[f"{method}+{head_name} T={temp:g}"] = {"tau": emitted / steps, "runs": len(taus),
-                                                       "stderr": stderr, "seconds": time.time() - t0}
+                                                       "stderr": _stderr(taus), "seconds": time.time() - t0}
             print(method, head_name, temp, out[f"{method}+{head_name} T={temp:g}"], flush=True)
     return out
 

@@ -35,8 +35,11 @@ import time
 import torch
 
 
-def slot_acceptance(p: torch.Tensor, q: torch.Tensor, K: int, M: int) -> tuple[float, float, float, float]:
-    """Exact acceptances at one node (``p``, ``q``: ``[V]`` float64 laws).
+def slot_acceptance(
+    p: torch.Tensor, q: torch.Tensor, K: int, M: int, order: torch.Tensor | None = None
+) -> tuple[float, float, float, float]:
+    """Exact acceptances at one node (``p``, ``q``: ``[V]`` float64 laws;
+    ``order``: ``q``'s ids by decreasing ``q``, computed when not given).
 
     Returns:
         ``(p(S_K), p(S), sum min(p, q'), 1 - q(S))`` with ``S_K`` the top-``K``
@@ -50,7 +53,8 @@ def slot_acceptance(p: torch.Tensor, q: torch.Tensor, K: int, M: int) -> tuple[f
         >>> [round(x, 3) for x in slot_acceptance(p, q, K=2, M=4)]
         [0.7, 0.5, 0.5, 0.6]
     """
-    order = torch.argsort(q, descending=True, stable=True)
+    if order is None:
+        order = torch.argsort(q, descending=True, stable=True)
     S, cand = order[: K - 1], order[K - 1 : M]
     eagle = float(p[order[:K]].sum())
     mass = q[cand].sum()
@@ -106,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             q = q / q.sum()
             tree = specdec.DraftTree.chain(root, [], [], vocab_size=q.shape[0])
             p = specdec.process_logits(target.score_tree(tree), cfg)[0].double()
+            order = torch.argsort(q, descending=True, stable=True)
             for s in sizes:
                 M = q.shape[0] if s == "all" else int(s)
-                eagle, p_s, slot, residual = slot_acceptance(p, q, args.K, M)
+                eagle, p_s, slot, residual = slot_acceptance(p, q, args.K, M, order)
                 sums[f"rheo_M{s}"] += p_s + slot
                 sums[f"slot_M{s}"] += slot
             sums["eagle"] += eagle

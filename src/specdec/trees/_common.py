@@ -88,26 +88,7 @@ def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
         >>> top_tokens(torch.tensor([[0.25, 0.5, 0.25, 0.0]], dtype=torch.float64), 3)
         [[(1, 0.5), (0, 0.25), (2, 0.25)]]
     """
-    if q.dim() != 2:
-        raise ValueError(f"top_tokens expects [k, V] probabilities, got shape {tuple(q.shape)}")
-    vocab = q.shape[-1]
-    if count >= vocab:
-        threshold = torch.zeros(q.shape[0], 1, dtype=q.dtype, device=q.device)
-    else:
-        # torch.topk's *values* are exact; only its order among equal values is
-        # unspecified, so take every token >= the count-th value and sort those
-        # stably ourselves.
-        threshold = torch.topk(q, count, dim=-1).values[:, -1:]
-    rows, cols = torch.nonzero((q >= threshold) & (q > 0), as_tuple=True)  # row-major: ids ascending
-    values = q[rows, cols]
-    # order by (row, -q, id): stable sort by -q, then stable sort by row
-    by_value = torch.sort(values, descending=True, stable=True).indices
-    order = by_value[torch.sort(rows[by_value], stable=True).indices]
-    out: list[list[tuple[int, float]]] = [[] for _ in range(q.shape[0])]
-    for r, c, v in zip(rows[order].tolist(), cols[order].tolist(), values[order].tolist()):
-        if len(out[r]) < count:
-            out[r].append((c, v))
-    return out
+    return [list(zip(ids.tolist(), probs.tolist())) for ids, probs in top_tokens_tensors(q, count)]
 
 
 def top_tokens_tensors(q: torch.Tensor, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -123,18 +104,23 @@ def top_tokens_tensors(q: torch.Tensor, count: int) -> list[tuple[torch.Tensor, 
         ([1, 0, 2], [0.5, 0.25, 0.25])
     """
     if q.dim() != 2:
-        raise ValueError(f"top_tokens_tensors expects [k, V] probabilities, got shape {tuple(q.shape)}")
+        raise ValueError(f"top_tokens expects [k, V] probabilities, got shape {tuple(q.shape)}")
     vocab = q.shape[-1]
-    out: list[tuple[torch.Tensor, torch.Tensor]] = []
-    thresholds = None if count >= vocab else torch.topk(q, count, dim=-1).values[:, -1]
-    for r in range(q.shape[0]):
-        row = q[r]
-        keep = row > 0 if thresholds is None else (row >= thresholds[r]) & (row > 0)
-        cols = torch.nonzero(keep, as_tuple=True)[0]  # ids ascending
-        values = row[cols]
-        order = torch.sort(values, descending=True, stable=True).indices[:count]
-        out.append((cols[order], values[order]))
-    return out
+    if count >= vocab:
+        threshold = torch.zeros(q.shape[0], 1, dtype=q.dtype, device=q.device)
+    else:
+        # torch.topk's *values* are exact; only its order among equal values is
+        # unspecified, so take every token >= the count-th value and sort those
+        # stably ourselves.
+        threshold = torch.topk(q, count, dim=-1).values[:, -1:]
+    rows, cols = torch.nonzero((q >= threshold) & (q > 0), as_tuple=True)  # row-major: ids ascending
+    values = q[rows, cols]
+    # order by (row, -q, id): stable sort by -q, then stable sort by row
+    by_value = torch.sort(values, descending=True, stable=True).indices
+    order = by_value[torch.sort(rows[by_value], stable=True).indices]
+    sizes = torch.bincount(rows, minlength=q.shape[0]).tolist()
+    # ties at the threshold may keep more than ``count`` tokens in a row: cut them
+    return [(c[:count], v[:count]) for c, v in zip(cols[order].split(sizes), values[order].split(sizes))]
 
 
 def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource) -> list[int]:
