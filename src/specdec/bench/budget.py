@@ -75,7 +75,7 @@ __all__ = [
 DEFAULT_DEPTH = 6
 """Depth bound used with ``--budget N`` unless ``--depth`` is given (EAGLE-2's 6)."""
 
-AUTO_CANDIDATES: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+AUTO_CANDIDATES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Node budgets ``N`` that ``--budget auto`` considers."""
 
 AUTO_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)

@@ -54,6 +54,7 @@ from torch import nn
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
+from specdec.kernels.linear import LinearPlan, accelerate_linears, dispatch_for, resolve_cpu_linear
 from specdec.registry import register
 
 __all__ = [
@@ -433,6 +434,9 @@ class EagleHead(nn.Module):
         """``[..., Vd]`` logits over the draft vocabulary from outputs ``h [..., H]``
         (EAGLE-2: the target's LM head on ``h``; EAGLE-3: ``lm_head(norm(h))``)."""
         if self.config.version == 2:
+            fast = self.__dict__.get("target_lm_head_dispatch")
+            if fast is not None and not self.training:
+                return fast(h.to(self.target_lm_head.dtype))
             return F.linear(h.to(self.target_lm_head.dtype), self.target_lm_head)
         return self.lm_head(self.norm(h))
 
@@ -483,12 +487,22 @@ class EagleDraft(DraftModel):
         feature_fn: optional fallback giving the prompt's features (see
             :func:`hf_feature_fn`).
         max_length: optional context limit (committed pairs + tree).
+        cpu_linear: install the tuned few-row linear dispatch
+            (:func:`~specdec.kernels.linear.accelerate_linears`) on the head's
+            linear layers and, for EAGLE-2, on its use of the target's LM head:
+            ``"auto"`` (default) = when the head is on the CPU.
     """
 
     needs_target_hidden: ClassVar[bool] = True
     version: ClassVar[int | None] = None
 
-    def __init__(self, head: EagleHead, feature_fn: FeatureFn | None = None, max_length: int | None = None) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        feature_fn: FeatureFn | None = None,
+        max_length: int | None = None,
+        cpu_linear: bool | str = "auto",
+    ) -> None:
         if self.version is not None and head.config.version != self.version:
             raise InvalidConfigError(f"{type(self).__name__} needs an EAGLE-{self.version} head, got EAGLE-{head.config.version}")
         self.head = head.eval()
@@ -496,6 +510,12 @@ class EagleDraft(DraftModel):
         self.max_length = max_length
         p = next(head.parameters())
         self._device, self._dtype = p.device, p.dtype
+        self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
+        if resolve_cpu_linear(cpu_linear, self._device):
+            self.linear_plans = accelerate_linears(head)
+            lm = head.target_lm_head
+            if lm is not None and lm.device.type == "cpu" and lm.dtype == torch.float32:
+                head.target_lm_head_dispatch = dispatch_for(lm)
         self._reset()
 
     @property

@@ -23,6 +23,7 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.kernels.kv_compact import compact_kv_inplace
+from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
 from specdec.models.hf_common import (
     KVCache,
     KVCompactor,
@@ -48,6 +49,9 @@ class HFDraft(DraftModel):
             nodes (default :func:`~specdec.kernels.kv_compact.compact_kv_inplace`).
         logits_device: where logits are returned (``"cpu"`` by default; None =
             the model's device).
+        cpu_linear: install the tuned few-row linear dispatch on the model's
+            linear layers (as :class:`~specdec.targets.hf.HFTarget` does;
+            ``"auto"`` = on the CPU).
 
     Logits are returned in float32 (float64 for a float64 model).
 
@@ -73,8 +77,12 @@ class HFDraft(DraftModel):
         *,
         kv_compactor: KVCompactor = compact_kv_inplace,
         logits_device: str | torch.device | None = "cpu",
+        cpu_linear: bool | str = "auto",
     ) -> None:
         self.model = model
+        self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
+        if resolve_cpu_linear(cpu_linear, next(model.parameters()).device):
+            self.linear_plans = accelerate_linears(model)
         self._vocab_size = model_vocab_size(model)
         self._max_length = model_max_length(model)
         self.kv_compactor = kv_compactor
