@@ -334,6 +334,8 @@ class EagleHead(nn.Module):
         self.register_buffer(
             "target_lm_head", lm_head_weight.detach() if lm_head_weight is not None else None, persistent=False
         )
+        # EAGLE-2: ``x -> x @ target_lm_head.T`` with the few-row CPU dispatch, set by EagleDraft
+        self.target_lm_head_dispatch: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     # ------------------------------------------------------------ vocab
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
@@ -434,9 +436,8 @@ class EagleHead(nn.Module):
         """``[..., Vd]`` logits over the draft vocabulary from outputs ``h [..., H]``
         (EAGLE-2: the target's LM head on ``h``; EAGLE-3: ``lm_head(norm(h))``)."""
         if self.config.version == 2:
-            fast = self.__dict__.get("target_lm_head_dispatch")
-            if fast is not None and not self.training:
-                return fast(h.to(self.target_lm_head.dtype))
+            if self.target_lm_head_dispatch is not None and not self.training:
+                return self.target_lm_head_dispatch(h.to(self.target_lm_head.dtype))
             return F.linear(h.to(self.target_lm_head.dtype), self.target_lm_head)
         return self.lm_head(self.norm(h))
 

@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 LINEAR_METHODS: tuple[str, ...] = ("rows", "columns", "onednn")
-_DEFAULT_METHODS: tuple[str, ...] = LINEAR_METHODS
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -166,11 +165,6 @@ class LinearPlan:
         """The method for ``rows`` rows (``"rows"`` beyond :attr:`max_rows`)."""
         return self.methods[rows - 1] if 1 <= rows <= len(self.methods) else "rows"
 
-    @property
-    def uses(self) -> frozenset[str]:
-        """The methods this plan ever picks."""
-        return frozenset(self.methods)
-
 
 def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
     if isinstance(methods, str) or not methods:
@@ -203,7 +197,7 @@ def tune_linear(
     shape: tuple[int, int],
     *,
     max_rows: int = 16,
-    methods: Sequence[str] = _DEFAULT_METHODS,
+    methods: Sequence[str] = LINEAR_METHODS,
     repeats: int = 3,
     cold_bytes: int = 32 * 2**20,
     cache: bool = True,
@@ -330,7 +324,7 @@ def accelerate_linears(
     model: nn.Module,
     *,
     max_rows: int = 16,
-    methods: Sequence[str] = _DEFAULT_METHODS,
+    methods: Sequence[str] = LINEAR_METHODS,
     repeats: int = 3,
     min_numel: int = 1 << 16,
 ) -> dict[tuple[int, int], LinearPlan]:
@@ -386,7 +380,7 @@ def restore_linears(model: nn.Module) -> int:
     return count
 
 
-def dispatch_for(weight: torch.Tensor, *, max_rows: int = 16, methods: Sequence[str] = _DEFAULT_METHODS) -> Callable[[torch.Tensor], torch.Tensor]:
+def dispatch_for(weight: torch.Tensor, *, max_rows: int = 16, methods: Sequence[str] = LINEAR_METHODS) -> Callable[[torch.Tensor], torch.Tensor]:
     """A ``x -> x @ weight.T`` function with the tuned dispatch, for a bare weight
     (for example a target's LM head used by a draft). Same rules as
     :class:`RowDispatchLinear`."""
