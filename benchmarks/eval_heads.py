@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tau-seeds", type=int, default=1, help="seeds per prompt at T=1 (T=0 is deterministic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--only", default=None,
+                    help="comma list of drafts to measure among eagle2, eagle3, draft_lm, truncated (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -118,6 +120,13 @@ def main(argv=None) -> int:
         step = json.loads((args.run / "checkpoint" / "state.json").read_text())["step"]
         print(f"using the run's checkpoint at step {step}")
     lms["truncated-2-layer"] = make_draft_lm(model, 2).eval()  # the untrained baseline (first 2 layers)
+    if args.only:
+        keep = set(args.only.split(","))
+        unknown = keep - {"eagle2", "eagle3", "draft_lm", "truncated"}
+        if unknown:
+            ap.error(f"--only: unknown drafts {sorted(unknown)}")
+        heads = {k: v for k, v in heads.items() if k in keep}
+        lms = {k: v for k, v in lms.items() if k in keep or (k.startswith("truncated") and "truncated" in keep)}
     prompts = heldout_prompts(tok, args.prompts, args.max_prompt_tokens)
     print(f"{len(prompts)} held-out prompts; loaded in {time.time() - t0:.0f}s", flush=True)
     counts: dict[str, list[list[int]]] = {}
@@ -146,14 +155,14 @@ def main(argv=None) -> int:
                "positions": {k: b for k, (_, b) in counts.items()}}
     if args.tau:
         results["tau"] = measure_tau(model, heads, lms.get("draft_lm"), prompts[: args.tau_prompts], args.new_tokens,
-                                     seeds=args.tau_seeds)
+                                     seeds=args.tau_seeds, truncated=not args.only or "truncated" in args.only)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
-def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1):
+def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1, truncated=True):
     import specdec
     from specdec.bench.runner import _stderr
     from specdec.drafts.eagle import hf_feature_fn, make_draft
@@ -172,7 +181,7 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1):
             target = HFTarget(model, capture_layers=head.config.target_layers)
         elif head_name == "draft_lm" and draft_lm is not None:
             draft, target = HFDraft(draft_lm), HFTarget(model)
-        elif head_name == "truncated-4-layer":  # issue 3's baseline draft
+        elif head_name == "truncated-4-layer" and truncated:  # issue 3's baseline draft
             draft, target = HFDraft(truncated_copy(model, 4)), HFTarget(model)
         else:
             continue

@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     # training commands keep their own parsers (specdec.train.cli): listed here
     # for `specdec --help`, dispatched with every argument in main()
     for name, summary in (("train-eagle", "train an EAGLE-2/3 draft head for a target (docs/eagle.md)"),
-                          ("train-draft", "distil a small independent draft LM from a target (docs/eagle.md)")):
+                          ("train-draft", "distil a small independent draft LM from a target (docs/eagle.md)"),
+                          ("regen-data", "regenerate training answers with the target (self-distillation data, "
+                                         "docs/eagle.md)")):
         sub.add_parser(name, help=summary, description=summary, add_help=False)  # dispatched in main()
     return parser
 
@@ -131,10 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specdec`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train-eagle", "train-draft"):  # their own parsers take every argument
-        from specdec.train.cli import train_draft_main, train_eagle_main
+    if argv and argv[0] in ("train-eagle", "train-draft", "regen-data"):  # own parsers take every argument
+        from specdec.train.cli import regen_data_main, train_draft_main, train_eagle_main
 
-        return int((train_eagle_main if argv[0] == "train-eagle" else train_draft_main)(argv[1:]))
+        entry = {"train-eagle": train_eagle_main, "train-draft": train_draft_main, "regen-data": regen_data_main}
+        return int(entry[argv[0]](argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

