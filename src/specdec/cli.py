@@ -16,6 +16,9 @@ Subcommands:
   of that distance for as many direct draws from the target.
 - ``specdec bench``: the side-by-side benchmark on a real model, defined in
   :mod:`specdec.bench.cli`.
+- ``specdec train-eagle``, ``specdec train-draft``, ``specdec regen-data``:
+  training draft heads, distilled draft LMs and self-distillation data,
+  defined in :mod:`specdec.train.cli` (they keep their own parsers).
 
 Words: *accepted* = draft tokens the verifier kept; *bonus* = the one token
 the verifier draws from the target at the end of a step; *tau* = tokens
