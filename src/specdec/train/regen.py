@@ -113,7 +113,11 @@ def regenerate(model: Any, tokenizer: Any, records: Sequence[Record], out_path: 
         sample_fraction: share of records answered by sampling at
             ``temperature`` (chosen per record with ``seed``); the rest greedy.
         temperature: sampling temperature (> 0) of the sampled share.
-        seed: record order, the greedy/sampled choice and the sampling.
+        seed: record order, the greedy/sampled choice and the sampling (torch's
+            global generator is reseeded before each sampled batch). A run
+            is a pure function of its arguments and of the records already in
+            ``out_path``; a resumed run draws these for the remaining records
+            afresh, so it need not equal an uninterrupted one.
         time_budget_s: stop after the batch that crosses this many seconds.
         max_records: stop after this many new records.
         progress: show a tqdm bar.
