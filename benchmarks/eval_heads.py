@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tau-seeds", type=int, default=1, help="seeds per prompt at T=1 (T=0 is deterministic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--tau-temps", default="0,1", help="temperatures of the tau runs (comma list)")
+    ap.add_argument("--tau-methods", default=None, help="comma list of methods of the tau runs (default: all)")
     ap.add_argument("--only", default=None,
                     help="comma list of drafts to measure among eagle2, eagle3, draft_lm, truncated (default: all)")
     args = ap.parse_args(argv)
@@ -155,14 +157,17 @@ def main(argv=None) -> int:
                "positions": {k: b for k, (_, b) in counts.items()}}
     if args.tau:
         results["tau"] = measure_tau(model, heads, lms.get("draft_lm"), prompts[: args.tau_prompts], args.new_tokens,
-                                     seeds=args.tau_seeds, truncated=not args.only or "truncated" in args.only)
+                                     seeds=args.tau_seeds, truncated=not args.only or "truncated" in args.only,
+                                     temps=[float(t) for t in args.tau_temps.split(",")],
+                                     methods=args.tau_methods.split(",") if args.tau_methods else None)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
-def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1, truncated=True):
+def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1, truncated=True, temps=(0.0, 1.0),
+                methods=None):
     import specdec
     from specdec.bench.runner import _stderr
     from specdec.drafts.eagle import hf_feature_fn, make_draft
@@ -175,6 +180,8 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1, truncated=
     runs = [("eagle2", "eagle2"), ("eagle3", "eagle3"), ("rheo", "eagle3"), ("eagle2", "draft_lm"),
             ("eagle2", "truncated-4-layer")]
     for method, head_name in runs:
+        if methods is not None and method not in methods:
+            continue
         if head_name in heads:
             head = heads[head_name]
             draft = make_draft(head, feature_fn=hf_feature_fn(model, head.config.target_layers))
@@ -186,7 +193,7 @@ def measure_tau(model, heads, draft_lm, prompts, new_tokens, seeds=1, truncated=
         else:
             continue
         gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, N=60, depth=6)
-        for temp in (0.0, 1.0):
+        for temp in temps:
             emitted = steps = 0
             taus = []
             t0 = time.time()

@@ -20,12 +20,12 @@ from specdec.train.trainer import (
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    """The training tests' word-level tokenizer, with a chat template that opens the assistant turn."""
-    from conftest import CHAT_TEMPLATE, make_tokenizer
+def tokenizer(tokenizer):
+    """A copy of the training tests' word-level tokenizer whose chat template opens the assistant turn."""
+    import copy
 
-    tok = make_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE + "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = tokenizer.chat_template + "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
     return tok
 
 
