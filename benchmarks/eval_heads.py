@@ -122,8 +122,8 @@ def main(argv=None) -> int:
         step = json.loads((args.run / "checkpoint" / "state.json").read_text())["step"]
         print(f"using the run's checkpoint at step {step}")
     lms["truncated-2-layer"] = make_draft_lm(model, 2).eval()  # the untrained baseline (first 2 layers)
-    if args.only:
-        keep = set(args.only.split(","))
+    keep = set(args.only.split(",")) if args.only else None
+    if keep is not None:
         unknown = keep - {"eagle2", "eagle3", "draft_lm", "truncated"}
         if unknown:
             ap.error(f"--only: unknown drafts {sorted(unknown)}")
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                "positions": {k: b for k, (_, b) in counts.items()}}
     if args.tau:
         results["tau"] = measure_tau(model, heads, lms.get("draft_lm"), prompts[: args.tau_prompts], args.new_tokens,
-                                     seeds=args.tau_seeds, truncated=not args.only or "truncated" in args.only,
+                                     seeds=args.tau_seeds, truncated=keep is None or "truncated" in keep,
                                      temps=[float(t) for t in args.tau_temps.split(",")],
                                      methods=args.tau_methods.split(",") if args.tau_methods else None)
     print(json.dumps(results, indent=2))
