@@ -139,6 +139,8 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     t1 = auto["forward_time_s"]["1"]
     assert auto["autoregressive_tokens_per_s"] == pytest.approx(1 / t1)
     assert auto["predicted_speedup"] == pytest.approx(auto["table"][best] * t1)
-    assert "predicts" in err + stdout and "autoregressive decoding" in err + stdout
+    # one unbroken log line, whatever the measured numbers' widths (rich once wrapped it mid-phrase)
+    assert any("auto budget:" in line and "predicts" in line and "for autoregressive decoding (x" in line
+               for line in err.splitlines())
     assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
     assert not (out / "tau.png").exists()

@@ -239,7 +239,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     def log(msg: str) -> None:
         stamp = escape(f"specdec bench [{time.perf_counter() - started:4.0f} s]:")
-        log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False)
+        # soft_wrap: a log line is never broken mid-phrase (grep-able logs; a phrase's position
+        # depends on the measured numbers before it).
+        log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False, soft_wrap=True)
 
     # ---- 1. everything that needs no model
     settings = resolve_settings(args)
@@ -327,10 +329,10 @@ def _bench(args: argparse.Namespace) -> int:
     title = (f"specdec bench --preset {settings.preset}: {len(rendered)} prompts x {settings.max_new_tokens} new "
              f"tokens, budget {budget}")
     out_console.print(results_table(records, title=title))
-    out_console.print(f"target: {models.descriptions['target']}")
+    out_console.print(escape(f"target: {models.descriptions['target']}"), soft_wrap=True, highlight=False)
     for kind in ("lm", "eagle2", "eagle3"):
         if kind in models.descriptions and any(r.draft == kind for r in rows):
-            out_console.print(f"draft {kind}: {models.descriptions[kind]}")
+            out_console.print(escape(f"draft {kind}: {models.descriptions[kind]}"), soft_wrap=True, highlight=False)
     out_console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
                       "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
                       "equal to the baseline's.")
@@ -367,7 +369,7 @@ def _bench(args: argparse.Namespace) -> int:
         files = write_results(out_dir, records, meta, [r.as_dict() for r in runs])
         if not args.no_plots:
             files += write_plots(out_dir, records, title=f"{models.descriptions['target'].split(' ')[0]}, budget {budget}")
-        out_console.print(f"wrote {', '.join(str(f) for f in files)}")
+        out_console.print(escape(f"wrote {', '.join(str(f) for f in files)}"), soft_wrap=True, highlight=False)
     return 0
 
 
