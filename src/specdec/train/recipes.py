@@ -23,7 +23,10 @@ run from an earlier run's checkpoint on a mix of the target's own answers
 
 Export to the package: ``python -m specdec.train.recipes --out RUN --export``
 (fp16 copies into ``specdec/assets``); add ``--from-checkpoint`` to export the
-latest checkpoint of a run that is still training.
+latest checkpoint of a run that is still training. Training curves:
+``python -m specdec.train.recipes --out RUN2 --plot curves.png [--plot-before RUN]``
+(``--plot-before``: the earlier phases RUN2 was initialised from, drawn first on
+one step axis).
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["main", "export_assets", "plot_losses"]
+__all__ = ["main", "export_assets", "plot_losses", "chained_metrics"]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -130,29 +134,70 @@ def _smooth(xs: list[float], k: int = 50) -> list[float]:
     return out
 
 
-def plot_losses(run: Path, png: Path) -> Path:
-    """Loss and top-1 agreement curves of a run's ``*.metrics.jsonl`` logs (needs matplotlib)."""
+def _metrics_rows(f: Path) -> list[dict[str, float]]:
+    """One run's ``NAME.metrics.jsonl`` rows, by step; a resumed run re-logs the steps after its
+    last checkpoint, so the latest row of a step wins."""
+    by_step: dict[int, dict[str, float]] = {}
+    for line in f.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[int(row["step"])] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def chained_metrics(runs: Sequence[Path]) -> tuple[dict[str, list[dict[str, float]]], list[int]]:
+    """The metrics of consecutive training phases (``--init-from`` chains) on one step axis.
+
+    Args:
+        runs: run folders, earliest phase first; each holds ``NAME.metrics.jsonl`` files.
+
+    Returns:
+        ``(curves, boundaries)``: ``curves[name]`` the rows of every phase that logged ``name``,
+        each phase's ``step`` shifted by the last step of the phases before it (a phase's own
+        step 1 follows the previous phase's last step); ``boundaries`` the shifted last step
+        of every phase but the last (where the next one starts).
+    """
+    curves: dict[str, list[dict[str, float]]] = {}
+    offset, boundaries = 0, []
+    for i, run in enumerate(runs):
+        files = sorted(Path(run).glob("*.metrics.jsonl"))
+        if not files:
+            raise FileNotFoundError(f"{run}: no *.metrics.jsonl (not a training run folder)")
+        last = 0
+        for f in files:
+            rows = _metrics_rows(f)
+            if not rows:
+                continue
+            curves.setdefault(f.name.split(".")[0], []).extend({**r, "step": r["step"] + offset} for r in rows)
+            last = max(last, int(rows[-1]["step"]))
+        offset += last
+        if i < len(runs) - 1:
+            boundaries.append(offset)
+    return curves, boundaries
+
+
+def plot_losses(run: Path, png: Path, before: Sequence[Path] = ()) -> Path:
+    """Loss and top-1 agreement curves of a run's ``*.metrics.jsonl`` logs (needs matplotlib).
+
+    ``before``: earlier phases of the same models (the runs ``run`` was ``--init-from``-ed from,
+    earliest first), drawn first on one step axis with a dotted line where each phase ends.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves, boundaries = chained_metrics([*before, run])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for f in sorted(run.glob("*.metrics.jsonl")):
-        by_step = {}  # a resumed run re-logs the steps after its last checkpoint: keep the latest
-        for line in f.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                by_step[row["step"]] = row
-        rows = [by_step[s] for s in sorted(by_step)]
-        if not rows:
-            continue
-        name = f.name.split(".")[0]
+    for name, rows in curves.items():
         steps = [r["step"] for r in rows]
         axes[0].plot(steps, _smooth([r["loss"] for r in rows]), label=name)
         axes[1].plot(steps, _smooth([r["acc"] for r in rows]), label=f"{name} (depth 1)")
         if "acc2" in rows[0]:
             axes[1].plot(steps, _smooth([r.get("acc2", 0.0) for r in rows]), "--", label=f"{name} (depth 3, TTT)")
+    for b in boundaries:
+        for ax in axes:
+            ax.axvline(b, color="grey", linestyle=":", linewidth=1)
     axes[0].set(xlabel="step", ylabel="training loss (50-step mean)", yscale="log", title="loss")
     axes[1].set(xlabel="step", ylabel="top-1 agreement with the target (train batches)", title="agreement")
     for ax in axes:
@@ -193,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-checkpoint", action="store_true",
                     help="with --export: use the latest checkpoint (training may still be running)")
     ap.add_argument("--plot", type=Path, default=None, help="only plot RUN's loss curves to this PNG")
+    ap.add_argument("--plot-before", type=Path, nargs="+", default=(),
+                    help="with --plot: earlier phases (run folders RUN was --init-from-ed from, earliest first) "
+                         "drawn before RUN on one step axis")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.export:
@@ -203,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(export_assets(run), indent=2))
         return 0
     if args.plot:
-        print(plot_losses(args.out, args.plot))
+        print(plot_losses(args.out, args.plot, before=args.plot_before))
         return 0
     torch.set_num_threads(args.threads)
     from specdec.models.smollm2 import load_smollm2
