@@ -142,5 +142,7 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     # one unbroken log line, whatever the measured numbers' widths (rich once wrapped it mid-phrase)
     assert any("auto budget:" in line and "predicts" in line and "for autoregressive decoding (x" in line
                for line in err.splitlines())
+    goal = [line for line in stdout.splitlines() if line.startswith("T=1: rheo tau")]
+    assert len(goal) == 1 and "(goal >= 1.10: " in goal[0] and goal[0].endswith(")")  # one unbroken line
     assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
     assert not (out / "tau.png").exists()

@@ -338,7 +338,7 @@ def _bench(args: argparse.Namespace) -> int:
                       "equal to the baseline's.")
     goals = goal_summary(records)
     for line in goal_lines(goals):
-        out_console.print(line)
+        out_console.print(escape(line), soft_wrap=True, highlight=False)
     out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()})")
 
     if out_dir is not None:
