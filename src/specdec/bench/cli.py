@@ -243,6 +243,10 @@ def _bench(args: argparse.Namespace) -> int:
         # depends on the measured numbers before it).
         log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False, soft_wrap=True)
 
+    def say(text: str) -> None:
+        """One plain stdout line, never wrapped (model paths and goal lines stay grep-able)."""
+        out_console.print(escape(text), soft_wrap=True, highlight=False)
+
     # ---- 1. everything that needs no model
     settings = resolve_settings(args)
     rows = parse_rows(settings.methods, _available_kinds(args))
@@ -329,16 +333,16 @@ def _bench(args: argparse.Namespace) -> int:
     title = (f"specdec bench --preset {settings.preset}: {len(rendered)} prompts x {settings.max_new_tokens} new "
              f"tokens, budget {budget}")
     out_console.print(results_table(records, title=title))
-    out_console.print(escape(f"target: {models.descriptions['target']}"), soft_wrap=True, highlight=False)
+    say(f"target: {models.descriptions['target']}")
     for kind in ("lm", "eagle2", "eagle3"):
         if kind in models.descriptions and any(r.draft == kind for r in rows):
-            out_console.print(escape(f"draft {kind}: {models.descriptions[kind]}"), soft_wrap=True, highlight=False)
+            say(f"draft {kind}: {models.descriptions[kind]}")
     out_console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
                       "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
                       "equal to the baseline's.")
     goals = goal_summary(records)
     for line in goal_lines(goals):
-        out_console.print(escape(line), soft_wrap=True, highlight=False)
+        say(line)
     out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()})")
 
     if out_dir is not None:
@@ -369,7 +373,7 @@ def _bench(args: argparse.Namespace) -> int:
         files = write_results(out_dir, records, meta, [r.as_dict() for r in runs])
         if not args.no_plots:
             files += write_plots(out_dir, records, title=f"{models.descriptions['target'].split(' ')[0]}, budget {budget}")
-        out_console.print(escape(f"wrote {', '.join(str(f) for f in files)}"), soft_wrap=True, highlight=False)
+        say(f"wrote {', '.join(str(f) for f in files)}")
     return 0
 
 
