@@ -33,6 +33,27 @@ class RandomSource(ABC):
                 given; callers normalise).
         """
 
+    def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """One independent categorical draw per active row of ``probs``.
+
+        The tensor builders' only draw (:func:`specdec.trees._common.draw_rows`).
+        The default draws row by row with :meth:`categorical`, in row order,
+        so an enumerating source (:mod:`specdec.testing.enumerate`) walks
+        every branch of the tensor code; it reads ``active`` on the host.
+        :class:`TorchRandom` overrides it with one batched draw and no host read.
+
+        Args:
+            probs: ``[R, L]`` non-negative weights; each active row has positive mass.
+            active: ``[R]`` bool, the rows to draw for.
+
+        Returns:
+            ``[R]`` int64 drawn column per row, ``-1`` for inactive rows (on ``probs``' device).
+        """
+        out = torch.full((probs.shape[0],), -1, dtype=torch.int64)
+        for r in active.nonzero().flatten().tolist():
+            out[r] = self.categorical(probs[r])
+        return out.to(probs.device)
+
     def begin_node(self, node: int) -> None:
         """Called by :meth:`specdec.verify.base.Verifier.verify` just before the
         rule of ``node`` draws (``node == 0``: a new verification walk starts).
@@ -94,3 +115,19 @@ class TorchRandom(RandomSource):
         if index >= cdf.numel():  # u * total rounded up to total: take the last positive entry
             index = int(torch.nonzero(probs > 0).flatten()[-1])
         return index
+
+    def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """Batched inverse-CDF draws, one uniform per row (inactive rows too), no host read.
+
+        The same rule as :meth:`categorical` (first index whose float64
+        cumulative sum exceeds ``u * total``; the last positive index if
+        rounding runs past the end), row-wise.
+        """
+        cdf = torch.cumsum(probs.detach().to(torch.float64).clamp_min(0), dim=-1)  # [R, L]
+        u = torch.rand(probs.shape[0], generator=self.generator, device=self.generator.device, dtype=torch.float64)
+        x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
+        index = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # [R]
+        cols = torch.arange(probs.shape[-1], device=probs.device)
+        last_positive = torch.where(probs > 0, cols, -1).amax(dim=-1)  # [R]
+        index = torch.minimum(index, last_positive)
+        return torch.where(active, index, -1)

@@ -7,7 +7,6 @@ Every random draw goes through a :class:`~specdec.rng.RandomSource`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -21,9 +20,12 @@ __all__ = [
     "check_mode",
     "check_paths",
     "draw_children",
+    "draw_rows",
     "log_weight",
     "normalised_law",
+    "row_mass",
     "top_tokens",
+    "top_tokens_fixed",
     "top_tokens_tensors",
 ]
 
@@ -123,6 +125,78 @@ def top_tokens_tensors(q: torch.Tensor, count: int) -> list[tuple[torch.Tensor, 
     return [(c[:count], v[:count]) for c, v in zip(cols[order].split(sizes), values[order].split(sizes))]
 
 
+def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top_tokens` as fixed-shape tensors, with no host read.
+
+    The same tokens in the same order (``(-q(x), x)``; among tokens tied at
+    the cut the smaller ids are kept), padded where a row has fewer than
+    ``count`` positive entries.
+
+    Args:
+        q: ``[R, V]`` float64 probabilities.
+        count: ``>= 1`` tokens wanted per row.
+
+    Returns:
+        ``ids [R, c]`` int64 (``-1`` padded) and ``probs [R, c]`` (``0`` padded),
+        ``c = min(count, V)``.
+
+    Example:
+        >>> import torch
+        >>> ids, probs = top_tokens_fixed(torch.tensor([[0.25, 0.5, 0.25, 0.0]], dtype=torch.float64), 4)
+        >>> ids.tolist(), probs.tolist()
+        ([[1, 0, 2, -1]], [[0.5, 0.25, 0.25, 0.0]])
+    """
+    c = min(count, q.shape[-1])
+    kth = torch.topk(q, c, dim=-1).values[:, -1:]  # [R, 1]: exact values; the order of ties is not trusted
+    above = q > kth  # [R, V]
+    room = c - above.sum(dim=-1, keepdim=True)  # [R, 1] places left for tokens tied at kth
+    tied = (q == kth) & (q > 0)  # [R, V]
+    chosen = above | (tied & (torch.cumsum(tied, dim=-1) <= room))  # lowest ids among the tied
+    key = torch.where(chosen & (q > 0), q, -1.0)  # [R, V]
+    values, ids = torch.topk(key, c, dim=-1)  # the chosen set, in no trusted order
+    ids, perm = torch.sort(ids, dim=-1)  # by id ...
+    values, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)  # ... then by -q
+    ids = ids.gather(-1, order)
+    valid = values > 0
+    return torch.where(valid, ids, -1), torch.where(valid, values, 0.0)
+
+
+def draw_rows(
+    probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource, active: torch.Tensor
+) -> torch.Tensor:
+    """Draw ``count`` columns of every active row of ``probs``, i.i.d. or
+    without replacement: :func:`draw_children` for a batch of rows.
+
+    Draw ``j`` of every row is made before draw ``j + 1`` of any row (one
+    :meth:`~specdec.rng.RandomSource.categorical_rows` call each). Without
+    replacement a drawn column is zeroed before the next draw, and a row whose
+    positive entries are exhausted draws no more (rule 4's law).
+
+    Args:
+        probs: ``[R, L]`` float64 rows summing to 1 (active rows).
+        count: draws per row (``>= 1``).
+        mode: :class:`SampleMode`.
+        rng: the source of every draw.
+        active: ``[R]`` bool rows to draw for.
+
+    Returns:
+        ``[R, count]`` int64 drawn columns in draw order, ``-1`` where nothing was drawn.
+    """
+    drawn = []
+    remaining = probs  # [R, L]
+    for _ in range(count):
+        if mode == SampleMode.WITHOUT_REPLACEMENT:
+            mass = remaining.sum(dim=-1)  # [R]
+            live = active & (mass > 0)  # [R]
+            column = rng.categorical_rows(remaining / torch.where(live, mass, 1.0).unsqueeze(-1), live)  # [R]
+            zeroed = remaining.scatter(-1, column.clamp_min(0).unsqueeze(-1), 0.0)
+            remaining = torch.where((column >= 0).unsqueeze(-1), zeroed, remaining)
+        else:
+            column = rng.categorical_rows(probs, active)  # [R]
+        drawn.append(column)
+    return torch.stack(drawn, dim=-1)
+
+
 def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource) -> list[int]:
     """Draw ``count`` indices from ``probs``, i.i.d. or without replacement.
 
@@ -154,11 +228,21 @@ def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: Random
     return drawn
 
 
+def row_mass(x: torch.Tensor) -> torch.Tensor:
+    """``[...]`` the sum of each row of ``x`` ``[..., L]``, as the last entry of
+    its cumulative sum: summed left to right, so trailing zeros (padding)
+    never change it and a row sums to the same bits alone or in a batch (on
+    the CPU). The per-node and the tensor builders both use it."""
+    return torch.cumsum(x, dim=-1)[..., -1]
+
+
 def log_weight(weight: float) -> float:
     """``log(weight)`` for a construction weight in ``(0, 1]`` (path scores add these)."""
     if not 0.0 < weight <= 1.0:
         raise ValueError(f"construction weights must lie in (0, 1], got {weight!r}")
-    return math.log(weight)
+    # torch's float64 log, not math.log: the two differ in the last bit for about 0.1% of
+    # inputs, and the tensor builders (specdec.trees.levelwise) rank by torch.log
+    return float(torch.log(torch.tensor(weight, dtype=torch.float64)))
 
 
 def check_paths(paths: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:

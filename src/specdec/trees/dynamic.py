@@ -37,7 +37,9 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
 from specdec.trees._common import check_int, log_weight, normalised_law, top_tokens
+from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
+from specdec.trees.levelwise import LevelFn, eagle_level, grow_levelwise
 
 __all__ = [
     "ChildProposal",
@@ -298,9 +300,50 @@ class DynamicTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return self.depth
 
+    def level_fn(self, sampling: SamplingConfig) -> "LevelFn | None":
+        """The tensor level function (:mod:`specdec.trees.levelwise`) under
+        ``sampling``, or None for a builder with only the per-node form."""
+        return None
+
+    def _level_fn_if_exact(self, sampling: SamplingConfig) -> "LevelFn | None":
+        """:meth:`level_fn`, unless this class overrides a per-node hook
+        (:meth:`propose`, :meth:`proposer`, :meth:`rank_key`, :meth:`keep`)
+        that the tensor form would ignore: then only the per-node form is
+        what the class says, and it is used (the tests' mutants are such classes)."""
+        owner = next((c for c in type(self).__mro__ if "level_fn" in c.__dict__), DynamicTreeBuilder)
+        if owner is DynamicTreeBuilder:
+            return None
+        for hook in ("propose", "proposer", "rank_key", "keep"):
+            if getattr(type(self), hook) is not getattr(owner, hook):
+                return None
+        return self.level_fn(sampling)
+
+    def build_batch(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        """The step path: grow the tree with tensor ops (:func:`~specdec.trees.levelwise.grow_levelwise`),
+        on the draft's device, with no host read; the same tree as :meth:`build_reference`."""
+        config = construction_config(sampling)
+        level = self._level_fn_if_exact(sampling)
+        if level is None:
+            return TreeBatch.from_trees(
+                [self.build_reference(root_token, draft, sampling, rng)],
+                max_children=self.children_per_node, max_depth=self.depth,
+            )
+        return grow_levelwise(
+            root_token, draft, config, rng, level,
+            children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
+        )
+
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        """Grow the tree from the draft law processed by :func:`~specdec.sampling.construction_config`
-        (the target's processing at ``T > 0``; the draft's untempered law at ``T = 0``)."""
+        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
+        return self.build_batch(root_token, draft, sampling, rng).tree(0)
+
+    def build_reference(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+    ) -> DraftTree:
+        """The per-node reference: grow the tree from the draft law processed by
+        :func:`~specdec.sampling.construction_config` (the target's processing
+        at ``T > 0``; the draft's untempered law at ``T = 0``) with
+        :func:`grow_dynamic_tree`."""
         return grow_dynamic_tree(
             root_token,
             draft,
@@ -361,3 +404,7 @@ class EagleTreeBuilder(DynamicTreeBuilder):
 
     def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
         return eagle_proposal(q, self.K)
+
+    def level_fn(self, sampling: SamplingConfig) -> LevelFn:
+        K = self.K
+        return lambda q, rng, live: eagle_level(q, K)

@@ -54,24 +54,30 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
-from specdec.trees._common import draw_children, top_tokens_tensors
+from specdec.trees._common import draw_rows, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
+from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
 
-__all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass"]
+__all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
+
+
+def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tensor:
+    """``[k]`` residual mass ``1 - q(S)`` of each row, computed as the sum of
+    ``q`` outside ``S`` (exactly 0 when ``S`` holds all of the row's support).
+
+    Args:
+        q: ``[k, V]`` float64 draft laws.
+        deterministic: ``[k, s]`` int64 token ids of each row's ``S``, ``-1`` padded.
+    """
+    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)
+    hit.scatter_add_(-1, deterministic.clamp_min(0), (deterministic >= 0).to(torch.int64))
+    return row_mass(q.masked_fill(hit > 0, 0.0))
 
 
 def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
-    """``1 - q(S)`` computed as the sum of ``q`` outside ``S`` (exactly 0 when
-    ``S`` holds all of ``q``'s support).
-
-    Args:
-        q_row: ``[V]`` float64 draft law.
-        deterministic: the token ids of ``S``.
-    """
-    rest = q_row.clone()
-    if deterministic:
-        rest[torch.tensor(deterministic, dtype=torch.long, device=rest.device)] = 0.0
-    return float(rest.sum())
+    """:func:`residual_masses` of one row ``[V]`` and a list of token ids."""
+    ids = torch.tensor([deterministic], dtype=torch.int64, device=q_row.device).reshape(1, -1)
+    return float(residual_masses(q_row.unsqueeze(0), ids)[0])
 
 
 PROXIES = ("scaled", "residual", "displaced")
@@ -112,17 +118,31 @@ def rheo_proposal(
         without a sampled slot gets its top-``K`` deterministic children.
     """
     out: list[list[ChildProposal]] = []
-    for row, (ids, probs) in zip(q, top_tokens_tensors(q, max(K, M))):
+    rows = top_tokens_tensors(q, max(K, M))
+    slot_ids = torch.full((q.shape[0], K - m), -1, dtype=torch.int64, device=q.device)
+    cand = torch.zeros(q.shape[0], max(M - (K - m), 0), dtype=torch.float64, device=q.device)
+    for r, (ids, probs) in enumerate(rows):
+        slot_ids[r, : min(K - m, ids.numel())] = ids[: K - m]
+        cand[r, : max(ids[K - m : M].numel(), 0)] = probs[K - m : M]
+    residuals = residual_masses(q, slot_ids).tolist()
+    mass = row_mass(cand)  # [k]
+    has_slot = torch.tensor(
+        [rows[r][0][K - m : M].numel() > 0 and residuals[r] > 0.0 and residuals[r] >= threshold for r in range(len(rows))],
+        dtype=torch.bool, device=q.device,
+    )
+    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
+    law_probs = cand / torch.where(has_slot, mass, 1.0).unsqueeze(-1)  # [k, M - (K - m)]: q' of every node
+    drawn_rows = draw_rows(law_probs, m, mode, rng, has_slot).tolist()
+    for r, (ids, probs) in enumerate(rows):
         slots = list(zip(ids[: K - m].tolist(), probs[: K - m].tolist()))
         cand_ids, cand_probs = ids[K - m : M], probs[K - m : M]
-        residual = residual_mass(row, [token for token, _ in slots])
-        if cand_ids.numel() == 0 or residual <= 0.0 or residual < threshold:
+        residual = residuals[r]
+        if not bool(has_slot[r]):
             out.append([ChildProposal(token, NodeKind.DETERMINISTIC, prob)
                         for token, prob in zip(ids[:K].tolist(), probs[:K].tolist())])
             continue
-        mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
-        law = SparseLaw(cand_ids.to(torch.int64), cand_probs / cand_probs.sum(), mode)
-        drawn = draw_children(law.probs, m, mode, rng)
+        law = SparseLaw(cand_ids.to(torch.int64), law_probs[r, : cand_ids.numel()], mode)
+        drawn = [i for i in drawn_rows[r] if i >= 0]
         if proxy == "displaced":
             weights = [float(cand_probs[min(i, cand_probs.numel() - 1)]) for i in range(len(drawn))]
         else:
@@ -214,6 +234,13 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         return rheo_proposal(
             q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy, float(self.proxy_scale)
         )
+
+    def level_fn(self, sampling: SamplingConfig) -> LevelFn:
+        """The tensor form; EAGLE-2's at ``T = 0`` (as :meth:`proposer`)."""
+        K, m, M, threshold, proxy, scale = self.K, self.m, self.M, float(self.threshold), self.proxy, float(self.proxy_scale)
+        if sampling.greedy:
+            return lambda q, rng, live: eagle_level(q, K)
+        return lambda q, rng, live: rheo_level(q, K, m, M, threshold, rng, proxy, scale, live)
 
     def proposer(self, sampling: SamplingConfig) -> ProposeFn:
         """At ``T = 0`` no node gets a sampled slot (ALGORITHMS.md, RheoSampling

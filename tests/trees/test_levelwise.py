@@ -1,0 +1,149 @@
+"""The tensor (level-wise) builders against their per-node references.
+
+For the same draws (a source whose batched draw is the row-by-row default),
+``build`` (tensor ops, :mod:`specdec.trees.levelwise`) and ``build_reference``
+(per-node objects, :func:`specdec.trees.dynamic.grow_dynamic_tree`) must give
+the identical tree: tokens, parents, kinds, draw order, weights and laws, for
+random draft laws with exact ties and with pruning and beam competition that
+bite, over every option of every dynamic builder.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specdec.models import CallableLM
+from specdec.registry import get, list_registered
+from specdec.rng import RandomSource, TorchRandom
+from specdec.sampling import SamplingConfig
+from specdec.tree_batch import TreeBatch
+from specdec.trees._common import top_tokens_fixed, top_tokens_tensors
+from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder
+from specdec.trees.rheo import RheoTreeBuilder
+
+
+class RowByRow(TorchRandom):
+    """TorchRandom whose batched draw is the row-by-row default, so the tensor
+    and the per-node builders consume the stream identically."""
+
+    categorical_rows = RandomSource.categorical_rows
+
+
+def tied_draft(vocab: int, seed: int) -> CallableLM:
+    """A second-order draft with exact ties: one-hot rows, q(top1) = 1/2 rows,
+    rows of equal entries, rows with zeros, and random rows."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.rand(vocab, vocab, vocab, generator=g, dtype=torch.float64)
+    kinds = torch.randint(0, 5, (vocab, vocab), generator=g)
+    for a, b in itertools.product(range(vocab), range(vocab)):
+        row = table[a, b]
+        kind = int(kinds[a, b])
+        if kind == 0:
+            row.zero_()
+            row[(a + b) % vocab] = 1.0
+        elif kind == 1:
+            row.fill_(0.5 / (vocab - 1))
+            row[(a * b) % vocab] = 0.5
+        elif kind == 2:
+            row.fill_(1.0)
+        elif kind == 3:
+            row[torch.rand(vocab, generator=g) < 0.4] = 0.0
+            row[(a + 2 * b) % vocab] += 0.1
+    table = table / table.sum(-1, keepdim=True)
+    logits = torch.where(table > 0, table.log(), torch.full_like(table, float("-inf")))
+
+    def fn(prefixes):
+        return torch.stack([logits[p[-2], p[-1]] for p in prefixes])
+
+    return CallableLM(fn, vocab_size=vocab)
+
+
+def assert_same_tree(fast, ref):
+    for name in ("tokens", "parents", "kinds", "draw_order", "weights", "law_index"):
+        a, b = getattr(fast, name), getattr(ref, name)
+        assert torch.equal(a, b), f"{name}: tensor builder {a.tolist()} != reference {b.tolist()}"
+    assert len(fast.laws) == len(ref.laws)
+    for la, lb in zip(fast.laws, ref.laws):
+        assert torch.equal(la.indices, lb.indices) and torch.equal(la.probs, lb.probs) and la.mode == lb.mode
+
+
+SAMPLINGS = [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4), SamplingConfig(temperature=0.0)]
+
+EAGLE_OPTIONS = [dict(K=k, B=b, depth=d, N=n) for k, b, d, n in [(1, 1, 3, 2), (2, 1, 3, 3), (3, 2, 3, 5), (4, 4, 2, 20), (3, 3, 4, 7)]]
+RHEO_OPTIONS = [
+    dict(K=2, m=1, B=1, depth=3, N=3, M=3),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=4),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=5),
+    dict(K=4, m=3, B=3, depth=2, N=9, M=6),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=3, threshold=0.3),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=6, proxy="residual"),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced"),
+    dict(K=3, m=1, B=3, depth=3, N=30, M=6, proxy_scale=1.0),
+]
+
+
+@pytest.mark.parametrize("options", EAGLE_OPTIONS + RHEO_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-topk4", "T0"])
+def test_tensor_builder_equals_reference(options, sampling):
+    cls = RheoTreeBuilder if "m" in options else EagleTreeBuilder
+    builder = cls(**options)
+    pruned = 0
+    for vocab, seed in itertools.product((5, 6), range(6)):
+        draft = tied_draft(vocab, seed)
+        prompt = [seed % vocab, (seed * 3 + 1) % vocab]
+        draft.begin(prompt)
+        fast = builder.build(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        draft.begin(prompt)
+        ref = builder.build_reference(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        assert_same_tree(fast, ref)
+        pruned += fast.num_draft_nodes == builder.N
+    if builder.max_created > builder.N:
+        assert pruned > 0  # the global rerank cut something in some case
+
+
+def test_builder_hooks_overridden_fall_back_to_the_per_node_form():
+    class Mutant(EagleTreeBuilder):
+        def rank_key(self, node):
+            return (-node.score, node.token, node.index)
+
+    draft = tied_draft(5, 0)
+    assert Mutant(K=2, depth=2, N=3)._level_fn_if_exact(SamplingConfig()) is None
+    assert EagleTreeBuilder(K=2, depth=2, N=3)._level_fn_if_exact(SamplingConfig()) is not None
+    draft.begin([0, 1])
+    batch = Mutant(K=2, depth=2, N=3).build_batch(1, draft, SamplingConfig(), TorchRandom.seeded(0))
+    assert isinstance(batch, TreeBatch)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_top_tokens_fixed_equals_top_tokens_tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(6, 12, generator=g, dtype=torch.float64)
+    q = (q * 4).round() / 4  # many exact ties
+    q[0] = 0.0
+    q[0, 3] = 1.0
+    for count in (1, 3, 5, 12, 20):
+        ids, probs = top_tokens_fixed(q, count)
+        for r, (ri, rp) in enumerate(top_tokens_tensors(q, count)):
+            k = ri.numel()
+            assert ids[r, :k].tolist() == ri.tolist() and probs[r, :k].tolist() == rp.tolist()
+            assert (ids[r, k:] == -1).all() and (probs[r, k:] == 0).all()
+
+
+def test_torch_random_batched_draw_follows_the_law():
+    rng = TorchRandom.seeded(0)
+    probs = torch.tensor([[0.2, 0.0, 0.8], [0.0, 1.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
+    active = torch.tensor([True, True, False])
+    draws = torch.stack([rng.categorical_rows(probs, active) for _ in range(4000)])
+    assert (draws[:, 2] == -1).all() and (draws[:, 1] == 1).all()
+    freq = (draws[:, 0] == 2).double().mean().item()
+    assert abs(freq - 0.8) < 0.03 and not (draws[:, 0] == 1).any()
+
+
+def test_every_registered_dynamic_builder_has_a_tensor_form():
+    for name in list_registered("tree"):
+        cls = get("tree", name)
+        if isinstance(cls, type) and issubclass(cls, DynamicTreeBuilder):
+            assert "level_fn" in {k for c in cls.__mro__ if c is not DynamicTreeBuilder for k in c.__dict__}, name
