@@ -17,6 +17,7 @@ methods share every line that touches the target's law.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -25,10 +26,12 @@ import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.errors import ContextOverflowError, InvalidConfigError, InvalidDistributionError, VocabMismatchError
+from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
+from specdec.step import speculative_step, step_supported
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -203,9 +206,18 @@ def _run(
     eos: set[int] = set()
     if eos_token_id is not None:
         eos = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+    if verifier.requires_greedy and not sampling.greedy:
+        raise InvalidDistributionError(
+            f"verifier {verifier.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
+        )
     rng = TorchRandom.seeded(seed)
-    # logits -> p -> verify: the torch reference, or the fused Triton kernel on CUDA (specdec.kernels)
+    # logits -> p -> verify: the tensor step (specdec.step), or the fused Triton kernel on CUDA (specdec.kernels),
+    # or, for a verifier without a parallel rule, the per-node walk
     step_verifier = StepVerifier(verifier, sampling, seed, kernel)
+    tensor_step = kernel != "triton" and step_supported(verifier, rng) and not (
+        kernel == "auto" and triton_available() and _on_cuda(target)
+    )
+    path_tokens_kw = "path_tokens" in inspect.signature(target.accept).parameters
     clock = time.perf_counter
     t0 = clock()
     with torch.inference_mode():
@@ -222,18 +234,24 @@ def _run(
         # inference mode per step, never across a yield (the caller's code runs between yields)
         with torch.inference_mode():
             t0 = clock()
-            tree = builder.build(root, draft, sampling, rng)
-            t1 = clock()
-            logits = target.score_tree(tree)
-            t2 = clock()
-            result = step_verifier(tree, logits, rng)
-            t3 = clock()
+            if tensor_step:
+                result, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root)
+                t1 = t2 = t3 = clock()
+                num_nodes = result.tree_nodes
+            else:
+                tree = builder.build(root, draft, sampling, rng)
+                t1 = clock()
+                logits = target.score_tree(tree)
+                t2 = clock()
+                result = step_verifier(tree, logits, rng)
+                t3 = clock()
+                num_nodes = tree.num_nodes
         timings["draft"] += t1 - t0
         timings["target"] += t2 - t1
         timings["verify"] += t3 - t2
         counters["steps"] += 1
-        counters["kernel_path"] = step_verifier.path_label
-        counters["tree_nodes"] += tree.num_nodes
+        counters["kernel_path"] = "torch" if tensor_step else step_verifier.path_label
+        counters["tree_nodes"] += num_nodes
         counters["emitted"] += len(result.tokens)
         counters["accepted"] += result.num_accepted
         attempted, accepted = counters["depth_attempted"], counters["depth_accepted"]
@@ -257,7 +275,10 @@ def _run(
             return
         t0 = clock()
         with torch.inference_mode():
-            target.accept(result.accepted_nodes, result.bonus_token)
+            if path_tokens_kw:
+                target.accept(result.accepted_nodes, result.bonus_token, path_tokens=result.tokens[:-1])
+            else:
+                target.accept(result.accepted_nodes, result.bonus_token)
             if draft is not None:
                 hidden = target.hidden_states()
                 if hidden is not None:
@@ -265,6 +286,15 @@ def _run(
                 draft.commit(result.tokens, target_hidden=hidden)
         timings["draft"] += clock() - t0
         root = result.bonus_token
+
+
+def _on_cuda(target: TargetModel) -> bool:
+    model = getattr(target, "model", None)
+    params = getattr(model, "parameters", None)
+    if params is None:
+        return False
+    first = next(iter(params()), None)
+    return first is not None and first.is_cuda
 
 
 def _new_accounting() -> tuple[dict[str, float], dict[str, Any]]:

@@ -54,6 +54,13 @@ class RandomSource(ABC):
             out[r] = self.categorical(probs[r])
         return out.to(probs.device)
 
+    def uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+        """A table of independent float64 uniforms in ``[0, 1)`` on ``device``
+        (the tensor verifiers' draws, :mod:`specdec.verify.fast`). Sources that
+        cannot make one (the enumerating source of the exact tests) do not
+        override this, and the step path is not used with them."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw uniform tables")
+
     def begin_node(self, node: int) -> None:
         """Called by :meth:`specdec.verify.base.Verifier.verify` just before the
         rule of ``node`` draws (``node == 0``: a new verification walk starts).
@@ -115,6 +122,11 @@ class TorchRandom(RandomSource):
         if index >= cdf.numel():  # u * total rounded up to total: take the last positive entry
             index = int(torch.nonzero(probs > 0).flatten()[-1])
         return index
+
+    def uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+        """One ``torch.rand`` call from the generator (moved to ``device`` if the generator lives elsewhere)."""
+        u = torch.rand(shape, generator=self.generator, device=self.generator.device, dtype=torch.float64)
+        return u.to(device, non_blocking=True)
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Batched inverse-CDF draws, one uniform per row (inactive rows too), no host read.

@@ -117,7 +117,7 @@ def _check_logits(logits: torch.Tensor) -> None:
         raise InvalidDistributionError("a row of logits is entirely -inf: no token can be produced")
 
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool = True) -> torch.Tensor:
     """Turn raw logits into the processed next-token distribution.
 
     This is the single definition of ``p`` and ``q`` in specdec
@@ -128,6 +128,10 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
             tokens; NaN, ``+inf`` or an all ``-inf`` row raise
             :class:`~specdec.errors.InvalidDistributionError`.
         config: the sampling configuration.
+        check: raise on NaN / ``+inf`` / all ``-inf`` rows (host reads). The
+            step path passes False and flags such rows itself
+            (:func:`specdec.verify.fast.row_is_bad`), raising only where the
+            verifier visits them.
 
     Returns:
         ``[..., V]`` probabilities in the dtype of ``logits`` (float16/bfloat16
@@ -140,7 +144,8 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
         >>> [round(x, 4) for x in p.tolist()]
         [0.7311, 0.2689, 0.0]
     """
-    _check_logits(logits)
+    if check:
+        _check_logits(logits)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if config.greedy:

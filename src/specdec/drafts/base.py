@@ -21,6 +21,7 @@ from typing import ClassVar, final
 import torch
 
 from specdec.errors import VocabMismatchError
+from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, process_logits
 
 __all__ = ["DraftModel"]
@@ -80,14 +81,18 @@ class DraftModel(ABC):
     @final
     def root_distribution(self, sampling: SamplingConfig) -> torch.Tensor:
         """``[V]`` processed draft law ``q`` after the committed context."""
-        return process_logits(self._checked(self.root_logits(), 1), sampling)
+        with model_call():
+            logits = self.root_logits()
+        return process_logits(self._checked(logits, 1), sampling)
 
     @final
     def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
         """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
-        return process_logits(self._checked(self.tree_logits(parents, tokens), 2), sampling)
+        with model_call():
+            logits = self.tree_logits(parents, tokens)
+        return process_logits(self._checked(logits, 2), sampling)
 
     def _checked(self, logits: torch.Tensor, dims: int) -> torch.Tensor:
         if logits.dim() != dims or logits.shape[-1] != self.vocab_size:

@@ -50,7 +50,7 @@ from specdec.kernels.select import interpreter_enabled, triton_available
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.tree import DraftTree, SampleMode
-from specdec.verify.base import Verifier, VerifyResult
+from specdec.verify.base import FusedRule, Verifier, VerifyResult
 from specdec.verify.match import MatchVerifier
 from specdec.verify.mixed import MixedVerifier
 from specdec.verify.rejection import RejectionIIDVerifier, RejectionWORVerifier
@@ -74,37 +74,10 @@ torch otherwise), ``torch`` (always the reference), ``triton`` (always the
 kernel; an error where it cannot run)."""
 
 
-@attrs.frozen
-class FusedRule:
-    """How a verifier orders and tests a node's children (ALGORITHMS.md rules 2-5).
-
-    Attributes:
-        name: the verifier's registry name.
-        rejection: sampled children are tested by recursive rejection against
-            ``q'`` (rules 3-5); otherwise they are matched (rule 2).
-        without_replacement: rule 4's update of ``q`` after a rejection:
-            ``True``/``False`` fixed by the verifier, ``None`` = from the law's
-            mode (rule 5).
-        match_deterministic: deterministic children are matched after the
-            sampled ones (rules 2 and 5).
-    """
-
-    name: str
-    rejection: bool
-    without_replacement: bool | None
-    match_deterministic: bool
-
-
 _RULES: dict[type, FusedRule] = {
-    MatchVerifier: FusedRule("match", rejection=False, without_replacement=False, match_deterministic=True),
-    RejectionIIDVerifier: FusedRule(
-        "rejection-iid", rejection=True, without_replacement=False, match_deterministic=False
-    ),
-    RejectionWORVerifier: FusedRule(
-        "rejection-wor", rejection=True, without_replacement=True, match_deterministic=False
-    ),
-    MixedVerifier: FusedRule("mixed", rejection=True, without_replacement=None, match_deterministic=True),
+    cls: cls.fused for cls in (MatchVerifier, RejectionIIDVerifier, RejectionWORVerifier, MixedVerifier)
 }
+"""The rules the Triton kernel runs (each verifier declares its own :attr:`Verifier.fused`)."""
 
 
 def fused_rule(verifier: Verifier) -> FusedRule | None:

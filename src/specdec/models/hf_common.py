@@ -296,7 +296,7 @@ def _forward_kwargs(cls: type) -> tuple[str, str | None]:
 def forward_tokens(
     model: Any,
     cache: KVCache,
-    tokens: Sequence[int],
+    tokens: Sequence[int] | torch.Tensor,
     positions: Sequence[int] | torch.Tensor,
     allowed: torch.Tensor | None = None,
     *,
@@ -325,7 +325,10 @@ def forward_tokens(
     device = _model_device(model)
     q = len(tokens)
     past = len(cache)
-    input_ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
+    if isinstance(tokens, torch.Tensor):  # the step path: already a device tensor
+        input_ids = tokens.to(device=device, dtype=torch.int64).reshape(1, q)
+    else:
+        input_ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
     position_ids = torch.as_tensor(positions, dtype=torch.int64).reshape(1, q).to(device)
     kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
     if allowed is not None:

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from specdec.tree import DraftTree
+from specdec.tree_batch import TreeBatch
 
 __all__ = ["TargetModel"]
 
@@ -49,6 +50,21 @@ class TargetModel(ABC):
     def score_tree(self, tree: DraftTree) -> torch.Tensor:
         """``[n, V]`` raw logits of the token after each node of ``tree``
         (row 0: after the committed context, i.e. after the root)."""
+
+    def score_batch(self, tree: TreeBatch) -> torch.Tensor:
+        """``[B, n, V]`` raw logits after every node slot of a one-tree batch.
+
+        The default scores the host view (:meth:`TreeBatch.tree`, host reads)
+        with :meth:`score_tree` and pads the padding slots with a copy of row
+        0; :class:`~specdec.targets.hf.HFTarget` scores the tensors directly.
+        """
+        if tree.batch_size != 1:
+            raise NotImplementedError(f"{type(self).__name__} scores one tree per step, got a batch of {tree.batch_size}")
+        logits = self.score_tree(tree.tree(0))  # [k, V]
+        pad = tree.node_slots - logits.shape[0]
+        if pad:
+            logits = torch.cat([logits, logits[:1].expand(pad, -1)])
+        return logits.unsqueeze(0)
 
     @abstractmethod
     def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:

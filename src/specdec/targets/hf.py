@@ -34,7 +34,9 @@ from specdec.models.hf_common import (
 )
 from specdec.registry import register
 from specdec.targets.base import TargetModel
+from specdec.regions import model_call
 from specdec.tree import DraftTree
+from specdec.tree_batch import TreeBatch
 
 __all__ = ["HFTarget", "tree_allowed"]
 
@@ -106,7 +108,9 @@ class HFTarget(TargetModel):
 
     Example:
         >>> import torch, transformers
-        >>> from specdec.tree import DraftTree
+        >>> from specdec.regions import model_call
+from specdec.tree import DraftTree
+from specdec.tree_batch import TreeBatch
         >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16,
         ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
         >>> target = HFTarget(transformers.LlamaForCausalLM(cfg).eval())
@@ -263,7 +267,40 @@ class HFTarget(TargetModel):
             logits = logits.float()
         return logits if self.logits_device is None else logits.to(self.logits_device)
 
-    def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:
+    def score_batch(self, tree: TreeBatch) -> torch.Tensor:
+        """``[1, n, V]`` logits after every node slot of a one-tree batch, from
+        one forward, with no host read: tokens, ``positions = past + depth``
+        and the attention pattern (cached context + the ancestor mask; a
+        padding slot sees the context and itself) are built on the device.
+        The caller has bounded the depth against the context
+        (:class:`~specdec.generate.SpeculativeGenerator` checks
+        ``prompt + max_new_tokens - 1 + max_depth`` before the first forward).
+        Logits stay on the model's device (``logits_device`` is not applied).
+        """
+        if self._cache is None:
+            raise RuntimeError("score_batch() called before prefill()")
+        if tree.batch_size != 1:
+            raise NotImplementedError(f"HFTarget scores one tree per step, got a batch of {tree.batch_size}")
+        if tree.vocab_size != self._vocab_size:
+            raise VocabMismatchError(f"tree over V = {tree.vocab_size}, target model has V = {self._vocab_size}")
+        past = len(self._committed) - 1
+        if self._tree is not None or len(self._cache) != past:  # re-scoring, or a failed forward
+            self._cache.truncate(past)
+            self._tree = None
+        n = tree.node_slots
+        device = next(self.model.parameters()).device
+        allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)  # [n, past + n]
+        allowed[:, past:] = tree.ancestors[0]
+        with model_call():
+            logits, self._hidden = forward_tokens(
+                self.model, self._cache, tree.tokens[0], tree.depths[0] + past, allowed,
+                logits="all", hidden_layers=self.capture_layers,
+            )
+        assert logits is not None
+        self._tree = tree
+        return (logits if logits.dtype == torch.float64 else logits.float()).unsqueeze(0)
+
+    def accept(self, accepted_nodes: Sequence[int], bonus_token: int, path_tokens: Sequence[int] | None = None) -> None:
         """Compact the cache to past + root + ``accepted_nodes``; ``bonus_token`` becomes the next root.
 
         Args:
@@ -279,11 +316,17 @@ class HFTarget(TargetModel):
         if self._tree is None or self._cache is None:
             raise RuntimeError("accept() called before score_tree()")
         tree = self._tree
-        nodes = _check_accepted_path(tree, accepted_nodes)
         (bonus,) = check_tokens([bonus_token], self._vocab_size, "bonus_token")
         past = len(self._committed) - 1
-        self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
-        self._committed.extend(int(tree.tokens[i]) for i in nodes)
+        if isinstance(tree, TreeBatch):  # the step path: the verifier's read gave the path and its tokens
+            nodes = [int(a) for a in accepted_nodes]
+            self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
+            tokens = list(path_tokens) if path_tokens is not None else tree.tokens[0, nodes].tolist()
+        else:
+            nodes = _check_accepted_path(tree, accepted_nodes)
+            self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
+            tokens = [int(tree.tokens[i]) for i in nodes]
+        self._committed.extend(tokens)
         self._committed.append(bonus)
         self._tree = None
 

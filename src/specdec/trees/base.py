@@ -9,6 +9,7 @@ from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind
+from specdec.tree_batch import TreeBatch
 
 __all__ = ["TreeBuilder"]
 
@@ -43,6 +44,14 @@ class TreeBuilder(ABC):
     @abstractmethod
     def max_depth(self) -> int:
         """Upper bound on the depth of a built tree."""
+
+    def build_batch(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        """The step path's form of :meth:`build`: the tree as a one-tree
+        :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
+        level-wise builders grow it with tensor ops; the default stacks
+        :meth:`build`'s tree (host work)."""
+        tree = self.build(root_token, draft, sampling, rng)
+        return TreeBatch.from_trees([tree], max_children=max(1, self.max_nodes - 1), max_depth=max(1, self.max_depth))
 
     @abstractmethod
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:

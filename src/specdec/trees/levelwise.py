@@ -102,6 +102,8 @@ def rheo_level(
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
     det_ids, det_probs = ids[:, : K - m], probs[:, : K - m]  # [R, K - m]
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
+    if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
+        return eagle_level(q, K)
     from specdec.trees.rheo import residual_masses
 
     residual = residual_masses(q, det_ids)  # [R]

@@ -33,7 +33,28 @@ from specdec.rng import RandomSource
 from specdec.sampling import check_distribution
 from specdec.tree import DraftTree, NodeKind, SampleMode
 
-__all__ = ["NodeOutcome", "VerifyResult", "Verifier"]
+__all__ = ["FusedRule", "NodeOutcome", "VerifyResult", "Verifier"]
+
+
+@attrs.frozen
+class FusedRule:
+    """How a verifier orders and tests a node's children (docs/verifiers.md, rules 2-5).
+
+    Attributes:
+        name: the verifier's registry name.
+        rejection: sampled children are tested by recursive rejection against
+            ``q'`` (rules 3-5); otherwise they are matched (rule 2).
+        without_replacement: rule 4's update of ``q`` after a rejection:
+            ``True``/``False`` fixed by the verifier, ``None`` = from the law's
+            mode (rule 5).
+        match_deterministic: deterministic children are matched after the
+            sampled ones (rules 2 and 5).
+    """
+
+    name: str
+    rejection: bool
+    without_replacement: bool | None
+    match_deterministic: bool
 
 
 @attrs.frozen
@@ -101,6 +122,10 @@ class Verifier(ABC):
     supported_modes: ClassVar[frozenset[SampleMode]] = frozenset()
     lossless: ClassVar[bool] = True
     requires_greedy: ClassVar[bool] = False
+    fused: ClassVar[FusedRule | None] = None
+    """The rule in the parallel form (every node decided on its own uniforms,
+    :mod:`specdec.verify.fast` and the Triton kernel), or None. Declared by
+    each class for itself: a subclass that changes the rule does not inherit it."""
 
     # ------------------------------------------------------------ checking
     def check_tree(self, tree: DraftTree) -> None:

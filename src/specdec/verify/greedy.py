@@ -14,7 +14,7 @@ import torch
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.tree import DraftTree, NodeKind, SampleMode
-from specdec.verify.base import NodeOutcome, Verifier
+from specdec.verify.base import FusedRule, NodeOutcome, Verifier
 
 __all__ = ["GreedyVerifier"]
 
@@ -38,6 +38,8 @@ class GreedyVerifier(Verifier):
         (2, 1)
     """
 
+    # on one-hot p, rule 2 accepts exactly the child equal to argmax p and its bonus is argmax p: rule 1
+    fused = FusedRule("greedy", rejection=False, without_replacement=False, match_deterministic=True)
     supported_kinds = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
     requires_greedy = True

@@ -22,7 +22,7 @@ import torch
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.tree import DraftTree, NodeKind, SampleMode
-from specdec.verify.base import NodeOutcome, Verifier
+from specdec.verify.base import FusedRule, NodeOutcome, Verifier
 from specdec.verify.residual import match_accept_prob, match_residual, working_dtype
 
 __all__ = ["MatchVerifier", "sample_and_match"]
@@ -65,6 +65,7 @@ class MatchVerifier(Verifier):
         (1, 0)
     """
 
+    fused = FusedRule("match", rejection=False, without_replacement=False, match_deterministic=True)
     supported_kinds = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
 

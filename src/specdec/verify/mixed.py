@@ -23,7 +23,7 @@ import torch
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.tree import DraftTree, NodeKind, SampleMode
-from specdec.verify.base import NodeOutcome, Verifier
+from specdec.verify.base import FusedRule, NodeOutcome, Verifier
 from specdec.verify.match import sample_and_match
 from specdec.verify.rejection import recursive_rejection
 from specdec.verify.residual import working_dtype
@@ -52,6 +52,7 @@ class MixedVerifier(Verifier):
         (2, 0)
     """
 
+    fused = FusedRule("mixed", rejection=True, without_replacement=None, match_deterministic=True)
     supported_kinds = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
 

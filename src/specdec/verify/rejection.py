@@ -28,7 +28,7 @@ import torch
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.tree import DraftTree, NodeKind, SampleMode
-from specdec.verify.base import NodeOutcome, Verifier
+from specdec.verify.base import FusedRule, NodeOutcome, Verifier
 from specdec.verify.residual import (
     rejection_accept_prob,
     rejection_residual,
@@ -112,6 +112,7 @@ class RejectionIIDVerifier(_RejectionVerifier):
 
     supported_modes = frozenset({SampleMode.IID})
     without_replacement = False
+    fused = FusedRule("rejection-iid", rejection=True, without_replacement=False, match_deterministic=False)
 
 
 @register("verifier", "rejection-wor")
@@ -133,3 +134,4 @@ class RejectionWORVerifier(_RejectionVerifier):
 
     supported_modes = frozenset({SampleMode.WITHOUT_REPLACEMENT})
     without_replacement = True
+    fused = FusedRule("rejection-wor", rejection=True, without_replacement=True, match_deterministic=False)

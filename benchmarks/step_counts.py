@@ -1,0 +1,168 @@
+"""Host syncs, ATen ops and time per speculative step outside the model forwards (issue 14).
+
+Two measurements, each for the step path (``specdec.step.speculative_step``:
+level-wise tensor builder + tensor verification + one read) and for the
+per-node path the library ran before it (``build_reference`` + the
+verifier's walk through ``StepVerifier``), at T=1, 60-node depth-6 trees:
+
+1. ``--real``: SmolLM2-135M-Instruct target with the shipped EAGLE-3 head,
+   ``--tokens`` new tokens on one prompt; counts per step from
+   :class:`specdec.testing.counter.StepCounter` (host reads of tensors and
+   tensors made from Python data, by call site; ATen ops), split into outside
+   and inside model forwards. Counts do not depend on the hardware.
+2. ``--stub``: ``CallableLM`` target and draft returning fixed logits
+   (V = 128256), so the models cost nothing; median wall time per step
+   outside the forwards.
+
+Usage::
+
+    python benchmarks/step_counts.py --stub --real --threads 2 --json benchmarks/results/step_counts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+import specdec
+import specdec.generate as generate
+from specdec.testing.counter import StepCounter
+
+METHODS = ("eagle3", "rheo")
+
+
+class per_node_path:
+    """Within the block, generation takes the per-node path: the reference builder and the verifier's walk."""
+
+    def __init__(self, builder: Any, on: bool = True) -> None:
+        self.cls, self.on = type(builder), on
+
+    def __enter__(self) -> None:
+        if self.on:
+            self.saved = (generate.step_supported, self.cls.__dict__.get("build"))
+            generate.step_supported = lambda v, r: False
+            self.cls.build = self.cls.build_reference
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.on:
+            generate.step_supported = self.saved[0]
+            if self.saved[1] is None:
+                del self.cls.build
+            else:
+                self.cls.build = self.saved[1]
+
+
+def _per_step(gen: Any, prompt: list[int], tokens: int, tensor_step: bool, seed: int = 0) -> dict[str, Any]:
+    with per_node_path(gen.builder, on=not tensor_step):
+        gen.generate(prompt, 4, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)  # warm-up
+        with StepCounter() as counter:
+            out = gen.generate(prompt, tokens, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)
+    steps = out.stats.steps
+    return {
+        "steps": steps,
+        "tau": out.stats.tau,
+        "syncs_outside_models": counter.syncs / steps,
+        "syncs_inside_models": counter.model_syncs / steps,
+        "ops_outside_models": counter.ops / steps,
+        "top_sync_sites": [f"{k}x {kind} {site}" for (kind, site), k in counter.sync_sites["step"].most_common(8)],
+        "top_ops": counter.op_names["step"].most_common(12),
+    }
+
+
+def load_real() -> tuple[Any, Any, list[int]]:
+    from specdec.drafts.eagle import eagle3_target_layers, load_shipped
+    from specdec.models.smollm2 import load_smollm2
+    from specdec.targets.hf import HFTarget
+
+    model, tokenizer = load_smollm2()
+    draft = load_shipped(3, model)
+    target = HFTarget(model, capture_layers=draft.target_layers)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Explain why the sky is blue in two sentences."}], add_generation_prompt=True
+    )
+    return target, draft, list(prompt)
+
+
+def stub_models(vocab: int, seed: int = 0) -> tuple[Any, float]:
+    from specdec.models import CallableLM
+
+    g = torch.Generator().manual_seed(seed)
+    fixed = torch.randn(1, vocab, generator=g) * 4
+    spent = {"t": 0.0}
+
+    def fn(prefixes: list[list[int]]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = fixed.expand(len(prefixes), vocab).clone()
+        spent["t"] += time.perf_counter() - t0
+        return out
+
+    return CallableLM(fn, vocab_size=vocab), spent  # type: ignore[return-value]
+
+
+def stub(vocab: int, repeats: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for method in METHODS:
+        lm, spent = stub_models(vocab)
+        gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method="eagle2" if method == "eagle3" else method,
+                                           kernel="torch")
+        row: dict[str, Any] = {}
+        for label, tensor_step in (("per_node", False), ("step", True)):
+            times = []
+            with per_node_path(gen.builder, on=not tensor_step):
+                for r in range(repeats):
+                    spent["t"] = 0.0
+                    t0 = time.perf_counter()
+                    out = gen.generate([1, 2, 3], 24, sampling=specdec.SamplingConfig(temperature=1.0), seed=r)
+                    total = time.perf_counter() - t0
+                    times.append((total - spent["t"]) / out.stats.steps)
+            row[label] = {"ms_per_step_outside_models": 1000 * statistics.median(times), "tau": out.stats.tau}
+        row["speedup"] = row["per_node"]["ms_per_step_outside_models"] / row["step"]["ms_per_step_outside_models"]
+        results[method] = row
+        print(f"stub {method}: per-node {row['per_node']['ms_per_step_outside_models']:.1f} ms/step, "
+              f"step {row['step']['ms_per_step_outside_models']:.1f} ms/step ({row['speedup']:.1f}x)", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--real", action="store_true", help="SmolLM2 + shipped EAGLE-3 head: counts per step")
+    ap.add_argument("--stub", action="store_true", help="fixed-logit CallableLM models: time per step")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads}
+    if args.stub:
+        out["stub"] = stub(args.vocab, args.repeats)
+    if args.real:
+        target, draft, prompt = load_real()
+        out["real"] = {}
+        for method in METHODS:
+            gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="torch")
+            out["real"][method] = {label: _per_step(gen, prompt, args.tokens, tensor_step)
+                                   for label, tensor_step in (("per_node", False), ("step", True))}
+            for label in ("per_node", "step"):
+                r = out["real"][method][label]
+                print(f"real {method} {label}: {r['syncs_outside_models']:.1f} syncs/step outside models "
+                      f"({r['syncs_inside_models']:.1f} inside), {r['ops_outside_models']:.0f} ops/step outside, "
+                      f"tau {r['tau']:.2f}", flush=True)
+    text = json.dumps(out, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The speculative step as one function: draft a tree, score it, verify, read once.
+
+:func:`speculative_step` is the step path of :class:`~specdec.generate.SpeculativeGenerator`
+(and of anyone's own loop): the builder's :meth:`~specdec.trees.base.TreeBuilder.build_batch`
+grows the tree as a :class:`~specdec.tree_batch.TreeBatch` on the draft's
+device, the target scores it (:meth:`~specdec.targets.base.TargetModel.score_batch`),
+``p`` is processed where the logits are, the verifier's rule decides every
+node at once (:func:`specdec.verify.fast.verify_tree_batch`), and one small
+device-to-host copy reads the accepted path and the bonus. NaN / +inf / all
+-inf logits are flagged per row and raise only when the verifier visits the
+row, so a dead row the verifier never reaches does not stop generation.
+Committing (KV caches, the draft's context) is the caller's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.regions import model_call
+from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.targets.base import TargetModel
+from specdec.tree_batch import TreeBatch
+from specdec.trees.base import TreeBuilder
+from specdec.verify.base import Verifier
+from specdec.verify.fast import row_is_bad, verify_tree_batch
+
+__all__ = ["StepOutcome", "speculative_step", "step_supported"]
+
+
+@attrs.frozen
+class StepOutcome:
+    """What one step emitted (host values, from the step's single read).
+
+    Attributes:
+        accepted_nodes: accepted node slots of the step's tree, root's child first.
+        tokens: emitted tokens: the accepted drafts, then the bonus.
+        attempted_depths: depths at which a draft token was tested.
+        tree_nodes: nodes of the scored tree (root included, padding excluded).
+    """
+
+    accepted_nodes: tuple[int, ...]
+    tokens: tuple[int, ...]
+    attempted_depths: int
+    tree_nodes: int
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+    @property
+    def bonus_token(self) -> int:
+        return self.tokens[-1]
+
+
+def step_supported(verifier: Verifier, rng: RandomSource) -> bool:
+    """Whether :func:`speculative_step` can run ``verifier`` with ``rng``: the
+    verifier declares its parallel rule (:attr:`Verifier.fused`) and the source
+    draws uniform tables (:meth:`RandomSource.uniforms`)."""
+    return type(verifier).__dict__.get("fused") is not None and type(rng).uniforms is not RandomSource.uniforms
+
+
+def speculative_step(
+    target: TargetModel,
+    draft: DraftModel | None,
+    builder: TreeBuilder,
+    verifier: Verifier,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    root_token: int,
+) -> tuple[StepOutcome, TreeBatch]:
+    """One speculative step (module docstring); returns the outcome and the scored tree.
+
+    Raises:
+        InvalidConfigError: the verifier has no parallel rule.
+        InvalidDistributionError: the target's logits at a visited node are NaN, +inf or all -inf.
+    """
+    rule = type(verifier).__dict__.get("fused")
+    if rule is None:
+        raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule (Verifier.fused)")
+    tree = builder.build_batch(root_token, draft, sampling, rng)  # type: ignore[arg-type]
+    with model_call():
+        logits = target.score_batch(tree)  # [B, n, V]
+    bad = row_is_bad(logits)  # [B, n]
+    p = process_logits(logits, sampling, check=False)  # [B, n, V]
+    u = rng.uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
+    decision = verify_tree_batch(rule, tree, p, u, bad)
+    D = tree.max_depth
+    row = torch.cat([decision.packed()[0], tree.num_nodes[:1]]).tolist()  # the step's one device-to-host read
+    num_accepted, _bonus, attempted, bad_visited, stop = row[:5]
+    if bad_visited:
+        raise InvalidDistributionError(
+            f"the target's logits at a node the verifier visited (the path ending at node {stop}) "
+            "contain NaN or +inf, or are all -inf: no token can be produced"
+        )
+    accepted = tuple(row[5 : 5 + num_accepted])
+    tokens = tuple(row[5 + D : 5 + D + num_accepted + 1])
+    return StepOutcome(accepted, tokens, attempted, row[-1]), tree

@@ -1,0 +1,153 @@
+"""Counting host syncs and ATen ops of a speculative step, by call site.
+
+On CUDA every host read of a tensor's value (``item``, ``tolist``, ``bool``,
+``float``, ``int``, ``index``) waits for the device; a tensor made from Python
+data with ``torch.tensor``/``torch.as_tensor`` is a host-to-device copy. These
+are counted at the Python level, so the counts are the same on a CPU as on a
+GPU, and tests can assert budgets on them. ATen ops are counted with a
+``TorchDispatchMode``. Work inside :func:`specdec.regions.model_call` (the
+networks' forwards) is counted apart.
+
+Example:
+    >>> import torch
+    >>> with StepCounter() as c:
+    ...     x = torch.ones(3).sum()
+    ...     _ = float(x)
+    >>> c.syncs, c.ops >= 2
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdec.regions import in_model_call
+
+__all__ = ["StepCounter"]
+
+_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")
+_HERE = __file__
+
+
+def _site() -> str:
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename == _HERE or "/torch/" in frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    name = frame.f_code.co_filename
+    short = name.split("/src/")[-1] if "/src/" in name else name.rsplit("/", 2)[-1]
+    return f"{short}:{frame.f_lineno}"
+
+
+class _OpMode(TorchDispatchMode):
+    def __init__(self, owner: "StepCounter") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        key = "model" if in_model_call() else "step"
+        self.owner.op_names[key][str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class StepCounter:
+    """Context manager counting host syncs and ATen ops (see the module docstring).
+
+    Attributes:
+        sync_sites: ``{"step"|"model": Counter(("read", site) or ("h2d", site))}``.
+        op_names: ``{"step"|"model": Counter(op name)}``.
+    """
+
+    def __init__(self, ops: bool = True) -> None:
+        self.count_ops = ops
+        self.sync_sites: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
+        self.op_names: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._mode: _OpMode | None = None
+        self._active = False
+
+    # ------------------------------------------------------------- results
+    @property
+    def syncs(self) -> int:
+        """Host syncs outside model forwards."""
+        return sum(self.sync_sites["step"].values())
+
+    @property
+    def model_syncs(self) -> int:
+        return sum(self.sync_sites["model"].values())
+
+    @property
+    def ops(self) -> int:
+        """ATen ops outside model forwards."""
+        return sum(self.op_names["step"].values())
+
+    @property
+    def model_ops(self) -> int:
+        return sum(self.op_names["model"].values())
+
+    def report(self, top: int = 15) -> str:
+        """The busiest sync sites, outside and inside model forwards."""
+        lines = [f"syncs outside models: {self.syncs}, inside: {self.model_syncs}; "
+                 f"ops outside: {self.ops}, inside: {self.model_ops}"]
+        for key in ("step", "model"):
+            for (kind, site), k in self.sync_sites[key].most_common(top):
+                lines.append(f"  {key:5s} {kind:4s} {k:6d}  {site}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------- patching
+    def _record(self, kind: str) -> None:
+        if self._active:
+            self._active = False  # a read made while recording (e.g. numpy -> item) counts once
+            try:
+                self.sync_sites["model" if in_model_call() else "step"][(kind, _site())] += 1
+            finally:
+                self._active = True
+
+    def _wrap_method(self, name: str) -> None:
+        original = getattr(torch.Tensor, name)
+        counter = self
+
+        def wrapper(self_tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            counter._record("read")
+            return original(self_tensor, *args, **kwargs)
+
+        self._saved.append((torch.Tensor, name, original))
+        setattr(torch.Tensor, name, wrapper)
+
+    def _wrap_factory(self, name: str) -> None:
+        original = getattr(torch, name)
+        counter = self
+
+        def wrapper(data: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(data, torch.Tensor):
+                counter._record("h2d")
+            return original(data, *args, **kwargs)
+
+        self._saved.append((torch, name, original))
+        setattr(torch, name, wrapper)
+
+    def __enter__(self) -> "StepCounter":
+        for name in _READS:
+            self._wrap_method(name)
+        for name in ("tensor", "as_tensor"):
+            self._wrap_factory(name)
+        if self.count_ops:
+            self._mode = _OpMode(self)
+            self._mode.__enter__()
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._active = False
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()

@@ -1,0 +1,194 @@
+"""Tensor verification of a tree batch: every node decided at once, no host read.
+
+The torch reference of a verification rule is its :class:`~specdec.verify.base.Verifier`
+(the walk from the root, one node at a time). Its :class:`FusedRule`
+(docs/verifiers.md, rules 2-5) also has this tensor form, which the step path
+runs: node ``i`` of tree ``b`` tests its children with its own uniforms
+``u[b, i, t]`` (the ``t``-th test at the node; ``u[b, i, tests]`` draws the
+bonus), so every node's decision depends only on its own row of ``p``, its
+children and ``q'``, and all nodes are decided in parallel; the accepted
+path is then followed from the root with ``max_depth`` gathers. With the same
+uniforms this gives what the walk gives (tested against it with a source
+that replays the table, ``tests/verify/test_verify_fast.py``), except when a
+uniform falls within float rounding of a threshold.
+
+The residual is never made dense: after rejections it differs from ``p``
+only on the support of ``q'`` (``L`` entries), and rule 2 only removes the
+tested tokens, so each rule runs on ``[B, n, L]`` and ``[B, n, C]`` tensors;
+the bonus row alone is rebuilt over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from specdec.tree import NodeKind
+from specdec.tree_batch import TreeBatch
+from specdec.verify.base import FusedRule
+
+__all__ = ["TreeDecision", "verify_tree_batch", "row_is_bad"]
+
+
+@attrs.frozen(eq=False)
+class TreeDecision:
+    """What verification decided, as device tensors (read with one copy).
+
+    Attributes:
+        accepted: ``[B, D]`` int64 accepted node slots, root's child first, ``-1`` padded.
+        num_accepted: ``[B]`` int64.
+        tokens: ``[B, D + 1]`` int64 emitted tokens (accepted tokens then the bonus, ``-1`` padded).
+        bonus: ``[B]`` int64 the bonus token.
+        attempted: ``[B]`` int64 depths at which a draft token was tested.
+        bad_visited: ``[B]`` bool: a visited row's logits were NaN, +inf or all -inf.
+        stop: ``[B]`` int64 the node where the bonus was drawn.
+    """
+
+    accepted: torch.Tensor
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
+    bonus: torch.Tensor
+    attempted: torch.Tensor
+    bad_visited: torch.Tensor
+    stop: torch.Tensor
+
+    def packed(self) -> torch.Tensor:
+        """``[B, 2D + 5]`` int64: ``num_accepted, bonus, attempted, bad, stop, accepted[D], tokens[D + 1]``,
+        the step's single device-to-host read."""
+        return torch.cat(
+            [
+                torch.stack([self.num_accepted, self.bonus, self.attempted, self.bad_visited.long(), self.stop], -1),
+                self.accepted,
+                self.tokens,
+            ],
+            dim=-1,
+        )
+
+
+def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
+    """``[...]`` bool per row of ``logits`` ``[..., V]``: NaN, +inf, or every entry -inf
+    (:func:`~specdec.sampling.process_logits` raises on these; here they are
+    flagged, and raise only where the verifier visits them)."""
+    return (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
+
+
+def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, n, C]`` child slots of every node in test order (``-1`` padded) and ``[B, n]`` sampled-children counts."""
+    B, n = tree.tokens.shape
+    C = tree.max_children
+    is_child = (tree.kinds == int(NodeKind.DETERMINISTIC)) | (tree.kinds == int(NodeKind.SAMPLED))  # [B, n]
+    sampled = tree.kinds == int(NodeKind.SAMPLED)
+    parent = tree.parents.clamp_min(0)
+    n_sampled = torch.zeros(B, n, dtype=torch.int64, device=tree.device).scatter_add_(1, parent, sampled.long())
+    # test order: sampled children by draw order first, then deterministic ones by rank
+    slot = torch.where(sampled, tree.draw_order, n_sampled.gather(1, parent) + tree.draw_order)  # [B, n]
+    flat = torch.where(is_child & (slot < C), parent * C + slot, n * C)  # [B, n]; n * C = a discard column
+    table = torch.full((B, n * C + 1), -1, dtype=torch.int64, device=tree.device)
+    table.scatter_(1, flat, torch.arange(n, device=tree.device).expand(B, n))
+    return table[:, : n * C].reshape(B, n, C), n_sampled
+
+
+def verify_tree_batch(
+    rule: FusedRule, tree: TreeBatch, p: torch.Tensor, u: torch.Tensor, bad_rows: torch.Tensor | None = None
+) -> TreeDecision:
+    """Verify every tree of ``tree`` by ``rule`` with the uniforms ``u``.
+
+    Args:
+        rule: the verifier's :class:`~specdec.verify.base.FusedRule`.
+        tree: ``B`` trees of ``n`` node slots.
+        p: ``[B, n, V]`` processed target probabilities (rows of padding slots are ignored).
+        u: ``[B, n, C + 1]`` float64 uniforms, ``C = tree.max_children``.
+        bad_rows: ``[B, n]`` bool rows whose logits were not a distribution (:func:`row_is_bad`).
+
+    Returns:
+        The :class:`TreeDecision`, on ``p``'s device.
+    """
+    B, n, V = p.shape
+    C, D = tree.max_children, tree.max_depth
+    dev = p.device
+    work = torch.float64
+    table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
+    has = table >= 0  # [B, n, C]
+    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    p_total = p.sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
+    P_child = p.gather(-1, child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
+    first = torch.full((B, n), C, dtype=torch.int64, device=dev)  # first accepted slot (C = none)
+    slots = torch.arange(C, device=dev)
+    n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
+    off = torch.ones(B, n, dtype=work, device=dev)  # residual mass outside the support of q'
+    ids = tree.law_ids  # [B, n, L]
+    r_s = torch.zeros(ids.shape, dtype=work, device=dev)  # residual on the support (unnormalised)
+    start = torch.zeros(B, n, dtype=torch.int64, device=dev)  # first matched slot
+    if rule.rejection and ids.shape[-1] > 0:
+        on = ids >= 0
+        r_s = torch.where(on, p.gather(-1, ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L]
+        off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)
+        q = tree.law_probs.to(work)  # [B, n, L] q' (updated by rule 4)
+        wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
+        S = min(C, ids.shape[-1])
+        for t in range(S):  # rules 3/4 on the t-th sampled child of every node at once
+            testing = (t < n_sampled) & (first == C)  # [B, n]
+            pos = (ids == child_tok[..., t : t + 1]).long().argmax(dim=-1, keepdim=True)  # [B, n, 1]
+            Z = (off + r_s.sum(dim=-1)).unsqueeze(-1)  # [B, n, 1]
+            ratio = (r_s.gather(-1, pos) / (Z * q.gather(-1, pos)).clamp_min(1e-300)).clamp(max=1.0).squeeze(-1)
+            accept = testing & (u[..., t] < ratio)
+            first = torch.where(accept, t, first)
+            rejected = (testing & ~accept).unsqueeze(-1)  # [B, n, 1]
+            r_s = torch.where(rejected, (r_s - Z * q).clamp_min(0.0), r_s)
+            q_wor = q.scatter(-1, pos, 0.0)
+            q_wor = q_wor / q_wor.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+            q = torch.where(rejected & wor.unsqueeze(-1), q_wor, q)
+        start = n_sampled
+    # rule 2 over the matched children (all of them for "match"; the deterministic ones after rule 5's rejections)
+    matched = has & (slots >= start.unsqueeze(-1)) & (rule.match_deterministic or not rule.rejection)  # [B, n, C]
+    if rule.rejection and ids.shape[-1] > 0:  # after rejections the residual differs from p on q's support
+        in_support = ids.unsqueeze(-2) == child_tok.unsqueeze(-1)  # [B, n, C, L]
+        r_child = torch.where(in_support.any(dim=-1), (in_support * r_s.unsqueeze(-2)).sum(dim=-1), P_child)
+    else:
+        r_child = P_child  # [B, n, C]
+    repeat = ((child_tok.unsqueeze(-1) == child_tok.unsqueeze(-2)) & matched.unsqueeze(-2)).tril(-1).any(dim=-1)
+    r_child = torch.where(matched & ~repeat, r_child, 0.0)
+    Z = off + r_s.sum(dim=-1, keepdim=True).squeeze(-1)  # [B, n]
+    before = torch.cumsum(r_child, dim=-1) - r_child
+    accept = matched & (u[..., :C] * (Z.unsqueeze(-1) - before) < r_child)  # u < P(x) on the current residual
+    match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, n]
+    first = torch.where(first < C, first, match_first)
+    child = torch.where(first < C, table.gather(-1, first.clamp(max=C - 1).unsqueeze(-1)).squeeze(-1), -1)  # [B, n]
+    # follow the accepted children from the root
+    node = torch.zeros(B, dtype=torch.int64, device=dev)
+    path = []
+    attempted = torch.zeros(B, dtype=torch.int64, device=dev)
+    bad = torch.zeros(B, dtype=torch.bool, device=dev) if bad_rows is None else bad_rows[:, 0].clone()
+    has_kids = has.any(dim=-1)  # [B, n]
+    for _ in range(D):
+        nxt = child.gather(1, node.unsqueeze(-1)).squeeze(-1)  # [B]
+        attempted = attempted + (has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1) & (nxt >= 0))
+        path.append(nxt)
+        node = torch.where(nxt >= 0, nxt, node)
+        if bad_rows is not None:
+            bad = bad | (bad_rows.gather(1, node.unsqueeze(-1)).squeeze(-1))
+    accepted = torch.stack(path, dim=-1) if path else torch.empty(B, 0, dtype=torch.int64, device=dev)  # [B, D]
+    num_accepted = (accepted >= 0).sum(dim=-1)
+    attempted = attempted + has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1)  # the stop node's failed tests
+    # the bonus: the stop node's final residual over the vocabulary, inverse CDF with the node's next uniform
+    rows = node.view(B, 1, 1)
+    P = (p.gather(1, rows.expand(B, 1, V)).squeeze(1).to(work) / p_total.gather(1, rows).squeeze(-1))  # [B, V]
+    stop_ids = ids.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)  # [B, L]
+    stop_rs = r_s.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)
+    if ids.shape[-1] > 0 and rule.rejection:
+        tested_rej = (n_sampled.gather(1, node.unsqueeze(-1)) > 0)  # [B, 1]
+        delta = torch.where((stop_ids >= 0) & tested_rej, stop_rs - P.gather(-1, stop_ids.clamp_min(0)), 0.0)
+        P = P.scatter_add(-1, stop_ids.clamp_min(0), delta)
+    stop_tok = child_tok.gather(1, rows.expand(B, 1, C)).squeeze(1)  # [B, C]
+    stop_matched = matched.gather(1, rows.expand(B, 1, C)).squeeze(1)
+    hit = torch.zeros(B, V, dtype=torch.int64, device=dev).scatter_add_(-1, stop_tok.clamp_min(0), stop_matched.long())
+    P = torch.where(hit > 0, 0.0, P.clamp_min(0.0))
+    cdf = torch.cumsum(P, dim=-1)  # [B, V]
+    u_bonus = u.gather(1, rows.expand(B, 1, C + 1)).squeeze(1).gather(-1, n_tested.gather(1, node.unsqueeze(-1)))  # [B, 1]
+    bonus = torch.searchsorted(cdf, u_bonus * cdf[:, -1:], right=True).squeeze(-1)
+    last_positive = torch.where(P > 0, torch.arange(V, device=dev), -1).amax(dim=-1)
+    bonus = torch.minimum(bonus, last_positive)
+    path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
+    tokens = torch.cat([path_tok, torch.full((B, 1), -1, dtype=torch.int64, device=dev)], dim=-1)
+    tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
+    return TreeDecision(accepted, num_accepted, tokens, bonus, attempted, bad, node)
