@@ -76,7 +76,8 @@ def speculative_step(
 
     Raises:
         InvalidConfigError: the verifier has no parallel rule.
-        InvalidDistributionError: the target's logits at a visited node are NaN, +inf or all -inf.
+        InvalidDistributionError: the target's logits at a visited node, or the
+            draft's at an expanded node, are NaN, +inf or all -inf.
     """
     rule = type(verifier).__dict__.get("fused")
     if rule is None:
@@ -89,8 +90,13 @@ def speculative_step(
     u = rng.uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
     decision = verify_tree_batch(rule, tree, p, u, bad)
     D = tree.max_depth
-    row = torch.cat([decision.packed()[0], tree.num_nodes[:1]]).tolist()  # the step's one device-to-host read
+    draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=p.device)
+    row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read
     num_accepted, _bonus, attempted, bad_visited, stop = row[:5]
+    if row[-1]:
+        raise InvalidDistributionError(
+            "the draft's logits contain NaN or +inf, or a row is all -inf, at a node the tree builder expanded"
+        )
     if bad_visited:
         raise InvalidDistributionError(
             f"the target's logits at a node the verifier visited (the path ending at node {stop}) "
@@ -98,4 +104,4 @@ def speculative_step(
         )
     accepted = tuple(row[5 : 5 + num_accepted])
     tokens = tuple(row[5 + D : 5 + D + num_accepted + 1])
-    return StepOutcome(accepted, tokens, attempted, row[-1]), tree
+    return StepOutcome(accepted, tokens, attempted, row[-2]), tree

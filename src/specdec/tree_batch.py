@@ -59,6 +59,8 @@ class TreeBatch:
         vocab_size: ``V``.
         max_children: most children one node can have (the verifiers' child-slot count).
         max_depth: bound on every tree's depth (the verifiers' walk length).
+        draft_bad: ``[B]`` bool, or None: a draft law met while building was
+            not a distribution (NaN / +inf / all -inf logits); the step raises on it.
     """
 
     tokens: torch.Tensor
@@ -75,6 +77,7 @@ class TreeBatch:
     vocab_size: int
     max_children: int
     max_depth: int
+    draft_bad: torch.Tensor | None = None
 
     host_view: ClassVar[str] = "tree"
 

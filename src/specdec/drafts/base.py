@@ -27,6 +27,10 @@ from specdec.sampling import SamplingConfig, process_logits
 __all__ = ["DraftModel"]
 
 
+def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(logits.amax(dim=-1))  # NaN and +inf propagate to the max; an all -inf row stays -inf
+
+
 class DraftModel(ABC):
     """Proposes next-token logits for a committed context and a growing draft tree.
 
@@ -79,20 +83,37 @@ class DraftModel(ABC):
 
     # ------------------------------------------------------- final: the law
     @final
-    def root_distribution(self, sampling: SamplingConfig) -> torch.Tensor:
-        """``[V]`` processed draft law ``q`` after the committed context."""
+    def root_distribution(self, sampling: SamplingConfig, *, check: bool = True) -> torch.Tensor:
+        """``[V]`` processed draft law ``q`` after the committed context.
+
+        With ``check=False`` (the step path) NaN / +inf / all -inf logits do
+        not raise here: the returned law carries NaN in such a row, which the
+        level-wise builders flag (:attr:`TreeBatch.draft_bad`) and the step
+        raises on with its single read.
+        """
         with model_call():
             logits = self.root_logits()
-        return process_logits(self._checked(logits, 1), sampling)
+        logits = self._checked(logits, 1)
+        q = process_logits(logits, sampling, check=check)
+        if not check:
+            q = torch.where(_bad_rows(logits), float("nan"), q)
+        return q
 
     @final
-    def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
-        """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
+    def expand(
+        self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig, *, check: bool = True
+    ) -> torch.Tensor:
+        """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes
+        (``check`` as in :meth:`root_distribution`)."""
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
         with model_call():
             logits = self.tree_logits(parents, tokens)
-        return process_logits(self._checked(logits, 2), sampling)
+        logits = self._checked(logits, 2)
+        q = process_logits(logits, sampling, check=check)
+        if not check:  # mark a bad row with NaN, so that it cannot pass as a law
+            q = torch.where(_bad_rows(logits).unsqueeze(-1), float("nan"), q)
+        return q
 
     def _checked(self, logits: torch.Tensor, dims: int) -> torch.Tensor:
         if logits.dim() != dims or logits.shape[-1] != self.vocab_size:

@@ -171,7 +171,9 @@ def grow_levelwise(
         A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
         node slots: the kept nodes in creation order, padding past ``num_nodes``.
     """
-    q = normalised_law(draft.root_distribution(sampling), on_device=True).unsqueeze(0)  # [1, V]
+    q = normalised_law(draft.root_distribution(sampling, check=False), on_device=True).unsqueeze(0)  # [1, V]
+    draft_bad = torch.isnan(q).any(dim=-1)  # [1] a draft row that is not a law (raised by the step's one read)
+    q = torch.nan_to_num(q, nan=0.0)
     dev = q.device
     vocab = q.shape[-1]
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)  # [1]
@@ -201,17 +203,21 @@ def grow_levelwise(
         beam_tok = lv_tok[beam]
         parent_draft = beam // C + rows_first_id  # [width] draft ids of the beam nodes' parents
         # an unused slot in the beam (fewer than B real nodes) is expanded with the root's token; its children score -inf
-        q = normalised_law(draft.expand(parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling), on_device=True)
+        q = normalised_law(
+            draft.expand(parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, check=False), on_device=True
+        )  # [width, V]
         parent_ci = beam + first_ci  # [width]
         parent_score = lv_score[beam]
         live = parent_score > float("-inf")
+        draft_bad = draft_bad | (torch.isnan(q).any(dim=-1) & live).any(dim=-1, keepdim=True)
+        q = torch.nan_to_num(q, nan=0.0)  # a bad row proposes nothing; the step raises on draft_bad
         expanded.append(parent_ci)
         first_ci += R * C
         rows_first_id, next_id = next_id, next_id + width
     return _assemble(
         torch.cat(tok), torch.cat(par), torch.cat(kind), torch.cat(weight), torch.cat(score), torch.cat(lvl),
         torch.cat(expanded), laws_ids, laws_probs, laws_wor, num_keep=num_keep, vocab=vocab,
-        children=children, depth=depth,
+        children=children, depth=depth, draft_bad=draft_bad,
     )
 
 
@@ -231,6 +237,7 @@ def _assemble(
     vocab: int,
     children: int,
     depth: int,
+    draft_bad: torch.Tensor,
 ) -> TreeBatch:
     """The global rerank and the layout of the kept nodes (all ``[T]`` inputs are over created nodes)."""
     T = tok.shape[0]
@@ -278,5 +285,5 @@ def _assemble(
         tokens=tokens[None], parents=parents[None], depths=depths[None], kinds=kinds[None],
         draw_order=draw_order[None], weights=weights[None], num_nodes=live.sum().reshape(1),
         law_ids=law_ids[None], law_probs=law_probs[None], law_wor=law_wor[None], ancestors=anc[None],
-        vocab_size=vocab, max_children=children, max_depth=depth,
+        vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad,
     )

@@ -69,7 +69,7 @@ def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
     """``[...]`` bool per row of ``logits`` ``[..., V]``: NaN, +inf, or every entry -inf
     (:func:`~specdec.sampling.process_logits` raises on these; here they are
     flagged, and raise only where the verifier visits them)."""
-    return (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
+    return ~torch.isfinite(logits.amax(dim=-1))  # one pass: NaN and +inf propagate to the max, all -inf stays -inf
 
 
 def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:

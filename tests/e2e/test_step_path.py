@@ -1,0 +1,83 @@
+"""The step path (specdec.step): dead rows, bad rows, and its host-sync budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec.errors import InvalidDistributionError
+from specdec.models import CallableLM
+from specdec.testing.counter import StepCounter
+
+V = 5
+DEAD = 4  # a token the target never emits; after it the target bans everything
+
+
+def grammar_target() -> CallableLM:
+    """A constrained target: token 4 is banned everywhere, and after a 4 every token is banned."""
+
+    def fn(prefixes):
+        rows = []
+        for p in prefixes:
+            if p[-1] == DEAD:
+                rows.append(torch.full((V,), float("-inf")))
+            else:
+                row = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0]).roll(p[-1] % 4))
+                row[DEAD] = float("-inf")
+                rows.append(row)
+        return torch.stack(rows)
+
+    return CallableLM(fn, vocab_size=V)
+
+
+uniform_draft = CallableLM(lambda prefixes: torch.zeros(len(prefixes), V), vocab_size=V)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "rheo", "sd", "specinfer"])
+def test_a_dead_row_the_verifier_never_visits_does_not_abort(method):
+    target = grammar_target()
+    plain = specdec.autoregressive_generate(target, [0, 1], 30, specdec.SamplingConfig(), seed=0)
+    assert DEAD not in plain.tokens
+    gen = specdec.SpeculativeGenerator(target=target, draft=uniform_draft, method=method, **(
+        {"K": 4, "depth": 3, "N": 12} if method in ("eagle2", "rheo") else {}))
+    out = gen.generate([0, 1], 30, specdec.SamplingConfig(), seed=0)
+    assert len(out.tokens) == 30 and DEAD not in out.tokens
+    assert out.stats.tree_nodes > out.stats.steps  # drafts (some of them 4s) were scored
+
+
+def test_a_bad_row_the_verifier_visits_raises():
+    nan_root = CallableLM(lambda prefixes: torch.full((len(prefixes), V), float("nan")), vocab_size=V)
+    gen = specdec.SpeculativeGenerator(target=nan_root, draft=uniform_draft, method="rheo", K=3, depth=2, N=4)
+    with pytest.raises(InvalidDistributionError, match="visited"):
+        gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
+
+
+def test_greedy_verifier_at_positive_temperature_raises_before_any_forward():
+    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, tree="eagle", verifier="greedy")
+    with pytest.raises(InvalidDistributionError, match="one-hot"):
+        gen.generate([0], 5, specdec.SamplingConfig(temperature=1.0), seed=0)
+
+
+def test_bad_draft_logits_raise_naming_the_draft():
+    nan_draft = CallableLM(lambda prefixes: torch.full((len(prefixes), V), float("nan")), vocab_size=V)
+    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=nan_draft, method="eagle2", K=3, depth=2, N=4)
+    with pytest.raises(InvalidDistributionError, match="draft"):
+        gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "rheo"])
+def test_host_syncs_per_step_outside_the_models(method):
+    """The step path reads the device once per step (the packed decision); the
+    rest of the count is CallableLM's own host bookkeeping in ``accept``, one
+    read per accepted token. The per-node path made hundreds."""
+    vocab = 1000
+    fixed = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    lm = CallableLM(lambda prefixes: fixed.expand(len(prefixes), vocab).clone(), vocab_size=vocab)
+    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, kernel="torch")
+    with StepCounter() as counter:
+        out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
+    steps, accepted = out.stats.steps, out.stats.accepted
+    step_reads = sum(k for (kind, site), k in counter.sync_sites["step"].items() if "specdec/step.py" in site)
+    assert step_reads == steps, counter.report()
+    assert counter.syncs <= steps + accepted + 2, counter.report()
