@@ -235,9 +235,11 @@ def _run(
         with torch.inference_mode():
             t0 = clock()
             if tensor_step:
-                result, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root)
-                t1 = t2 = t3 = clock()
-                num_nodes = result.tree_nodes
+                outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root)
+                result, num_nodes = outcome.result, outcome.tree_nodes
+                t1 = t0 + outcome.time_draft
+                t2 = t1 + outcome.time_target
+                t3 = t2 + outcome.time_verify
             else:
                 tree = builder.build(root, draft, sampling, rng)
                 t1 = clock()

@@ -15,7 +15,7 @@ import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 
-__all__ = ["SamplingConfig", "process_logits", "check_distribution", "construction_config"]
+__all__ = ["SamplingConfig", "process_logits", "check_distribution", "construction_config", "row_is_bad"]
 
 
 def _check_temperature(_inst: object, _attr: object, value: float) -> None:
@@ -117,6 +117,13 @@ def _check_logits(logits: torch.Tensor) -> None:
         raise InvalidDistributionError("a row of logits is entirely -inf: no token can be produced")
 
 
+def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
+    """``[...]`` bool per row of ``logits`` ``[..., V]``: NaN, +inf, or every entry -inf
+    (:func:`process_logits` raises on these; the step path flags them
+    instead, and raises only where a builder or the verifier uses the row)."""
+    return ~torch.isfinite(logits.amax(dim=-1))  # one pass: NaN and +inf propagate to the max, all -inf stays -inf
+
+
 def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool = True) -> torch.Tensor:
     """Turn raw logits into the processed next-token distribution.
 
@@ -130,7 +137,7 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool 
         config: the sampling configuration.
         check: raise on NaN / ``+inf`` / all ``-inf`` rows (host reads). The
             step path passes False and flags such rows itself
-            (:func:`specdec.verify.fast.row_is_bad`), raising only where the
+            (:func:`row_is_bad`), raising only where the
             verifier visits them.
 
     Returns:

@@ -14,6 +14,8 @@ Committing (KV caches, the draft's context) is the caller's bookkeeping.
 
 from __future__ import annotations
 
+import time
+
 import attrs
 import torch
 
@@ -21,12 +23,12 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.regions import model_call
 from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.targets.base import TargetModel
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.verify.base import Verifier
-from specdec.verify.fast import row_is_bad, verify_tree_batch
+from specdec.verify.base import Verifier, VerifyResult
+from specdec.verify.fast import verify_tree_batch
 
 __all__ = ["StepOutcome", "speculative_step", "step_supported"]
 
@@ -36,24 +38,19 @@ class StepOutcome:
     """What one step emitted (host values, from the step's single read).
 
     Attributes:
-        accepted_nodes: accepted node slots of the step's tree, root's child first.
-        tokens: emitted tokens: the accepted drafts, then the bonus.
-        attempted_depths: depths at which a draft token was tested.
+        result: the accepted path, the emitted tokens and per-depth bookkeeping.
         tree_nodes: nodes of the scored tree (root included, padding excluded).
+        time_draft, time_target, time_verify: seconds spent building the tree
+            (draft forwards included), in the target's forward, and processing
+            ``p`` + verifying + the read (``perf_counter``; on a CPU the ops run
+            synchronously, so the split is exact).
     """
 
-    accepted_nodes: tuple[int, ...]
-    tokens: tuple[int, ...]
-    attempted_depths: int
+    result: VerifyResult
     tree_nodes: int
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted_nodes)
-
-    @property
-    def bonus_token(self) -> int:
-        return self.tokens[-1]
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_verify: float = 0.0
 
 
 def step_supported(verifier: Verifier, rng: RandomSource) -> bool:
@@ -82,9 +79,12 @@ def speculative_step(
     rule = type(verifier).__dict__.get("fused")
     if rule is None:
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule (Verifier.fused)")
+    t0 = time.perf_counter()
     tree = builder.build_batch(root_token, draft, sampling, rng)  # type: ignore[arg-type]
+    t1 = time.perf_counter()
     with model_call():
         logits = target.score_batch(tree)  # [B, n, V]
+    t2 = time.perf_counter()
     bad = row_is_bad(logits)  # [B, n]
     p = process_logits(logits, sampling, check=False)  # [B, n, V]
     u = rng.uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
@@ -104,4 +104,5 @@ def speculative_step(
         )
     accepted = tuple(row[5 : 5 + num_accepted])
     tokens = tuple(row[5 + D : 5 + D + num_accepted + 1])
-    return StepOutcome(accepted, tokens, attempted, row[-2]), tree
+    t3 = time.perf_counter()
+    return StepOutcome(VerifyResult(accepted, tokens, attempted), row[-2], t1 - t0, t2 - t1, t3 - t2), tree

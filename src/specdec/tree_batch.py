@@ -26,8 +26,6 @@ Layout (``B`` trees, ``n`` node slots, ``L`` law slots):
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 import torch
 
@@ -61,6 +59,8 @@ class TreeBatch:
         max_depth: bound on every tree's depth (the verifiers' walk length).
         draft_bad: ``[B]`` bool, or None: a draft law met while building was
             not a distribution (NaN / +inf / all -inf logits); the step raises on it.
+        host_trees: the validated host trees a batch was stacked from
+            (:meth:`from_trees`), returned by :meth:`tree` instead of being rebuilt.
     """
 
     tokens: torch.Tensor
@@ -78,8 +78,7 @@ class TreeBatch:
     max_children: int
     max_depth: int
     draft_bad: torch.Tensor | None = None
-
-    host_view: ClassVar[str] = "tree"
+    host_trees: tuple[DraftTree, ...] | None = attrs.field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -98,6 +97,8 @@ class TreeBatch:
     # ------------------------------------------------------------ host view
     def tree(self, b: int = 0) -> DraftTree:
         """Tree ``b`` as a validated :class:`~specdec.tree.DraftTree` (host reads; not for the step path)."""
+        if self.host_trees is not None:
+            return self.host_trees[b]
         n = int(self.num_nodes[b])
         kinds = self.kinds[b, :n].cpu()
         parents = self.parents[b, :n].cpu()
@@ -160,7 +161,7 @@ class TreeBatch:
             trees: ``B >= 1`` trees over one vocabulary.
             device: where the tensors go.
             node_slots: ``n`` (default: the largest tree).
-            max_children, max_depth: bounds (default: the trees' own).
+            max_children, max_depth: bounds (default: the trees' own; at least one child slot).
         """
         if not trees:
             raise ValueError("from_trees needs at least one tree")
@@ -209,5 +210,6 @@ class TreeBatch:
             draw_order=order.to(dev), weights=weights.to(dev),
             num_nodes=torch.tensor([t.num_nodes for t in trees], dtype=torch.int64).to(dev),
             law_ids=law_ids.to(dev), law_probs=law_probs.to(dev), law_wor=law_wor.to(dev), ancestors=anc.to(dev),
-            vocab_size=vocab, max_children=max(children, max_children or 0), max_depth=max(deepest, max_depth or 0),
+            vocab_size=vocab, max_children=max(children, max_children or 0, 1), max_depth=max(deepest, max_depth or 0),
+            host_trees=tuple(trees),
         )

@@ -21,7 +21,8 @@ from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import EagleTreeBuilder
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
-from specdec.verify.fast import row_is_bad, verify_tree_batch
+from specdec.sampling import row_is_bad
+from specdec.verify.fast import verify_tree_batch
 
 
 class TableRandom(RandomSource):

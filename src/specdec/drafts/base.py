@@ -22,13 +22,10 @@ import torch
 
 from specdec.errors import VocabMismatchError
 from specdec.regions import model_call
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 
 __all__ = ["DraftModel"]
 
-
-def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
-    return ~torch.isfinite(logits.amax(dim=-1))  # NaN and +inf propagate to the max; an all -inf row stays -inf
 
 
 class DraftModel(ABC):
@@ -83,37 +80,42 @@ class DraftModel(ABC):
 
     # ------------------------------------------------------- final: the law
     @final
-    def root_distribution(self, sampling: SamplingConfig, *, check: bool = True) -> torch.Tensor:
-        """``[V]`` processed draft law ``q`` after the committed context.
-
-        With ``check=False`` (the step path) NaN / +inf / all -inf logits do
-        not raise here: the returned law carries NaN in such a row, which the
-        level-wise builders flag (:attr:`TreeBatch.draft_bad`) and the step
-        raises on with its single read.
-        """
+    def root_distribution(self, sampling: SamplingConfig) -> torch.Tensor:
+        """``[V]`` processed draft law ``q`` after the committed context."""
         with model_call():
             logits = self.root_logits()
-        logits = self._checked(logits, 1)
-        q = process_logits(logits, sampling, check=check)
-        if not check:
-            q = torch.where(_bad_rows(logits), float("nan"), q)
-        return q
+        return process_logits(self._checked(logits, 1), sampling)
 
     @final
-    def expand(
-        self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig, *, check: bool = True
-    ) -> torch.Tensor:
-        """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes
-        (``check`` as in :meth:`root_distribution`)."""
+    def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
+        """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
+        return process_logits(self._tree_logits_checked(parents, tokens), sampling)
+
+    @final
+    def root_distribution_flagged(self, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`root_distribution` for the step path: ``(q [V], bad [])``.
+        A row of NaN / +inf / all -inf logits does not raise here (no host
+        read); ``bad`` flags it and its ``q`` is not a law. The level-wise
+        builders carry the flag to the step's single read
+        (:attr:`~specdec.tree_batch.TreeBatch.draft_bad`), which raises."""
+        with model_call():
+            logits = self._checked(self.root_logits(), 1)
+        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+
+    @final
+    def expand_flagged(
+        self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`expand` for the step path: ``(q [k, V], bad [k])``, as :meth:`root_distribution_flagged`."""
+        logits = self._tree_logits_checked(parents, tokens)
+        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+
+    def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
         with model_call():
             logits = self.tree_logits(parents, tokens)
-        logits = self._checked(logits, 2)
-        q = process_logits(logits, sampling, check=check)
-        if not check:  # mark a bad row with NaN, so that it cannot pass as a law
-            q = torch.where(_bad_rows(logits).unsqueeze(-1), float("nan"), q)
-        return q
+        return self._checked(logits, 2)
 
     def _checked(self, logits: torch.Tensor, dims: int) -> torch.Tensor:
         if logits.dim() != dims or logits.shape[-1] != self.vocab_size:

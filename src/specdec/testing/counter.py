@@ -109,34 +109,25 @@ class StepCounter:
             finally:
                 self._active = True
 
-    def _wrap_method(self, name: str) -> None:
-        original = getattr(torch.Tensor, name)
+    def _patch(self, owner: Any, name: str, kind: str, counts: Any = None) -> None:
+        """Replace ``owner.name`` by a wrapper that records a ``kind`` event
+        (when ``counts(first_argument)`` holds, if given) and calls the original."""
+        original = getattr(owner, name)
         counter = self
 
-        def wrapper(self_tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            counter._record("read")
-            return original(self_tensor, *args, **kwargs)
+        def wrapper(first: Any, *args: Any, **kwargs: Any) -> Any:
+            if counts is None or counts(first):
+                counter._record(kind)
+            return original(first, *args, **kwargs)
 
-        self._saved.append((torch.Tensor, name, original))
-        setattr(torch.Tensor, name, wrapper)
-
-    def _wrap_factory(self, name: str) -> None:
-        original = getattr(torch, name)
-        counter = self
-
-        def wrapper(data: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(data, torch.Tensor):
-                counter._record("h2d")
-            return original(data, *args, **kwargs)
-
-        self._saved.append((torch, name, original))
-        setattr(torch, name, wrapper)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, wrapper)
 
     def __enter__(self) -> "StepCounter":
         for name in _READS:
-            self._wrap_method(name)
-        for name in ("tensor", "as_tensor"):
-            self._wrap_factory(name)
+            self._patch(torch.Tensor, name, "read")
+        for name in ("tensor", "as_tensor"):  # a tensor made from Python data: a host-to-device copy
+            self._patch(torch, name, "h2d", counts=lambda data: not isinstance(data, torch.Tensor))
         if self.count_ops:
             self._mode = _OpMode(self)
             self._mode.__enter__()

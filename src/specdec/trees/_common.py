@@ -23,6 +23,7 @@ __all__ = [
     "draw_rows",
     "log_weight",
     "normalised_law",
+    "residual_masses",
     "row_mass",
     "top_tokens",
     "top_tokens_fixed",
@@ -234,6 +235,19 @@ def row_mass(x: torch.Tensor) -> torch.Tensor:
     never change it and a row sums to the same bits alone or in a batch (on
     the CPU). The per-node and the tensor builders both use it."""
     return torch.cumsum(x, dim=-1)[..., -1]
+
+
+def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tensor:
+    """``[k]`` residual mass ``1 - q(S)`` of each row, computed as the sum of
+    ``q`` outside ``S`` (exactly 0 when ``S`` holds all of the row's support).
+
+    Args:
+        q: ``[k, V]`` float64 draft laws.
+        deterministic: ``[k, s]`` int64 token ids of each row's ``S``, ``-1`` padded.
+    """
+    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)
+    hit.scatter_add_(-1, deterministic.clamp_min(0), (deterministic >= 0).to(torch.int64))
+    return row_mass(q.masked_fill(hit > 0, 0.0))
 
 
 def log_weight(weight: float) -> float:

@@ -50,8 +50,7 @@ class TreeBuilder(ABC):
         :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
         level-wise builders grow it with tensor ops; the default stacks
         :meth:`build`'s tree (host work)."""
-        tree = self.build(root_token, draft, sampling, rng)
-        return TreeBatch.from_trees([tree], max_children=max(1, self.max_nodes - 1), max_depth=max(1, self.max_depth))
+        return TreeBatch.from_trees([self.build(root_token, draft, sampling, rng)])
 
     @abstractmethod
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:

@@ -37,7 +37,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import draw_rows, normalised_law, row_mass, top_tokens_fixed
+from specdec.trees._common import draw_rows, normalised_law, residual_masses, row_mass, top_tokens_fixed
 
 __all__ = ["LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
 
@@ -104,8 +104,6 @@ def rheo_level(
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
-    from specdec.trees.rheo import residual_masses
-
     residual = residual_masses(q, det_ids)  # [R]
     n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
     has_slot = (n_cand > 0) & (residual > 0) & (residual >= threshold)  # [R]
@@ -171,16 +169,20 @@ def grow_levelwise(
         A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
         node slots: the kept nodes in creation order, padding past ``num_nodes``.
     """
-    q = normalised_law(draft.root_distribution(sampling, check=False), on_device=True).unsqueeze(0)  # [1, V]
-    draft_bad = torch.isnan(q).any(dim=-1)  # [1] a draft row that is not a law (raised by the step's one read)
-    q = torch.nan_to_num(q, nan=0.0)
+    q, bad = draft.root_distribution_flagged(sampling)  # [V], []
+    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, V]; a bad row proposes nothing
+    draft_bad = bad.reshape(1)  # [1] raised by the step's one read
     dev = q.device
     vocab = q.shape[-1]
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)  # [1]
     # the created nodes, level by level (index 0 = the root); each list entry is one level, flat
-    tok, par, kind, weight, score, lvl = [root], [root.new_full((1,), -1)], [root.new_full((1,), int(NodeKind.ROOT))], \
-        [torch.ones(1, dtype=torch.float64, device=dev)], [torch.zeros(1, dtype=torch.float64, device=dev)], [root.new_zeros(1)]
-    laws_ids, laws_probs, laws_wor = [], [], []
+    tok = [root]
+    par = [root.new_full((1,), -1)]
+    kind = [root.new_full((1,), int(NodeKind.ROOT))]
+    weight = [torch.ones(1, dtype=torch.float64, device=dev)]
+    score = [torch.zeros(1, dtype=torch.float64, device=dev)]
+    lvl = [root.new_zeros(1)]
+    laws: list[LevelChildren] = []  # one per expansion, in expansion order
     expanded = [root.new_zeros(1)]  # creation indices of the expanded nodes, in expansion order
     parent_ci = root.new_zeros(1)  # [R] creation index of each expanded node
     parent_score = score[0]  # [R]
@@ -190,11 +192,14 @@ def grow_levelwise(
     for d in range(1, depth + 1):
         lv = level(q, rng, live)
         R, C = lv.tokens.shape
-        laws_ids.append(lv.law_ids), laws_probs.append(lv.law_probs), laws_wor.append(lv.law_wor)
+        laws.append(lv)
         lv_tok = lv.tokens.reshape(-1)  # [R * C]
         lv_score = (parent_score.unsqueeze(-1) + torch.log(lv.weights)).reshape(-1)  # [R * C]; unused: -inf
-        tok.append(lv_tok), kind.append(lv.kinds.reshape(-1)), weight.append(lv.weights.reshape(-1))
-        score.append(lv_score), lvl.append(torch.full_like(lv_tok, d))
+        tok.append(lv_tok)
+        kind.append(lv.kinds.reshape(-1))
+        weight.append(lv.weights.reshape(-1))
+        score.append(lv_score)
+        lvl.append(torch.full_like(lv_tok, d))
         par.append(parent_ci.repeat_interleave(C))
         if d == depth:
             break
@@ -203,20 +208,18 @@ def grow_levelwise(
         beam_tok = lv_tok[beam]
         parent_draft = beam // C + rows_first_id  # [width] draft ids of the beam nodes' parents
         # an unused slot in the beam (fewer than B real nodes) is expanded with the root's token; its children score -inf
-        q = normalised_law(
-            draft.expand(parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, check=False), on_device=True
-        )  # [width, V]
+        q, bad = draft.expand_flagged(parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling)  # [width, V]
+        q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))
         parent_ci = beam + first_ci  # [width]
         parent_score = lv_score[beam]
         live = parent_score > float("-inf")
-        draft_bad = draft_bad | (torch.isnan(q).any(dim=-1) & live).any(dim=-1, keepdim=True)
-        q = torch.nan_to_num(q, nan=0.0)  # a bad row proposes nothing; the step raises on draft_bad
+        draft_bad = draft_bad | (bad & live).any(dim=-1, keepdim=True)
         expanded.append(parent_ci)
         first_ci += R * C
         rows_first_id, next_id = next_id, next_id + width
     return _assemble(
         torch.cat(tok), torch.cat(par), torch.cat(kind), torch.cat(weight), torch.cat(score), torch.cat(lvl),
-        torch.cat(expanded), laws_ids, laws_probs, laws_wor, num_keep=num_keep, vocab=vocab,
+        torch.cat(expanded), laws, num_keep=num_keep, vocab=vocab,
         children=children, depth=depth, draft_bad=draft_bad,
     )
 
@@ -229,9 +232,7 @@ def _assemble(
     score: torch.Tensor,
     lvl: torch.Tensor,
     expanded: torch.Tensor,
-    laws_ids: list[torch.Tensor],
-    laws_probs: list[torch.Tensor],
-    laws_wor: list[torch.Tensor],
+    laws: list[LevelChildren],
     *,
     num_keep: int,
     vocab: int,
@@ -262,10 +263,10 @@ def _assemble(
     earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
     draw_order = (same & earlier & live.unsqueeze(0)).sum(dim=-1) * live  # [n]
     # laws: the expansion row of each kept node, kept where one of its sampled children survived
-    L = max(t.shape[-1] for t in laws_ids)
-    all_ids = torch.cat([torch.nn.functional.pad(t, (0, L - t.shape[-1]), value=-1) for t in laws_ids])  # [E, L]
-    all_probs = torch.cat([torch.nn.functional.pad(t, (0, L - t.shape[-1])) for t in laws_probs])
-    all_wor = torch.cat(laws_wor)  # [E]
+    L = max(lv.law_ids.shape[-1] for lv in laws)
+    all_ids = torch.cat([torch.nn.functional.pad(lv.law_ids, (0, L - lv.law_ids.shape[-1]), value=-1) for lv in laws])
+    all_probs = torch.cat([torch.nn.functional.pad(lv.law_probs, (0, L - lv.law_probs.shape[-1])) for lv in laws])
+    all_wor = torch.cat([lv.law_wor for lv in laws])  # [E]
     row_of = torch.full((T,), -1, dtype=torch.int64, device=dev).index_copy(
         0, expanded, torch.arange(expanded.shape[0], device=dev)
     )[slots]  # [n]

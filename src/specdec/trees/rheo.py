@@ -54,24 +54,11 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
-from specdec.trees._common import draw_rows, row_mass, top_tokens_tensors
+from specdec.trees._common import draw_rows, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
 from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
 
 __all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
-
-
-def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tensor:
-    """``[k]`` residual mass ``1 - q(S)`` of each row, computed as the sum of
-    ``q`` outside ``S`` (exactly 0 when ``S`` holds all of the row's support).
-
-    Args:
-        q: ``[k, V]`` float64 draft laws.
-        deterministic: ``[k, s]`` int64 token ids of each row's ``S``, ``-1`` padded.
-    """
-    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)
-    hit.scatter_add_(-1, deterministic.clamp_min(0), (deterministic >= 0).to(torch.int64))
-    return row_mass(q.masked_fill(hit > 0, 0.0))
 
 
 def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:

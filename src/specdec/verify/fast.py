@@ -27,7 +27,7 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "verify_tree_batch", "row_is_bad"]
+__all__ = ["TreeDecision", "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -65,13 +65,6 @@ class TreeDecision:
         )
 
 
-def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
-    """``[...]`` bool per row of ``logits`` ``[..., V]``: NaN, +inf, or every entry -inf
-    (:func:`~specdec.sampling.process_logits` raises on these; here they are
-    flagged, and raise only where the verifier visits them)."""
-    return ~torch.isfinite(logits.amax(dim=-1))  # one pass: NaN and +inf propagate to the max, all -inf stays -inf
-
-
 def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, n, C]`` child slots of every node in test order (``-1`` padded) and ``[B, n]`` sampled-children counts."""
     B, n = tree.tokens.shape
@@ -98,7 +91,8 @@ def verify_tree_batch(
         tree: ``B`` trees of ``n`` node slots.
         p: ``[B, n, V]`` processed target probabilities (rows of padding slots are ignored).
         u: ``[B, n, C + 1]`` float64 uniforms, ``C = tree.max_children``.
-        bad_rows: ``[B, n]`` bool rows whose logits were not a distribution (:func:`row_is_bad`).
+        bad_rows: ``[B, n]`` bool rows whose logits were not a distribution
+            (:func:`~specdec.sampling.row_is_bad`).
 
     Returns:
         The :class:`TreeDecision`, on ``p``'s device.
@@ -148,7 +142,7 @@ def verify_tree_batch(
         r_child = P_child  # [B, n, C]
     repeat = ((child_tok.unsqueeze(-1) == child_tok.unsqueeze(-2)) & matched.unsqueeze(-2)).tril(-1).any(dim=-1)
     r_child = torch.where(matched & ~repeat, r_child, 0.0)
-    Z = off + r_s.sum(dim=-1, keepdim=True).squeeze(-1)  # [B, n]
+    Z = off + r_s.sum(dim=-1)  # [B, n]
     before = torch.cumsum(r_child, dim=-1) - r_child
     accept = matched & (u[..., :C] * (Z.unsqueeze(-1) - before) < r_child)  # u < P(x) on the current residual
     match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, n]
