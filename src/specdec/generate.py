@@ -31,7 +31,7 @@ from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
-from specdec.step import speculative_step, step_supported
+from specdec.step import StepCompiler, speculative_step, step_supported
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -190,6 +190,7 @@ def _run(
     timings: dict[str, float],
     counters: dict[str, Any],
     kernel: str = "auto",
+    compiler: StepCompiler | None = None,
 ) -> Iterator[list[int]]:
     """The step loop; yields the tokens kept at each step."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
@@ -222,7 +223,7 @@ def _run(
     t0 = clock()
     with torch.inference_mode():
         target.prefill(prompt)
-        if draft is not None and getattr(draft, "needs_target_hidden", False):
+        if draft is not None and draft.needs_target_hidden:
             # feature-level drafts (EAGLE) start from the target's prompt features
             draft.begin(prompt, target_hidden=target.hidden_states())
         elif draft is not None:
@@ -235,7 +236,8 @@ def _run(
         with torch.inference_mode():
             t0 = clock()
             if tensor_step:
-                outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root)
+                outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
+                                              check_tree=counters["steps"] == 0)
                 result, num_nodes = outcome.result, outcome.tree_nodes
                 t1 = t0 + outcome.time_draft
                 t2 = t1 + outcome.time_target
@@ -320,12 +322,13 @@ def _generate(
     eos_token_id: int | Sequence[int] | None,
     callback: Callable[[list[int]], None] | None,
     kernel: str = "auto",
+    compiler: StepCompiler | None = None,
 ) -> GenerationOutput:
     timings, counters = _new_accounting()
     start = time.perf_counter()
     tokens: list[int] = []
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, timings, counters, kernel):
+                      eos_token_id, timings, counters, kernel, compiler):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -391,6 +394,12 @@ class SpeculativeGenerator:
             reference otherwise), ``"torch"`` or ``"triton"`` (an error where
             it cannot run); see ``docs/kernels.md``. The path taken is in
             ``GenerationStats.kernel_path``.
+        compile: ``True`` (the ``inductor`` backend) or a ``torch.compile``
+            backend name: run the step's verification and the level-wise
+            builders' level functions compiled as whole graphs
+            (:class:`~specdec.step.StepCompiler`). Default False. The law is the
+            same; Rheo's sampled slots then read the random stream in another
+            order, so seeded outputs differ from an uncompiled run.
         **method_options: tree builder parameters overriding the defaults.
 
     Example:
@@ -412,6 +421,7 @@ class SpeculativeGenerator:
         tree: str | None = None,
         verifier: str | None = None,
         kernel: str = "auto",
+        compile: bool | str = False,
         **method_options: Any,
     ) -> None:
         from specdec.methods import compose, resolve_method
@@ -420,10 +430,16 @@ class SpeculativeGenerator:
         if kernel not in KERNEL_CHOICES:
             raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
         self.kernel = kernel
+        if compile is True:
+            compile = "inductor"
+        if compile is not False and not (isinstance(compile, str) and compile):
+            raise InvalidConfigError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
+        # torch.compile(fullgraph=True) of the step's verification and level functions (docs/kernels.md)
+        self.compiler = StepCompiler(compile) if compile else None
 
         self.draft = _as_draft(draft)
         # a feature-level draft (EAGLE) needs the target to capture its layers
-        layers = tuple(getattr(self.draft, "target_layers", ())) if getattr(self.draft, "needs_target_hidden", False) else ()
+        layers = tuple(self.draft.target_layers) if self.draft is not None and self.draft.needs_target_hidden else ()
         self.target = _as_target(target, capture_layers=layers)
         if self.draft is None:
             raise InvalidConfigError("a draft model is required (use autoregressive_generate for plain decoding)")
@@ -465,7 +481,7 @@ class SpeculativeGenerator:
             callback: called with each step's new tokens as they are emitted.
         """
         return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel)
+                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel, self.compiler)
 
     def stream(
         self,
@@ -478,7 +494,7 @@ class SpeculativeGenerator:
         """Yield each step's new tokens as soon as they are verified."""
         timings, counters = _new_accounting()
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters, self.kernel)
+                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters, self.kernel, self.compiler)
 
 
 def autoregressive_generate(

@@ -14,7 +14,36 @@ from abc import ABC, abstractmethod
 
 import torch
 
-__all__ = ["RandomSource", "TorchRandom"]
+__all__ = ["RandomSource", "TorchRandom", "UniformTable", "inverse_cdf_rows"]
+
+
+def inverse_cdf_rows(probs: torch.Tensor, u: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """The column each uniform selects from its row, by inverse CDF, with no host read.
+
+    :meth:`TorchRandom.categorical`'s rule, row-wise: the first index whose
+    float64 cumulative sum exceeds ``u * total``, or the last positive index
+    if rounding runs past the end.
+
+    Args:
+        probs: ``[R, L]`` non-negative weights (need not be normalised).
+        u: ``[R]`` float64 uniforms in ``[0, 1)``.
+        active: ``[R]`` bool rows to draw for.
+
+    Returns:
+        ``[R]`` int64 columns, ``-1`` for inactive rows.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.25, 0.0, 0.75], [1.0, 0.0, 0.0]])
+        >>> inverse_cdf_rows(probs, torch.tensor([0.3, 0.9], dtype=torch.float64), torch.tensor([True, False])).tolist()
+        [2, -1]
+    """
+    cdf = torch.cumsum(probs.detach().to(torch.float64).clamp_min(0), dim=-1)  # [R, L]
+    x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
+    index = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # [R]
+    cols = torch.arange(probs.shape[-1], device=probs.device)
+    last_positive = torch.where(probs > 0, cols, -1).amax(dim=-1)  # [R]
+    return torch.where(active, torch.minimum(index, last_positive), -1)
 
 
 class RandomSource(ABC):
@@ -129,17 +158,39 @@ class TorchRandom(RandomSource):
         return u.to(device, non_blocking=True)
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        """Batched inverse-CDF draws, one uniform per row (inactive rows too), no host read.
+        """Batched inverse-CDF draws (:func:`inverse_cdf_rows`), one uniform per row (inactive rows too), no host read."""
+        return inverse_cdf_rows(probs, self.uniforms((probs.shape[0],), device=probs.device), active)
 
-        The same rule as :meth:`categorical` (first index whose float64
-        cumulative sum exceeds ``u * total``; the last positive index if
-        rounding runs past the end), row-wise.
-        """
-        cdf = torch.cumsum(probs.detach().to(torch.float64).clamp_min(0), dim=-1)  # [R, L]
-        u = torch.rand(probs.shape[0], generator=self.generator, device=self.generator.device, dtype=torch.float64)
-        x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
-        index = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # [R]
-        cols = torch.arange(probs.shape[-1], device=probs.device)
-        last_positive = torch.where(probs > 0, cols, -1).amax(dim=-1)  # [R]
-        index = torch.minimum(index, last_positive)
-        return torch.where(active, index, -1)
+
+class UniformTable(RandomSource):
+    """Batched draws from a table of uniforms drawn beforehand, one column per
+    :meth:`categorical_rows` call: the form of the tree builders' draws that
+    compiles into one graph (a ``torch.Generator`` cannot be traced), as
+    gpt-fast draws outside its compiled step.
+
+    Args:
+        u: ``[R, k]`` float64 uniforms; call ``j`` reads column ``j`` (its first ``R'`` rows).
+
+    Example:
+        >>> import torch
+        >>> table = UniformTable(torch.tensor([[0.3], [0.9]], dtype=torch.float64))
+        >>> table.categorical_rows(torch.tensor([[0.25, 0.75], [0.5, 0.5]]), torch.tensor([True, True])).tolist()
+        [1, 1]
+    """
+
+    def __init__(self, u: torch.Tensor) -> None:
+        self.u = u
+        self.column = 0
+
+    def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        if self.column >= self.u.shape[1]:
+            raise ValueError(f"UniformTable: all {self.u.shape[1]} columns used")
+        u = self.u[: probs.shape[0], self.column]
+        self.column += 1
+        return inverse_cdf_rows(probs, u, active)
+
+    def bernoulli(self, prob: float | torch.Tensor) -> bool:
+        raise NotImplementedError("UniformTable serves batched draws only (categorical_rows)")
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        raise NotImplementedError("UniformTable serves batched draws only (categorical_rows)")

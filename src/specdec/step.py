@@ -14,7 +14,11 @@ Committing (KV caches, the draft's context) is the caller's bookkeeping.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import attrs
 import torch
@@ -22,15 +26,35 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.regions import model_call
-from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig, process_logits, row_is_bad
+from specdec.rng import RandomSource, UniformTable
+from specdec.sampling import SamplingConfig, check_distribution, process_logits, row_is_bad
 from specdec.targets.base import TargetModel
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
+from specdec.trees.levelwise import CompiledLevelFn, LevelFn
 from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import verify_tree_batch
+from specdec.verify.fast import TreeDecision, decide_tree_batch
 
-__all__ = ["StepOutcome", "speculative_step", "step_supported"]
+__all__ = ["StepCompiler", "StepOutcome", "speculative_step", "step_supported", "validate_steps"]
+
+_VALIDATE = os.environ.get("SPECDEC_VALIDATE", "") not in ("", "0")
+
+
+@contextmanager
+def validate_steps(on: bool = True) -> Iterator[None]:
+    """Validate mode: within the block (or everywhere with ``SPECDEC_VALIDATE=1``)
+    every step checks its tree batch in full (:meth:`TreeBatch.validate`), that
+    the verifier supports it (:meth:`Verifier.check_tree`), and every row of
+    ``p`` (:func:`~specdec.sampling.check_distribution`), at the cost of host
+    reads. Outside it, the verifier's support is checked on the first step
+    of each generation only (every registered builder draws the same kinds
+    and modes at every step)."""
+    global _VALIDATE
+    before, _VALIDATE = _VALIDATE, on
+    try:
+        yield
+    finally:
+        _VALIDATE = before
 
 
 @attrs.frozen
@@ -53,6 +77,34 @@ class StepOutcome:
     time_verify: float = 0.0
 
 
+class StepCompiler:
+    """``torch.compile(fullgraph=True)`` of the step's two device parts: the
+    verification (:func:`~specdec.verify.fast.decide_tree_batch`) and each
+    level-wise builder's level function (its draws read from a uniform table
+    drawn before each level, :class:`~specdec.rng.UniformTable`). Used by
+    ``SpeculativeGenerator(..., compile=True)``.
+
+    Args:
+        backend: the ``torch.compile`` backend (``"inductor"`` by default;
+            ``"aot_eager"`` traces the same graphs without generating code).
+    """
+
+    def __init__(self, backend: str = "inductor") -> None:
+        self.backend = backend
+        self.decide = torch.compile(decide_tree_batch, fullgraph=True, backend=backend)
+        self._levels: dict[Any, CompiledLevelFn] = {}
+
+    def level(self, level: LevelFn, key: Any) -> CompiledLevelFn:
+        """The compiled ``fn(q, u, live)`` of ``level``, one per ``key`` (builder and sampling)."""
+        fn = self._levels.get(key)
+        if fn is None:
+            def with_table(q: torch.Tensor, u: torch.Tensor, live: torch.Tensor) -> Any:
+                return level(q, UniformTable(u), live)
+
+            fn = self._levels[key] = torch.compile(with_table, fullgraph=True, backend=self.backend)
+        return fn
+
+
 def step_supported(verifier: Verifier, rng: RandomSource) -> bool:
     """Whether :func:`speculative_step` can run ``verifier`` with ``rng``: the
     verifier declares its parallel rule (:attr:`Verifier.fused`) and the source
@@ -68,11 +120,22 @@ def speculative_step(
     sampling: SamplingConfig,
     rng: RandomSource,
     root_token: int,
+    compiler: StepCompiler | None = None,
+    *,
+    check_tree: bool = True,
 ) -> tuple[StepOutcome, TreeBatch]:
     """One speculative step (module docstring); returns the outcome and the scored tree.
 
+    With a :class:`StepCompiler`, the verification and the builder's level
+    function run compiled. ``check_tree`` checks that the verifier supports
+    the tree's children (kinds and sampling modes) before verifying it (host
+    reads; the generation loop asks for it on its first step, and on every
+    step in :func:`validate_steps` mode).
+
     Raises:
         InvalidConfigError: the verifier has no parallel rule.
+        UnsupportedTreeError: (``check_tree``) the verifier cannot verify the tree losslessly.
+        MalformedTreeError: (validate mode) the tree batch breaks an invariant.
         InvalidDistributionError: the target's logits at a visited node, or the
             draft's at an expanded node, are NaN, +inf or all -inf.
     """
@@ -80,15 +143,29 @@ def speculative_step(
     if rule is None:
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule (Verifier.fused)")
     t0 = time.perf_counter()
-    tree = builder.build_batch(root_token, draft, sampling, rng)  # type: ignore[arg-type]
+    tree = builder.build_batch(
+        root_token, draft, sampling, rng, compiler=None if compiler is None else compiler.level  # type: ignore[arg-type]
+    )
     t1 = time.perf_counter()
     with model_call():
         logits = target.score_batch(tree)  # [B, n, V]
     t2 = time.perf_counter()
+    if _VALIDATE:
+        tree.validate()
+    if _VALIDATE:
+        for b in range(tree.batch_size):
+            verifier.check_tree(tree.tree(b))
+    elif check_tree:
+        verifier.check_batch(tree)
     bad = row_is_bad(logits)  # [B, n]
     p = process_logits(logits, sampling, check=False)  # [B, n, V]
+    if _VALIDATE:  # every node's row that is not flagged bad (those raise only where visited)
+        for b in range(tree.batch_size):
+            n = int(tree.num_nodes[b])
+            check_distribution(p[b, :n][~bad[b, :n]], "p")
     u = rng.uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
-    decision = verify_tree_batch(rule, tree, p, u, bad)
+    decide = decide_tree_batch if compiler is None else compiler.decide
+    decision = TreeDecision(*decide(rule, tree, p, u, bad))
     D = tree.max_depth
     draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=p.device)
     row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read

@@ -157,3 +157,15 @@ def test_reference_layout_errors(target, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="rope"):
         load_reference_head(folder, target)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_heads_load_in_the_targets_dtype(target, version, tmp_path):
+    head = _head(target, version)
+    save_head(head, tmp_path / "ck")
+    embed = target.get_input_embeddings().weight.detach()
+    lm = target.get_output_embeddings().weight.detach()
+    for dtype in (torch.bfloat16, torch.float64):
+        back = load_head(tmp_path / "ck", (embed.to(dtype), lm.to(dtype)))
+        assert {p.dtype for p in back.parameters()} == {dtype}
+    assert {p.dtype for p in load_head(tmp_path / "ck", target, dtype=torch.float16).parameters()} == {torch.float16}

@@ -81,3 +81,32 @@ def test_host_syncs_per_step_outside_the_models(method):
     step_reads = sum(k for (kind, site), k in counter.sync_sites["step"].items() if "specdec/step.py" in site)
     assert step_reads == steps, counter.report()
     assert counter.syncs <= steps + accepted + 2, counter.report()
+
+
+def test_a_mode_the_verifier_cannot_verify_fails_on_the_first_step():
+    from specdec.errors import UnsupportedTreeError
+
+    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method=None, tree="static",
+                                       verifier="rejection-iid", expansion=(2, 1), mode="wor")
+    with pytest.raises(UnsupportedTreeError):
+        gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
+
+
+def test_validate_mode_catches_a_malformed_tree_batch():
+    import attrs
+
+    from specdec.errors import MalformedTreeError
+    from specdec.step import validate_steps
+    from specdec.trees.dynamic import EagleTreeBuilder
+
+    @attrs.frozen
+    class WrongDepths(EagleTreeBuilder):
+        def build_batch(self, *args, **kwargs):
+            tree = super().build_batch(*args, **kwargs)
+            return attrs.evolve(tree, depths=tree.depths * 0)
+
+    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method="eagle2", K=2, depth=2, N=3)
+    object.__setattr__(gen, "builder", WrongDepths(K=2, depth=2, N=3))
+    gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)  # the step path does not pay for the check
+    with validate_steps(), pytest.raises(MalformedTreeError, match="depths"):
+        gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)

@@ -117,14 +117,16 @@ def test_builder_hooks_overridden_fall_back_to_the_per_node_form():
     assert isinstance(batch, TreeBatch)
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_top_tokens_fixed_equals_top_tokens_tensors(seed):
+@pytest.mark.parametrize("vocab,counts", [(12, (1, 3, 5, 12, 20)), (300, (7, 64, 299))])
+@pytest.mark.parametrize("seed", range(10))
+def test_top_tokens_fixed_equals_top_tokens_tensors(seed, vocab, counts):
     g = torch.Generator().manual_seed(seed)
-    q = torch.rand(6, 12, generator=g, dtype=torch.float64)
-    q = (q * 4).round() / 4  # many exact ties
+    q = torch.rand(6, vocab, generator=g, dtype=torch.float64)
+    q = (q * 4).round() / 4  # many exact ties, more tied tokens than places at the cut
     q[0] = 0.0
     q[0, 3] = 1.0
-    for count in (1, 3, 5, 12, 20):
+    q[1] = 1.0 / vocab  # a flat row
+    for count in counts:
         ids, probs = top_tokens_fixed(q, count)
         for r, (ri, rp) in enumerate(top_tokens_tensors(q, count)):
             k = ri.numel()

@@ -121,3 +121,25 @@ def attrs_evolve_rule(rule):
 def test_bad_rows_are_flagged_only_where_visited():
     logits = torch.tensor([[0.0, 1.0], [float("nan"), 0.0], [float("-inf"), float("-inf")], [float("inf"), 0.0]])
     assert row_is_bad(logits).tolist() == [False, True, True, True]
+
+
+@pytest.mark.parametrize("verifier_name", ["greedy", "match", "mixed", "rejection-iid", "rejection-wor", "kseq"])
+def test_batch_support_check_agrees_with_the_host_check(verifier_name):
+    from specdec.errors import UnsupportedTreeError
+    from specdec.registry import list_registered
+
+    assert verifier_name in list_registered("verifier")
+    verifier = get("verifier", verifier_name)()
+    builders = [b for _, b, _ in CASES] + [RheoTreeBuilder(K=4, m=3, B=2, depth=2, N=8, M=7)]
+    for builder in builders:
+        draft = random_draft(6, 0)
+        draft.begin([0])
+        tree = builder.build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        outcomes = []
+        for check in (verifier.check_tree, verifier.check_batch):
+            try:
+                check(tree if check == verifier.check_tree else TreeBatch.from_trees([tree]))
+                outcomes.append(None)
+            except UnsupportedTreeError as e:
+                outcomes.append(type(e))
+        assert outcomes[0] == outcomes[1], (verifier_name, builder)

@@ -42,6 +42,15 @@ class DraftModel(ABC):
     """
 
     registry_name: ClassVar[str] = "?"
+    needs_target_hidden: ClassVar[bool] = False
+    """A feature-level draft (EAGLE) reads the target's hidden states: the
+    generator asks the target to capture :attr:`target_layers`, and passes
+    them to :meth:`begin` (``target_hidden=``) and :meth:`commit`."""
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """The target's ``hidden_states`` indices a feature-level draft needs (none by default)."""
+        return ()
 
     @property
     @abstractmethod

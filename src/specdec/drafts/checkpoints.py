@@ -145,14 +145,15 @@ def _load_into(head: EagleHead, sd: dict[str, torch.Tensor], source: str) -> Non
             v.copy_(sd[k].to(v.dtype))
 
 
-def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype = torch.float32,
+def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | None = None,
               device: Any = None) -> EagleHead:
     """Load a head saved by :func:`save_head`, wired to ``target``.
 
     Args:
         path: the checkpoint folder.
         target: the Hugging Face target model, or a tuple ``(embed [V, H], lm_head [V, H])``.
-        dtype: the head's compute dtype.
+        dtype: the head's compute dtype (default: the target embedding's, so a
+            bfloat16 target gets a bfloat16 head).
         device: where to put the head (default: the target embedding's device).
     """
     p = Path(path)
@@ -171,7 +172,10 @@ def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype = torc
     return head.eval()
 
 
-def _build(config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, dtype: torch.dtype, device: Any) -> EagleHead:
+def _build(
+    config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, dtype: torch.dtype | None, device: Any
+) -> EagleHead:
+    dtype = dtype or embed.dtype  # the target's dtype unless asked otherwise
     device = embed.device if device is None else device
     head = EagleHead(config, embed.to(device, dtype), lm_head.to(device, dtype) if config.version == 2 else None)
     return head.to(device=device, dtype=dtype)
@@ -213,7 +217,7 @@ def _guess_version(sd: dict[str, torch.Tensor], cfg: dict[str, Any]) -> int:
 
 
 def load_reference_head(path: str | os.PathLike, target: Any, *, version: int | None = None,
-                        target_num_layers: int | None = None, dtype: torch.dtype = torch.float32,
+                        target_num_layers: int | None = None, dtype: torch.dtype | None = None,
                         device: Any = None) -> EagleHead:
     """Load an EAGLE-2 or EAGLE-3 head saved in the reference layout (see module docs).
 
@@ -306,10 +310,11 @@ def export_draft_lm(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str,
     return {d.name: (d / "model.safetensors").stat().st_size}
 
 
-def load_draft_lm(path: str | os.PathLike, target: Any, *, dtype: torch.dtype = torch.float32) -> Any:
+def load_draft_lm(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | None = None) -> Any:
     """A draft LM stored by :func:`export_draft_lm`, completed with ``target``'s
     embedding (and LM head), as a ``transformers`` ``LlamaForCausalLM`` in eval
-    mode. ``model.save_pretrained(folder)`` then writes a normal HF model folder."""
+    mode, in ``dtype`` (default: the target embedding's). ``model.save_pretrained(folder)``
+    then writes a normal HF model folder."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     p = Path(path)
@@ -329,7 +334,7 @@ def load_draft_lm(path: str | os.PathLike, target: Any, *, dtype: torch.dtype = 
         raise CheckpointError(f"draft LM at {p}: missing {missing}, unexpected {unexpected}")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    return model.to(dtype).eval()
+    return model.to(dtype or embed.dtype).eval()
 
 
 def shipped_draft_lm_path() -> Path:

@@ -721,7 +721,7 @@ def target_embeddings(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return embed.detach(), head.weight.detach()
 
 
-def load_shipped(version: int, target_model: Any, *, dtype: torch.dtype = torch.float32) -> EagleDraft:
+def load_shipped(version: int, target_model: Any, *, dtype: torch.dtype | None = None) -> EagleDraft:
     """The EAGLE-``version`` head shipped with specdec for SmolLM2-135M-Instruct, as a draft.
 
     Args:
@@ -729,7 +729,7 @@ def load_shipped(version: int, target_model: Any, *, dtype: torch.dtype = torch.
         target_model: the Hugging Face SmolLM2-135M-Instruct model (e.g. from
             :func:`specdec.models.smollm2.load_smollm2`): the head shares its
             embedding / LM head, and ``feature_fn`` falls back on it.
-        dtype: compute dtype of the head (weights are stored in float16).
+        dtype: compute dtype of the head (default: the target's; weights are stored in float16).
     """
     from specdec.drafts.checkpoints import load_head, shipped_head_path
 

@@ -147,18 +147,25 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
         >>> ids.tolist(), probs.tolist()
         ([[1, 0, 2, -1]], [[0.5, 0.25, 0.25, 0.0]])
     """
-    c = min(count, q.shape[-1])
-    kth = torch.topk(q, c, dim=-1).values[:, -1:]  # [R, 1]: exact values; the order of ties is not trusted
-    above = q > kth  # [R, V]
-    room = c - above.sum(dim=-1, keepdim=True)  # [R, 1] places left for tokens tied at kth
-    tied = (q == kth) & (q > 0)  # [R, V]
-    chosen = above | (tied & (torch.cumsum(tied, dim=-1) <= room))  # lowest ids among the tied
-    key = torch.where(chosen & (q > 0), q, -1.0)  # [R, V]
-    values, ids = torch.topk(key, c, dim=-1)  # the chosen set, in no trusted order
-    ids, perm = torch.sort(ids, dim=-1)  # by id ...
-    values, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)  # ... then by -q
+    R, V = q.shape
+    c = min(count, V)
+    values, ids = torch.topk(q, c, dim=-1)  # [R, c]: exact values; which of the tokens tied at the cut, not trusted
+    kth = values[:, -1:]  # [R, 1]
+    above = values > kth  # [R, c]: every token above the cut is here
+    n_above = above.sum(dim=-1, keepdim=True)  # [R, 1]
+    # the tokens above the cut, by (-q, id): sort by id, then stably by -q
+    ids, perm = torch.sort(torch.where(above, ids, V), dim=-1)
+    values, order = torch.sort(torch.where(above, values, -1.0).gather(-1, perm), dim=-1, descending=True, stable=True)
     ids = ids.gather(-1, order)
-    valid = values > 0
+    # the places left go to the tokens equal to the cut with the smallest ids: a top-c over V - id
+    desc_id = torch.arange(V, 0, -1, device=q.device)  # [V]: V - id
+    tied_key = torch.topk(torch.where((q == kth) & (kth > 0), desc_id, 0), c, dim=-1).values  # [R, c] ids ascending
+    slot = torch.arange(c, device=q.device)
+    from_tied = slot >= n_above  # [R, c]
+    tied_at = tied_key.gather(-1, (slot - n_above).clamp_min(0))  # [R, c]
+    valid = torch.where(from_tied, tied_at > 0, True)
+    ids = torch.where(from_tied, V - tied_at, ids)
+    values = torch.where(from_tied, kth, values)
     return torch.where(valid, ids, -1), torch.where(valid, values, 0.0)
 
 

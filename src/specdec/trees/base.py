@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
@@ -45,11 +45,20 @@ class TreeBuilder(ABC):
     def max_depth(self) -> int:
         """Upper bound on the depth of a built tree."""
 
-    def build_batch(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+    def build_batch(
+        self,
+        root_token: int,
+        draft: DraftModel,
+        sampling: SamplingConfig,
+        rng: RandomSource,
+        *,
+        compiler: Any = None,
+    ) -> TreeBatch:
         """The step path's form of :meth:`build`: the tree as a one-tree
         :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
-        level-wise builders grow it with tensor ops; the default stacks
-        :meth:`build`'s tree (host work)."""
+        level-wise builders grow it with tensor ops (and compile their level
+        function with ``compiler``); the default stacks :meth:`build`'s tree
+        (host work) and ignores ``compiler``."""
         return TreeBatch.from_trees([self.build(root_token, draft, sampling, rng)])
 
     @abstractmethod

@@ -39,7 +39,7 @@ from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
 from specdec.trees._common import check_int, log_weight, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.levelwise import LevelFn, eagle_level, grow_levelwise
+from specdec.trees.levelwise import CompiledLevelFn, LevelFn, eagle_level, grow_levelwise
 
 __all__ = [
     "ChildProposal",
@@ -318,9 +318,25 @@ class DynamicTreeBuilder(TreeBuilder):
                 return None
         return self.level_fn(sampling)
 
-    def build_batch(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+    def draws_per_node(self, sampling: SamplingConfig) -> int:
+        """Batched draws the level function makes per expanded node under ``sampling``."""
+        return 0
+
+    def build_batch(
+        self,
+        root_token: int,
+        draft: DraftModel,
+        sampling: SamplingConfig,
+        rng: RandomSource,
+        *,
+        compiler: "Callable[[LevelFn, object], CompiledLevelFn] | None" = None,
+    ) -> TreeBatch:
         """The step path: grow the tree with tensor ops (:func:`~specdec.trees.levelwise.grow_levelwise`),
-        on the draft's device, with no host read; the same tree as :meth:`build_reference`."""
+        on the draft's device, with no host read; the same tree as :meth:`build_reference`.
+
+        ``compiler(level, key)`` (:meth:`specdec.step.StepCompiler.level`), if
+        given, compiles the level function; its draws then come from a uniform
+        table drawn per level (the same law, another use of the stream)."""
         config = construction_config(sampling)
         level = self._level_fn_if_exact(sampling)
         if level is None:
@@ -331,6 +347,8 @@ class DynamicTreeBuilder(TreeBuilder):
         return grow_levelwise(
             root_token, draft, config, rng, level,
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
+            draws_per_node=self.draws_per_node(sampling),
+            compiled_level=None if compiler is None else compiler(level, (self, sampling)),
         )
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:

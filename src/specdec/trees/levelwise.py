@@ -28,8 +28,8 @@ check that both give the identical tree for the same draws
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
-import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
@@ -39,13 +39,13 @@ from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees._common import draw_rows, normalised_law, residual_masses, row_mass, top_tokens_fixed
 
-__all__ = ["LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
+__all__ = ["CompiledLevelFn", "LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
 
 
-@attrs.frozen(eq=False)
-class LevelChildren:
+class LevelChildren(NamedTuple):
     """The children of ``R`` expanded nodes, ``C`` slots each, in creation order
     (sampled children first in draw order, then deterministic ones by rank).
+    A named tuple, so that a level function compiles as one graph.
 
     Attributes:
         tokens: ``[R, C]`` int64, ``-1`` for an unused slot.
@@ -65,6 +65,7 @@ class LevelChildren:
 
 
 LevelFn = Callable[[torch.Tensor, RandomSource, torch.Tensor], LevelChildren]
+CompiledLevelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LevelChildren]
 """``level(q, rng, live)``: the children of the nodes whose draft laws are ``q``
 ``[R, V]`` (float64); rows where ``live`` ``[R]`` is False are beam slots
 without a real node (a level with fewer than ``B`` nodes): they must not draw."""
@@ -151,6 +152,8 @@ def grow_levelwise(
     beam_width: int,
     depth: int,
     num_keep: int,
+    draws_per_node: int = 0,
+    compiled_level: CompiledLevelFn | None = None,
 ) -> TreeBatch:
     """Grow a dynamic tree level by level with tensor ops, then keep the best ``num_keep`` nodes.
 
@@ -164,6 +167,10 @@ def grow_levelwise(
         beam_width: ``B``, nodes of the newest level expanded per level.
         depth: number of levels (level 1 = the root's children).
         num_keep: ``N``, draft nodes kept (root excluded).
+        draws_per_node: batched draws ``level`` makes per row (RheoSampling: ``m``).
+        compiled_level: ``level`` compiled as ``fn(q, u, live)``, its draws read
+            from a ``[R, draws_per_node]`` table ``u`` drawn from ``rng`` before the
+            call (:class:`~specdec.rng.UniformTable`; see :class:`specdec.step.StepCompiler`).
 
     Returns:
         A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
@@ -190,7 +197,15 @@ def grow_levelwise(
     rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
     live = torch.ones(1, dtype=torch.bool, device=dev)  # [R] the expanded rows that are real nodes
     for d in range(1, depth + 1):
-        lv = level(q, rng, live)
+        if compiled_level is None:
+            lv = level(q, rng, live)
+        else:
+            u = (
+                rng.uniforms((q.shape[0], draws_per_node), device=q.device)
+                if draws_per_node
+                else torch.empty(q.shape[0], 0, dtype=torch.float64, device=q.device)
+            )  # [R, draws]
+            lv = compiled_level(q, u, live)
         R, C = lv.tokens.shape
         laws.append(lv)
         lv_tok = lv.tokens.reshape(-1)  # [R * C]

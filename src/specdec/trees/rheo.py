@@ -222,6 +222,9 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy, float(self.proxy_scale)
         )
 
+    def draws_per_node(self, sampling: SamplingConfig) -> int:
+        return 0 if sampling.greedy else self.m
+
     def level_fn(self, sampling: SamplingConfig) -> LevelFn:
         """The tensor form; EAGLE-2's at ``T = 0`` (as :meth:`proposer`)."""
         K, m, M, threshold, proxy, scale = self.K, self.m, self.M, float(self.threshold), self.proxy, float(self.proxy_scale)

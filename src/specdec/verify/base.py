@@ -23,7 +23,7 @@ node's bonus ends the step. Subclasses implement only the per-node rule.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import torch
@@ -32,6 +32,9 @@ from specdec.errors import InvalidDistributionError, UnsupportedTreeError, Vocab
 from specdec.rng import RandomSource
 from specdec.sampling import check_distribution
 from specdec.tree import DraftTree, NodeKind, SampleMode
+
+if TYPE_CHECKING:
+    from specdec.tree_batch import TreeBatch
 
 __all__ = ["FusedRule", "NodeOutcome", "VerifyResult", "Verifier"]
 
@@ -149,6 +152,38 @@ class Verifier(ABC):
                         f"{sorted(m.value for m in self.supported_modes)}"
                     )
         self.check_node_mix(tree)
+
+    def check_batch(self, tree: "TreeBatch") -> None:
+        """:meth:`check_tree` for every tree of a batch, from one host read of a
+        summary (the child kinds present; whether some node has several sampled
+        children drawn i.i.d. / without replacement). A verifier that overrides
+        :meth:`check_node_mix` is checked on the host trees instead."""
+        if type(self).check_node_mix is not Verifier.check_node_mix:
+            for b in range(tree.batch_size):
+                self.check_tree(tree.tree(b))
+            return
+        kinds = tree.kinds
+        sampled = kinds == int(NodeKind.SAMPLED)
+        per_parent = torch.zeros_like(kinds).scatter_add_(1, tree.parents.clamp_min(0), sampled.long())  # [B, n]
+        several = per_parent > 1
+        summary = torch.stack([
+            (kinds == int(NodeKind.DETERMINISTIC)).any(), sampled.any(),
+            (several & ~tree.law_wor).any(), (several & tree.law_wor).any(),
+        ]).tolist()
+        present = {k for k, hit in zip((NodeKind.DETERMINISTIC, NodeKind.SAMPLED), summary[:2]) if hit}
+        bad = present - set(self.supported_kinds)
+        if bad:
+            names = ", ".join(k.name.lower() for k in sorted(bad))
+            raise UnsupportedTreeError(
+                f"verifier {self.registry_name!r} cannot verify {names} children losslessly; "
+                f"it supports {sorted(k.name.lower() for k in self.supported_kinds)}"
+            )
+        for mode, hit in zip((SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT), summary[2:]):
+            if hit and mode not in self.supported_modes:
+                raise UnsupportedTreeError(
+                    f"verifier {self.registry_name!r} cannot verify several children drawn {mode.value!r}; "
+                    f"it supports modes {sorted(m.value for m in self.supported_modes)}"
+                )
 
     def check_node_mix(self, tree: DraftTree) -> None:
         """Hook for rules that restrict how kinds mix at one node (default: any mix)."""

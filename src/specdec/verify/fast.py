@@ -27,7 +27,7 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "verify_tree_batch"]
+__all__ = ["TreeDecision", "decide_tree_batch", "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -84,7 +84,17 @@ def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, tor
 def verify_tree_batch(
     rule: FusedRule, tree: TreeBatch, p: torch.Tensor, u: torch.Tensor, bad_rows: torch.Tensor | None = None
 ) -> TreeDecision:
-    """Verify every tree of ``tree`` by ``rule`` with the uniforms ``u``.
+    """Verify every tree of ``tree`` by ``rule`` with the uniforms ``u``
+    (:func:`decide_tree_batch`, wrapped in a :class:`TreeDecision`)."""
+    return TreeDecision(*decide_tree_batch(rule, tree, p, u, bad_rows))
+
+
+def decide_tree_batch(
+    rule: FusedRule, tree: TreeBatch, p: torch.Tensor, u: torch.Tensor, bad_rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    """The body of :func:`verify_tree_batch`: tensors in, the :class:`TreeDecision`
+    fields out, in order, with no host read and no Python object built, so that
+    it compiles as one graph (``torch.compile(..., fullgraph=True)``).
 
     Args:
         rule: the verifier's :class:`~specdec.verify.base.FusedRule`.
@@ -95,7 +105,7 @@ def verify_tree_batch(
             (:func:`~specdec.sampling.row_is_bad`).
 
     Returns:
-        The :class:`TreeDecision`, on ``p``'s device.
+        The :class:`TreeDecision` fields, on ``p``'s device.
     """
     B, n, V = p.shape
     C, D = tree.max_children, tree.max_depth
@@ -185,4 +195,4 @@ def verify_tree_batch(
     path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
     tokens = torch.cat([path_tok, torch.full((B, 1), -1, dtype=torch.int64, device=dev)], dim=-1)
     tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
-    return TreeDecision(accepted, num_accepted, tokens, bonus, attempted, bad, node)
+    return accepted, num_accepted, tokens, bonus, attempted, bad, node
