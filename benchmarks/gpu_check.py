@@ -36,7 +36,14 @@ nodes (``--vocab``, ``--sizes``):
    64-node tree at V=128256;
 3. KV compaction (SmolLM2-135M cache: 30 layers, 3 KV heads, head dim 64, 512
    committed positions + the tree, bfloat16): Triton vs the in-place torch
-   version vs the gather reference, correctness and time.
+   version vs the gather reference, correctness and time;
+4. the full step (``step_check``): a random-weight Llama of about 1B
+   parameters in bf16 (V=128256) with a random EAGLE-3 head, 60-node depth-6
+   trees, eagle3 and rheo, step path vs Triton path: time split, host syncs
+   (``StepCounter`` and ``torch.cuda.set_sync_debug_mode("warn")``), tau.
+   Smoke-tested on the CPU with ``--device cpu --skip correctness timing kv
+   --step-vocab 1000 --step-hidden 128 --step-layers 2 --step-tokens 8``; a
+   ``device_map`` target across GPUs is not in it (not supported yet).
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
 catches its own errors (recorded in the output, exit status 1 at the end) so
@@ -292,6 +299,76 @@ def kv_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["kv_compaction"] = rows
 
 
+# -------------------------------------------------------------- full step
+def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """The whole speculative step (issue 14, item 13) on a random-weight Llama
+    of about 1B parameters (``--step-*``; bf16 on CUDA) with a random EAGLE-3
+    head, 60-node depth-6 trees, T=1: eagle3 and rheo on the step path
+    (``kernel="torch"``) and on the per-step Triton path (``kernel="triton"``);
+    per step, the time split (CUDA events), host syncs counted by
+    ``StepCounter`` and under ``torch.cuda.set_sync_debug_mode("warn")``, and tau."""
+    import warnings
+
+    import transformers
+
+    import specdec
+    from specdec.drafts.eagle import EagleConfig, EagleHead, make_draft
+    from specdec.targets.hf import HFTarget
+    from specdec.testing.counter import StepCounter
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = transformers.LlamaConfig(
+        vocab_size=args.step_vocab, hidden_size=args.step_hidden, intermediate_size=args.step_hidden * 11 // 4,
+        num_hidden_layers=args.step_layers, num_attention_heads=max(1, args.step_hidden // 64),
+        num_key_value_heads=max(1, args.step_hidden // 256), max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(device, dtype).eval()
+    params = sum(p.numel() for p in model.parameters())
+    head_cfg = EagleConfig.for_target(cfg, 3)
+    head = EagleHead(head_cfg, model.get_input_embeddings().weight.detach()).to(device, dtype)
+    draft = make_draft(head)
+    target = HFTarget(model, capture_layers=head_cfg.target_layers)
+    prompt = list(range(1, 65))
+    rows = []
+    for method in ("eagle3", "rheo"):
+        for kernel in ("torch", "triton"):
+            row: dict[str, Any] = {"method": method, "kernel": kernel, "params": params}
+            try:
+                gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel)
+                sampling = specdec.SamplingConfig(temperature=1.0)
+                gen.generate(prompt, 8, sampling=sampling, seed=0)  # warm-up
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    if device.type == "cuda":
+                        torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        with StepCounter(ops=False) as counter:
+                            out = gen.generate(prompt, args.step_tokens, sampling=sampling, seed=1)
+                    finally:
+                        if device.type == "cuda":
+                            torch.cuda.set_sync_debug_mode("default")
+                st = out.stats
+                steps = max(st.steps, 1)
+                row.update(
+                    steps=st.steps, tau=st.tau, clock=st.clock, kernel_path=st.kernel_path,
+                    ms_draft=1000 * st.time_draft / steps, ms_target=1000 * st.time_target / steps,
+                    ms_verify=1000 * st.time_verify / steps, ms_total=1000 * st.time_total / steps,
+                    tokens_per_s=st.tokens_per_second,
+                    syncs_per_step_outside_models=counter.syncs / steps,
+                    syncs_per_step_inside_models=counter.model_syncs / steps,
+                    cuda_sync_warnings_per_step=sum("synchroniz" in str(w.message) for w in caught) / steps,
+                )
+            except Exception:
+                row["error"] = traceback.format_exc()[-1500:]
+            rows.append(row)
+            print(f"[step] {row}", flush=True)
+    report["step"] = rows
+
+
 # -------------------------------------------------------------------- output
 def to_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
@@ -328,6 +405,18 @@ def to_markdown(report: dict[str, Any]) -> str:
             else:
                 lines.append(f"| {r['tree_nodes']} | {r['equal']} | {r['triton_ms']:.3f} | {r['inplace_ms']:.3f} | "
                              f"{r['reference_ms']:.3f} |")
+    if report.get("step"):
+        lines += ["", "## Full step (random Llama, EAGLE-3 head, 60 nodes, T=1), per step", "",
+                  "| method | kernel | tau | draft ms | target ms | verify ms | total ms | syncs outside | "
+                  "syncs inside | CUDA sync warnings |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in report["step"]:
+            if "error" in r:
+                lines.append(f"| {r['method']} | {r['kernel']} | error: {r['error'][-80:]} |")
+                continue
+            lines.append(f"| {r['method']} | {r['kernel']} | {r['tau']:.2f} | {r['ms_draft']:.2f} | "
+                         f"{r['ms_target']:.2f} | {r['ms_verify']:.2f} | {r['ms_total']:.2f} | "
+                         f"{r['syncs_per_step_outside_models']:.1f} | {r['syncs_per_step_inside_models']:.1f} | "
+                         f"{r['cuda_sync_warnings_per_step']:.1f} |")
     if report.get("skipped_for_time"):
         lines += ["", "Skipped for time: " + "; ".join(report["skipped_for_time"])]
     return "\n".join(lines) + "\n"
@@ -344,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096], help="kernel blocks timed")
     parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv", "step"])
+    parser.add_argument("--step-vocab", type=int, default=128256)
+    parser.add_argument("--step-hidden", type=int, default=2048)
+    parser.add_argument("--step-layers", type=int, default=16, help="16 x 2048 with V=128256: about 1.1B parameters")
+    parser.add_argument("--step-tokens", type=int, default=64)
     args = parser.parse_args(argv)
     start = time.monotonic()
     out = Path(args.out)
@@ -355,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = "no CUDA device"
     sections = [("correctness", lambda: correctness(args, report)),
                 ("timing", lambda: timing(args, report, start + args.budget_s)),
-                ("kv", lambda: kv_check(args, report))]
+                ("kv", lambda: kv_check(args, report)),
+                ("step", lambda: step_check(args, report))]
     for name, run in sections:
         if name in args.skip or "error" in report:
             continue

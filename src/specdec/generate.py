@@ -65,6 +65,9 @@ class GenerationStats:
             (the reference: ``process_logits`` + ``Verifier.verify``),
             ``"triton"`` (the fused kernel, :mod:`specdec.kernels.verify_fused`)
             or ``"torch+triton"`` if steps differed.
+        clock: what measured the step path's time split: ``"perf_counter"``
+            (host clock) or ``"cuda_events"`` (a target on CUDA;
+            :data:`specdec.step.CLOCKS`).
     """
 
     steps: int
@@ -80,6 +83,7 @@ class GenerationStats:
     time_verify: float
     time_total: float
     kernel_path: str = "torch"
+    clock: str = "perf_counter"
 
     @property
     def target_forwards(self) -> int:
@@ -218,7 +222,10 @@ def _run(
     tensor_step = kernel != "triton" and step_supported(verifier, rng) and not (
         kernel == "auto" and triton_available() and _on_cuda(target)
     )
-    path_tokens_kw = "path_tokens" in inspect.signature(target.accept).parameters
+    path_tokens_kw = "device_path" in inspect.signature(target.accept).parameters
+    device_tokens_kw = draft is not None and "device_tokens" in inspect.signature(draft.commit).parameters
+    clock_kind = "cuda_events" if tensor_step and _on_cuda(target) else "perf_counter"
+    counters["clock"] = clock_kind
     clock = time.perf_counter
     t0 = clock()
     with torch.inference_mode():
@@ -237,7 +244,7 @@ def _run(
             t0 = clock()
             if tensor_step:
                 outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
-                                              check_tree=counters["steps"] == 0)
+                                              check_tree=counters["steps"] == 0, clock_kind=clock_kind)
                 result, num_nodes = outcome.result, outcome.tree_nodes
                 t1 = t0 + outcome.time_draft
                 t2 = t1 + outcome.time_target
@@ -279,17 +286,24 @@ def _run(
             return
         t0 = clock()
         with torch.inference_mode():
+            path = outcome.device_path if tensor_step else None  # [k] on the device
             if path_tokens_kw:
-                target.accept(result.accepted_nodes, result.bonus_token, path_tokens=result.tokens[:-1])
+                target.accept(result.accepted_nodes, result.bonus_token, path_tokens=result.tokens[:-1], device_path=path)
             else:
                 target.accept(result.accepted_nodes, result.bonus_token)
             if draft is not None:
                 hidden = target.hidden_states()
-                if hidden is not None:
+                if hidden is not None and path is not None:  # features at the root and the accepted nodes
+                    hidden = hidden.index_select(0, torch.cat([path.new_zeros(1), path]).to(hidden.device))
+                elif hidden is not None:
                     hidden = hidden[[0, *result.accepted_nodes]]
-                draft.commit(result.tokens, target_hidden=hidden)
+                if device_tokens_kw and tensor_step:
+                    draft.commit(result.tokens, target_hidden=hidden, device_tokens=outcome.device_tokens)
+                else:
+                    draft.commit(result.tokens, target_hidden=hidden)
         timings["draft"] += clock() - t0
-        root = result.bonus_token
+        # the next root: on the device for the tensor builders (no host-to-device copy), else the int
+        root = outcome.device_tokens[-1:] if tensor_step else result.bonus_token
 
 
 def _on_cuda(target: TargetModel) -> bool:
@@ -306,6 +320,7 @@ def _new_accounting() -> tuple[dict[str, float], dict[str, Any]]:
     counters: dict[str, Any] = {
         "steps": 0, "tree_nodes": 0, "emitted": 0, "accepted": 0,
         "depth_attempted": [], "depth_accepted": [], "stop_reason": "length", "kernel_path": "torch",
+        "clock": "perf_counter",
     }
     return timings, counters
 
@@ -338,7 +353,7 @@ def _generate(
         accepted=counters["accepted"], depth_attempted=tuple(counters["depth_attempted"]),
         depth_accepted=tuple(counters["depth_accepted"]), tree_nodes=counters["tree_nodes"],
         time_prefill=timings["prefill"], time_draft=timings["draft"], time_target=timings["target"],
-        time_verify=timings["verify"], time_total=total, kernel_path=counters["kernel_path"],
+        time_verify=timings["verify"], time_total=total, kernel_path=counters["kernel_path"], clock=counters["clock"],
     )
     return GenerationOutput(tokens=tokens, stats=stats, stop_reason=counters["stop_reason"])
 

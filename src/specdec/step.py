@@ -35,7 +35,7 @@ from specdec.trees.levelwise import CompiledLevelFn, LevelFn
 from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_tree_batch
 
-__all__ = ["StepCompiler", "StepOutcome", "speculative_step", "step_supported", "validate_steps"]
+__all__ = ["CLOCKS", "StepClock", "StepCompiler", "StepOutcome", "speculative_step", "step_supported", "validate_steps"]
 
 _VALIDATE = os.environ.get("SPECDEC_VALIDATE", "") not in ("", "0")
 
@@ -64,6 +64,10 @@ class StepOutcome:
     Attributes:
         result: the accepted path, the emitted tokens and per-depth bookkeeping.
         tree_nodes: nodes of the scored tree (root included, padding excluded).
+        device_path: ``[k]`` int64 the accepted node slots, on the device (for
+            KV compaction and feature selection without a host-to-device copy).
+        device_tokens: ``[k + 1]`` int64 the emitted tokens, on the device (the
+            last one is the next tree's root).
         time_draft, time_target, time_verify: seconds spent building the tree
             (draft forwards included), in the target's forward, and processing
             ``p`` + verifying + the read (``perf_counter``; on a CPU the ops run
@@ -75,6 +79,40 @@ class StepOutcome:
     time_draft: float = 0.0
     time_target: float = 0.0
     time_verify: float = 0.0
+    device_path: torch.Tensor | None = None
+    device_tokens: torch.Tensor | None = None
+
+
+CLOCKS = ("perf_counter", "cuda_events")
+"""How a step's time split is measured: host ``perf_counter`` (exact on a
+CPU, where ops run synchronously), or CUDA events on the current stream (on
+a GPU, where the host only enqueues work); read after the step's one
+device-to-host copy, which has waited for the events."""
+
+
+class StepClock:
+    """Marks the boundaries of a step's parts and returns the seconds between them (:data:`CLOCKS`)."""
+
+    def __init__(self, kind: str = "perf_counter") -> None:
+        if kind not in CLOCKS:
+            raise InvalidConfigError(f"clock must be one of {', '.join(CLOCKS)}, got {kind!r}")
+        self.kind = kind
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.kind == "cuda_events":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def splits(self) -> list[float]:
+        """Seconds between consecutive marks."""
+        pairs = zip(self.marks, self.marks[1:])
+        if self.kind == "cuda_events":
+            return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
+        return [b - a for a, b in pairs]
 
 
 class StepCompiler:
@@ -123,6 +161,7 @@ def speculative_step(
     compiler: StepCompiler | None = None,
     *,
     check_tree: bool = True,
+    clock_kind: str = "perf_counter",
 ) -> tuple[StepOutcome, TreeBatch]:
     """One speculative step (module docstring); returns the outcome and the scored tree.
 
@@ -130,7 +169,8 @@ def speculative_step(
     function run compiled. ``check_tree`` checks that the verifier supports
     the tree's children (kinds and sampling modes) before verifying it (host
     reads; the generation loop asks for it on its first step, and on every
-    step in :func:`validate_steps` mode).
+    step in :func:`validate_steps` mode). ``clock_kind`` (:data:`CLOCKS`)
+    times the build / score / verify split.
 
     Raises:
         InvalidConfigError: the verifier has no parallel rule.
@@ -142,14 +182,15 @@ def speculative_step(
     rule = type(verifier).__dict__.get("fused")
     if rule is None:
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule (Verifier.fused)")
-    t0 = time.perf_counter()
+    clock = StepClock(clock_kind)
+    clock.mark()
     tree = builder.build_batch(
         root_token, draft, sampling, rng, compiler=None if compiler is None else compiler.level  # type: ignore[arg-type]
     )
-    t1 = time.perf_counter()
+    clock.mark()
     with model_call():
         logits = target.score_batch(tree)  # [B, n, V]
-    t2 = time.perf_counter()
+    clock.mark()
     if _VALIDATE:
         tree.validate()
     if _VALIDATE:
@@ -181,5 +222,9 @@ def speculative_step(
         )
     accepted = tuple(row[5 : 5 + num_accepted])
     tokens = tuple(row[5 + D : 5 + D + num_accepted + 1])
-    t3 = time.perf_counter()
-    return StepOutcome(VerifyResult(accepted, tokens, attempted), row[-2], t1 - t0, t2 - t1, t3 - t2), tree
+    clock.mark()
+    k = num_accepted
+    return StepOutcome(
+        VerifyResult(accepted, tokens, attempted), row[-2], *clock.splits(),
+        device_path=decision.accepted[0, :k], device_tokens=decision.tokens[0, : k + 1],
+    ), tree

@@ -110,3 +110,12 @@ def test_validate_mode_catches_a_malformed_tree_batch():
     gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)  # the step path does not pay for the check
     with validate_steps(), pytest.raises(MalformedTreeError, match="depths"):
         gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)
+
+
+def test_the_time_split_is_measured_and_names_its_clock():
+    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method="rheo", K=3, depth=2, N=4)
+    out = gen.generate([0, 1], 6, specdec.SamplingConfig(), seed=0)
+    stats = out.stats
+    assert stats.clock == "perf_counter" and stats.as_dict()["clock"] == "perf_counter"
+    assert stats.time_draft > 0 and stats.time_target > 0 and stats.time_verify > 0
+    assert stats.time_draft + stats.time_target + stats.time_verify <= stats.time_total

@@ -540,9 +540,10 @@ class EagleDraft(DraftModel):
         cfg = self.head.config
         empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self._device, dtype=self._dtype)
         self._tk, self._tv = empty, empty.clone()
-        self._tree_h: list[torch.Tensor] = []  # outputs of nodes 1..n
-        self._depth: list[int] = [0]
-        self._anc: list[frozenset[int]] = [frozenset()]  # tree-node ancestors (ids >= 1), self included
+        self._tree_h = torch.zeros(0, cfg.hidden_size, device=self._device, dtype=self._dtype)  # [n, H] nodes 1..n
+        self._depth = torch.zeros(1, dtype=torch.long, device=self._device)  # [n + 1] depth of every node, root 0
+        # [n + 1, n + 1]: [i, j] iff tree node j >= 1 is i or an ancestor of i (the root's column stays False)
+        self._anc = torch.zeros(1, 1, dtype=torch.bool, device=self._device)
 
     @property
     def committed_pairs(self) -> int:
@@ -565,12 +566,15 @@ class EagleDraft(DraftModel):
             )
         return th[:n].reshape(n, -1).to(self._device, self._dtype)
 
-    def _append_pairs(self, feats: torch.Tensor, tokens: list[int]) -> None:
+    def _append_pairs(self, feats: torch.Tensor, tokens: list[int], device_tokens: torch.Tensor | None = None) -> None:
         n = len(tokens)
         p0 = self.committed_pairs
         if self.max_length is not None and p0 + n > self.max_length:
             raise SpecDecError(f"EAGLE draft context overflow: {p0 + n} > {self.max_length}")
-        tok = torch.tensor([tokens], dtype=torch.long, device=self._device)
+        if device_tokens is not None:  # the same tokens, already on a device: no host-to-device copy
+            tok = device_tokens.to(self._device, torch.long).reshape(1, n)
+        else:
+            tok = torch.tensor([tokens], dtype=torch.long, device=self._device)
         pos = torch.arange(p0, p0 + n, device=self._device)[None]
         mask = causal_mask(n, p0, self._dtype, self._device)
         h, k, v = self.head(feats[None], tok, pos, mask, past=(self._k, self._v), from_target=True)
@@ -609,52 +613,67 @@ class EagleDraft(DraftModel):
         with torch.inference_mode():
             return self.head.full_logits(self._last_h[None])[0]
 
-    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """One forward for ``k`` new tree nodes (a whole level).
+
+        Tensors (the level-wise builders' form) are used on the device as they
+        are, with no host read: their ids are not range-checked (an id out of
+        range fails in the indexing). Python sequences are checked first.
+        """
         if self._last_h is None:
             raise RuntimeError("tree_logits() before begin()")
-        parents = [int(p) for p in parents]
-        tokens = [int(t) for t in tokens]
         if len(parents) != len(tokens):
             raise ValueError(f"tree_logits: {len(parents)} parents but {len(tokens)} tokens")
         k = len(tokens)
         if k == 0:
             return torch.empty(0, self.vocab_size)
-        n_nodes = len(self._depth)
-        for p in parents:
-            if not 0 <= p < n_nodes:
-                raise ValueError(f"tree_logits: unknown parent node {p}")
-        for t in tokens:
-            if not 0 <= t < self.vocab_size:
-                raise ValueError(f"tree_logits: token {t} outside the vocabulary")
+        n_nodes = int(self._depth.shape[0])
+        if not isinstance(parents, torch.Tensor) or not isinstance(tokens, torch.Tensor):
+            parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
+            for p in parents:
+                if not 0 <= p < n_nodes:
+                    raise ValueError(f"tree_logits: unknown parent node {p}")
+            for t in tokens:
+                if not 0 <= t < self.vocab_size:
+                    raise ValueError(f"tree_logits: token {t} outside the vocabulary")
+        parent = torch.as_tensor(parents, dtype=torch.long).to(self._device)  # [k]
+        tok = torch.as_tensor(tokens, dtype=torch.long).to(self._device).reshape(1, k)  # [1, k]
         P, n_tree = self.committed_pairs, n_nodes - 1
         if self.max_length is not None and P + n_tree + k > self.max_length:
             raise SpecDecError(f"EAGLE draft context overflow: {P + n_tree + k} > {self.max_length}")
         with torch.inference_mode():
-            outs = [self._last_h] + self._tree_h
-            h_in = torch.stack([outs[p] for p in parents])[None]
-            tok = torch.tensor([tokens], dtype=torch.long, device=self._device)
-            depths = [self._depth[p] + 1 for p in parents]
+            outs = torch.cat([self._last_h[None], self._tree_h])  # [n_nodes, H] root first
+            h_in = outs.index_select(0, parent)[None]  # [1, k, H]
+            depths = self._depth.index_select(0, parent) + 1  # [k]
             # pair of the root sits at position P-1; a node at depth d at P-1+d
-            pos = torch.tensor([[P - 1 + d for d in depths]], device=self._device)
-            visible = torch.zeros(k, P + n_tree + k, dtype=torch.bool, device=self._device)
-            visible[:, :P] = True
-            new_anc = []
-            for i, p in enumerate(parents):
-                anc = self._anc[p] | {n_nodes + i}
-                new_anc.append(anc)
-                for a in self._anc[p]:
-                    visible[i, P + a - 1] = True
-                visible[i, P + n_tree + i] = True
+            pos = (depths + (P - 1))[None]  # [1, k]
+            anc = self._anc.index_select(0, parent)  # [k, n_nodes]: ancestors among the tree nodes (root column 0)
+            visible = torch.cat(
+                [
+                    torch.ones(k, P, dtype=torch.bool, device=self._device),
+                    anc[:, 1:],  # tree node a (>= 1) sits at column P + a - 1
+                    torch.eye(k, dtype=torch.bool, device=self._device),
+                ],
+                dim=1,
+            )  # [k, P + n_tree + k]
             mask = _additive(visible, self._dtype)[None, None]
             past = (torch.cat([self._k, self._tk], 2), torch.cat([self._v, self._tv], 2))
             h, kk, vv = self.head(h_in, tok, pos, mask, past=past, from_target=False)
             self._tk, self._tv = torch.cat([self._tk, kk], 2), torch.cat([self._tv, vv], 2)
-            self._tree_h.extend(h[0].unbind(0))
-            self._depth.extend(depths)
-            self._anc.extend(frozenset(a) for a in new_anc)
+            self._tree_h = torch.cat([self._tree_h, h[0]])
+            self._depth = torch.cat([self._depth, depths])
+            grown = torch.zeros(n_nodes + k, n_nodes + k, dtype=torch.bool, device=self._device)
+            grown[:n_nodes, :n_nodes] = self._anc
+            grown[n_nodes:, :n_nodes] = anc
+            grown[n_nodes:, n_nodes:] = torch.eye(k, dtype=torch.bool, device=self._device)
+            self._anc = grown
             return self.head.full_logits(h[0])
 
-    def commit(self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+    def commit(
+        self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None, device_tokens: torch.Tensor | None = None
+    ) -> None:
+        """As :meth:`DraftModel.commit`; ``device_tokens``, the same tokens as a
+        device tensor (the step path), saves their host-to-device copy."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("commit: no tokens")
@@ -666,7 +685,7 @@ class EagleDraft(DraftModel):
         self._drop_tree()
         with torch.inference_mode():
             feats = self._features(target_hidden, len(tokens), "commit")
-            self._append_pairs(feats, tokens)
+            self._append_pairs(feats, tokens, device_tokens)
 
 
 @register("draft", "eagle2")

@@ -83,7 +83,9 @@ def compact_kv_reference(cache_tensors: Sequence[torch.Tensor], keep_index: torc
     return out
 
 
-def compact_kv_inplace(cache_tensors: Sequence[torch.Tensor], keep_index: torch.Tensor) -> list[torch.Tensor]:
+def compact_kv_inplace(
+    cache_tensors: Sequence[torch.Tensor], keep_index: torch.Tensor, *, first_moved: int | None = None
+) -> list[torch.Tensor]:
     """:func:`compact_kv_reference`'s result, computed in place.
 
     Positions ``j`` with ``keep_index[j] == j`` (the committed prefix) stay
@@ -94,6 +96,9 @@ def compact_kv_inplace(cache_tensors: Sequence[torch.Tensor], keep_index: torch.
     Args:
         cache_tensors: as for :func:`compact_kv_reference`; **modified in place**.
         keep_index: ``[S']`` int64 positions, every entry in ``[0, S)``.
+        first_moved: the first ``i`` with ``keep_index[i] != i`` (``S'`` if
+            none), when the caller knows it; otherwise it is read from
+            ``keep_index`` (a device-to-host copy on CUDA).
 
     Returns:
         Views ``t[..., :S', :]`` of the input tensors (sharing their storage).
@@ -107,8 +112,11 @@ def compact_kv_inplace(cache_tensors: Sequence[torch.Tensor], keep_index: torch.
     if keep_index.dim() != 1 or keep_index.dtype != torch.int64:
         raise ValueError(f"keep_index must be a 1-D int64 tensor, got {keep_index.dtype} {tuple(keep_index.shape)}")
     n = keep_index.numel()
-    moved = torch.nonzero(keep_index.cpu() != torch.arange(n)).flatten()
-    start = int(moved[0]) if moved.numel() else n
+    if first_moved is None:
+        moved = torch.nonzero(keep_index.cpu() != torch.arange(n)).flatten()
+        start = int(moved[0]) if moved.numel() else n
+    else:
+        start = first_moved
     source = keep_index[start:]
     out = []
     for t in cache_tensors:

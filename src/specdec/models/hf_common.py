@@ -247,15 +247,25 @@ class KVCache:
             if hasattr(self.obj, "_seen_tokens"):
                 self.obj._seen_tokens = int(keys[0].shape[-2])
 
-    def compact(self, keep_index: torch.Tensor, compactor: KVCompactor = compact_kv_inplace) -> None:
-        """Keep only the positions ``keep_index`` (``[S']`` int64, ascending) in every layer."""
+    def compact(
+        self, keep_index: torch.Tensor, compactor: KVCompactor = compact_kv_inplace, first_moved: int | None = None
+    ) -> None:
+        """Keep only the positions ``keep_index`` (``[S']`` int64, ascending) in every layer.
+
+        ``first_moved``: the first entry with ``keep_index[i] != i``, when the
+        caller knows it; the in-place compactor then reads nothing back.
+        """
         tensors = self.tensors()
         if not tensors:
             if keep_index.numel():
                 raise ValueError("cannot keep positions of an empty cache")
             return
+        keep = keep_index.to(tensors[0].device)
         with torch.inference_mode():
-            self.set_tensors(compactor(tensors, keep_index.to(tensors[0].device)))
+            if compactor is compact_kv_inplace and first_moved is not None:
+                self.set_tensors(compact_kv_inplace(tensors, keep, first_moved=first_moved))
+            else:
+                self.set_tensors(compactor(tensors, keep))
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions."""

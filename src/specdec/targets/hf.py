@@ -300,13 +300,23 @@ from specdec.tree_batch import TreeBatch
         self._tree = tree
         return (logits if logits.dtype == torch.float64 else logits.float()).unsqueeze(0)
 
-    def accept(self, accepted_nodes: Sequence[int], bonus_token: int, path_tokens: Sequence[int] | None = None) -> None:
+    def accept(
+        self,
+        accepted_nodes: Sequence[int],
+        bonus_token: int,
+        path_tokens: Sequence[int] | None = None,
+        device_path: torch.Tensor | None = None,
+    ) -> None:
         """Compact the cache to past + root + ``accepted_nodes``; ``bonus_token`` becomes the next root.
 
         Args:
             accepted_nodes: the accepted path below the root, top-down
                 (node ids of the last scored tree; root excluded; may be empty).
             bonus_token: the token the verifier drew from the target.
+            path_tokens: the accepted nodes' tokens, when the caller has them
+                (the step path's read), so that none is read back.
+            device_path: the accepted nodes as a device tensor (the step path):
+                the compaction index is then built on the device.
 
         Raises:
             RuntimeError: no tree was scored since the last accept.
@@ -320,7 +330,13 @@ from specdec.tree_batch import TreeBatch
         past = len(self._committed) - 1
         if isinstance(tree, TreeBatch):  # the step path: the verifier's read gave the path and its tokens
             nodes = [int(a) for a in accepted_nodes]
-            self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
+            if device_path is not None:  # the keep index built on the device: no host-to-device copy
+                device = device_path.device
+                keep = torch.cat([torch.arange(past + 1, device=device), device_path + past])
+                moved = next((i for i, node in enumerate(nodes) if node != i + 1), len(nodes))
+                self._cache.compact(keep, self.kv_compactor, first_moved=past + 1 + moved)
+            else:
+                self._cache.compact(kv_keep_index(past, [0, *nodes]), self.kv_compactor)
             tokens = list(path_tokens) if path_tokens is not None else tree.tokens[0, nodes].tolist()
         else:
             nodes = _check_accepted_path(tree, accepted_nodes)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import torch
+
 from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
@@ -59,6 +61,8 @@ class TreeBuilder(ABC):
         level-wise builders grow it with tensor ops (and compile their level
         function with ``compiler``); the default stacks :meth:`build`'s tree
         (host work) and ignores ``compiler``."""
+        if isinstance(root_token, torch.Tensor):
+            root_token = int(root_token.reshape(-1)[0])
         return TreeBatch.from_trees([self.build(root_token, draft, sampling, rng)])
 
     @abstractmethod
