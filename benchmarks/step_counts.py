@@ -89,7 +89,9 @@ def load_real() -> tuple[Any, Any, list[int]]:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Explain why the sky is blue in two sentences."}], add_generation_prompt=True
     )
-    return target, draft, list(prompt)
+    if not isinstance(prompt, list):  # a BatchEncoding in recent transformers
+        prompt = prompt["input_ids"]
+    return target, draft, [int(t) for t in prompt]
 
 
 def stub_models(vocab: int, seed: int = 0) -> tuple[Any, float]:

@@ -47,7 +47,9 @@ from specdec.models.callable import CallableLM
 from specdec.registry import ROLES, get, list_registered
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
+from specdec.step import speculative_step
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
+from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
 __all__ = ["main", "build_parser", "DemoRow", "MethodRow", "run_demo", "run_method_demo", "demo_tree", "toy_models"]
@@ -278,6 +280,27 @@ def demo_tree(
 
 
 @attrs.frozen
+class DemoTreeBuilder(TreeBuilder):
+    """:func:`demo_tree` as a :class:`~specdec.trees.base.TreeBuilder`, so the
+    demo verifies its trees with the generation step (:func:`specdec.step.speculative_step`)."""
+
+    recipe: str
+    depth: int
+    width: int
+
+    @property
+    def max_nodes(self) -> int:
+        return sum(self.width**d for d in range(self.depth + 1))
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    def build(self, root_token: int, draft: Any, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        return demo_tree(root_token, draft, sampling, self.recipe, self.depth, self.width, rng)
+
+
+@attrs.frozen
 class DemoRow:
     """What the demo measured for one verifier.
 
@@ -352,13 +375,13 @@ def run_demo(
         counts = torch.zeros(vocab, dtype=torch.float64)
         emitted = accepted_first = 0
         start = time.perf_counter()
+        builder = DemoTreeBuilder(recipe, depth, width)
         try:
             for _ in range(trees):
                 draft.begin(prompt)
-                tree = demo_tree(prompt[-1], draft, sampling, recipe, depth, width, rng)
                 target.prefill(prompt)
-                p = process_logits(target.score_tree(tree), sampling)
-                result = verifier.verify(tree, p, rng)
+                outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, prompt[-1])
+                result = outcome.result
                 counts[result.tokens[0]] += 1
                 emitted += len(result.tokens)
                 accepted_first += result.num_accepted >= 1

@@ -1,13 +1,13 @@
 """The generation loop: draft a tree, score it with the target, verify, commit.
 
-One speculative *step*::
+One speculative *step* (:func:`specdec.step.speculative_step`)::
 
     root (last committed token)
-      -> builder.build(root, draft, sampling, rng)      # draft tree
-      -> target.score_tree(tree) -> logits [n, V]       # one target forward
-      -> p = process_logits(logits, sampling)           # the target law at every node
-      -> verifier.verify(tree, p, rng)                  # accepted path + bonus
-      -> target.accept(...), draft.commit(...)          # caches follow the accepted path
+      -> builder.build_batch(root, draft, sampling, rng)  # tree batch on the draft's device
+      -> target.score_batch(tree) -> logits [1, n, V]     # one target forward
+      -> p = process_logits(logits, sampling)             # the target law at every node
+      -> every node decided at once, one host read        # accepted path + bonus
+      -> commit_step: target.accept(...), draft.commit(...)  # caches follow the accepted path
 
 *tau* (mean accepted length) is the mean over steps of (accepted drafts + 1
 bonus), i.e. tokens emitted per target forward. Plain autoregressive decoding
@@ -17,7 +17,6 @@ methods share every line that touches the target's law.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
-from specdec.step import StepCompiler, speculative_step, step_supported
+from specdec.step import StepCompiler, StepOutcome, commit_step, speculative_step, step_supported
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -62,9 +61,9 @@ class GenerationStats:
             ``time_draft`` covers tree building (draft forwards included);
             ``time_verify`` covers processing the target logits and verification.
         kernel_path: how logits processing + verification ran: ``"torch"``
-            (the reference: ``process_logits`` + ``Verifier.verify``),
-            ``"triton"`` (the fused kernel, :mod:`specdec.kernels.verify_fused`)
-            or ``"torch+triton"`` if steps differed.
+            (the step path, :mod:`specdec.step`: the verifier's parallel rule
+            in torch, or its walk), ``"triton"`` (the fused kernel,
+            :mod:`specdec.kernels.verify_fused`) or ``"torch+triton"`` if steps differed.
         clock: what measured the step path's time split: ``"perf_counter"``
             (host clock) or ``"cuda_events"`` (a target on CUDA;
             :data:`specdec.step.CLOCKS`).
@@ -216,14 +215,12 @@ def _run(
             f"verifier {verifier.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
         )
     rng = TorchRandom.seeded(seed)
-    # logits -> p -> verify: the tensor step (specdec.step), or the fused Triton kernel on CUDA (specdec.kernels),
-    # or, for a verifier without a parallel rule, the per-node walk
+    # the step (specdec.step: the verifier's parallel rule, or its walk for a verifier without one),
+    # or, with kernel="triton" (or "auto" on CUDA with Triton), the fused Triton kernel (specdec.kernels)
     step_verifier = StepVerifier(verifier, sampling, seed, kernel)
-    tensor_step = kernel != "triton" and step_supported(verifier, rng) and not (
-        kernel == "auto" and triton_available() and _on_cuda(target)
+    tensor_step = kernel != "triton" and not (
+        kernel == "auto" and triton_available() and _on_cuda(target) and step_supported(verifier, rng)
     )
-    path_tokens_kw = "device_path" in inspect.signature(target.accept).parameters
-    device_tokens_kw = draft is not None and "device_tokens" in inspect.signature(draft.commit).parameters
     clock_kind = "cuda_events" if tensor_step and _on_cuda(target) else "perf_counter"
     counters["clock"] = clock_kind
     clock = time.perf_counter
@@ -286,24 +283,10 @@ def _run(
             return
         t0 = clock()
         with torch.inference_mode():
-            path = outcome.device_path if tensor_step else None  # [k] on the device
-            if path_tokens_kw:
-                target.accept(result.accepted_nodes, result.bonus_token, path_tokens=result.tokens[:-1], device_path=path)
-            else:
-                target.accept(result.accepted_nodes, result.bonus_token)
-            if draft is not None:
-                hidden = target.hidden_states()
-                if hidden is not None and path is not None:  # features at the root and the accepted nodes
-                    hidden = hidden.index_select(0, torch.cat([path.new_zeros(1), path]).to(hidden.device))
-                elif hidden is not None:
-                    hidden = hidden[[0, *result.accepted_nodes]]
-                if device_tokens_kw and tensor_step:
-                    draft.commit(result.tokens, target_hidden=hidden, device_tokens=outcome.device_tokens)
-                else:
-                    draft.commit(result.tokens, target_hidden=hidden)
+            commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
         timings["draft"] += clock() - t0
         # the next root: on the device for the tensor builders (no host-to-device copy), else the int
-        root = outcome.device_tokens[-1:] if tensor_step else result.bonus_token
+        root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
 
 
 def _on_cuda(target: TargetModel) -> bool:

@@ -9,11 +9,14 @@ node at once (:func:`specdec.verify.fast.verify_tree_batch`), and one small
 device-to-host copy reads the accepted path and the bonus. NaN / +inf / all
 -inf logits are flagged per row and raise only when the verifier visits the
 row, so a dead row the verifier never reaches does not stop generation.
-Committing (KV caches, the draft's context) is the caller's bookkeeping.
+Committing (KV caches, the draft's context) is :func:`commit_step`, which
+the caller runs after taking the emitted tokens.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 from collections.abc import Iterator
@@ -35,7 +38,16 @@ from specdec.trees.levelwise import CompiledLevelFn, LevelFn
 from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_tree_batch
 
-__all__ = ["CLOCKS", "StepClock", "StepCompiler", "StepOutcome", "speculative_step", "step_supported", "validate_steps"]
+__all__ = [
+    "CLOCKS",
+    "StepClock",
+    "StepCompiler",
+    "StepOutcome",
+    "commit_step",
+    "speculative_step",
+    "step_supported",
+    "validate_steps",
+]
 
 _VALIDATE = os.environ.get("SPECDEC_VALIDATE", "") not in ("", "0")
 
@@ -172,16 +184,17 @@ def speculative_step(
     step in :func:`validate_steps` mode). ``clock_kind`` (:data:`CLOCKS`)
     times the build / score / verify split.
 
+    A verifier without a parallel rule (or a source that draws no uniform
+    tables, :func:`step_supported`) is run by its walk on the tree's host view
+    (host reads; the rows of ``p`` are checked where the walk visits them).
+
     Raises:
-        InvalidConfigError: the verifier has no parallel rule.
         UnsupportedTreeError: (``check_tree``) the verifier cannot verify the tree losslessly.
         MalformedTreeError: (validate mode) the tree batch breaks an invariant.
         InvalidDistributionError: the target's logits at a visited node, or the
             draft's at an expanded node, are NaN, +inf or all -inf.
     """
-    rule = type(verifier).__dict__.get("fused")
-    if rule is None:
-        raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule (Verifier.fused)")
+    rule = type(verifier).__dict__.get("fused") if step_supported(verifier, rng) else None
     clock = StepClock(clock_kind)
     clock.mark()
     tree = builder.build_batch(
@@ -198,6 +211,14 @@ def speculative_step(
             verifier.check_tree(tree.tree(b))
     elif check_tree:
         verifier.check_batch(tree)
+    if rule is None:  # the verifier's walk, on the host view
+        if tree.batch_size != 1:
+            raise NotImplementedError("the walk of a verifier without a parallel rule verifies one tree at a time")
+        host = tree.tree(0)
+        p_host = process_logits(logits[0, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
+        result = verifier.verify(host, p_host, rng)
+        clock.mark()
+        return StepOutcome(result, host.num_nodes, *clock.splits()), tree
     bad = row_is_bad(logits)  # [B, n]
     p = process_logits(logits, sampling, check=False)  # [B, n, V]
     if _VALIDATE:  # every node's row that is not flagged bad (those raise only where visited)
@@ -228,3 +249,33 @@ def speculative_step(
         VerifyResult(accepted, tokens, attempted), row[-2], *clock.splits(),
         device_path=decision.accepted[0, :k], device_tokens=decision.tokens[0, : k + 1],
     ), tree
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(function: Any, name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+def commit_step(target: TargetModel, draft: DraftModel | None, outcome: StepOutcome) -> None:
+    """The caller's bookkeeping after a step: the target keeps the root and the
+    accepted path in its KV cache, the draft appends the emitted tokens (with
+    the target's features at the root and the accepted nodes, for feature
+    drafts). The outcome's device path and tokens go to the models that take
+    them (``HFTarget.accept(device_path=)``, ``EagleDraft.commit(device_tokens=)``),
+    so that nothing is copied back and forth."""
+    result, path = outcome.result, outcome.device_path
+    if path is not None and _takes(type(target).accept, "device_path"):
+        target.accept(result.accepted_nodes, result.bonus_token, path_tokens=result.tokens[:-1], device_path=path)
+    else:
+        target.accept(result.accepted_nodes, result.bonus_token)
+    if draft is None:
+        return
+    hidden = target.hidden_states()
+    if hidden is not None and path is not None:  # features at the root and the accepted nodes
+        hidden = hidden.index_select(0, torch.cat([path.new_zeros(1), path]).to(hidden.device))
+    elif hidden is not None:
+        hidden = hidden[[0, *result.accepted_nodes]]
+    if outcome.device_tokens is not None and _takes(type(draft).commit, "device_tokens"):
+        draft.commit(result.tokens, target_hidden=hidden, device_tokens=outcome.device_tokens)
+    else:
+        draft.commit(result.tokens, target_hidden=hidden)

@@ -59,6 +59,8 @@ class TreeBatch:
         max_depth: bound on every tree's depth (the verifiers' walk length).
         draft_bad: ``[B]`` bool, or None: a draft law met while building was
             not a distribution (NaN / +inf / all -inf logits); the step raises on it.
+        max_sampled: most sampled children one node can have (the rejection
+            rules' loop length); None = :attr:`max_children`.
         host_trees: the validated host trees a batch was stacked from
             (:meth:`from_trees`), returned by :meth:`tree` instead of being rebuilt.
     """
@@ -78,6 +80,7 @@ class TreeBatch:
     max_children: int
     max_depth: int
     draft_bad: torch.Tensor | None = None
+    max_sampled: int | None = None
     host_trees: tuple[DraftTree, ...] | None = attrs.field(default=None, repr=False)
 
     @property
@@ -139,6 +142,10 @@ class TreeBatch:
                 raise MalformedTreeError(f"tree {b}: depths disagree with parents")
             if not torch.equal(self.ancestors[b, :n, :n].cpu(), tree.ancestor_mask()):
                 raise MalformedTreeError(f"tree {b}: ancestor mask disagrees with parents")
+            if self.max_sampled is not None and any(
+                len(tree.sampled_children(i)) > self.max_sampled for i in range(n)
+            ):
+                raise MalformedTreeError(f"tree {b}: more sampled children than max_sampled={self.max_sampled}")
             if bool((self.depths[b, :n] > self.max_depth).any()):
                 raise MalformedTreeError(f"tree {b}: deeper than max_depth={self.max_depth}")
             if n < self.node_slots and bool((self.kinds[b, n:] != PAD).any()):
@@ -180,7 +187,7 @@ class TreeBatch:
         law_probs = torch.zeros(B, n, L, dtype=torch.float64)
         law_wor = torch.zeros(B, n, dtype=torch.bool)
         anc = torch.zeros(B, n, n, dtype=torch.bool)
-        children = 0
+        children = sampled = 0
         for b, t in enumerate(trees):
             if t.vocab_size != vocab:
                 raise ValueError("from_trees: the trees have different vocabularies")
@@ -197,6 +204,7 @@ class TreeBatch:
             anc[b, k:, k:] = torch.eye(n - k, dtype=torch.bool)
             for node in range(k):
                 children = max(children, len(t.children(node)))
+                sampled = max(sampled, len(t.sampled_children(node)))
                 law = t.sampled_law_at(node)
                 if law is not None:
                     w = len(law.indices)
@@ -211,5 +219,5 @@ class TreeBatch:
             num_nodes=torch.tensor([t.num_nodes for t in trees], dtype=torch.int64).to(dev),
             law_ids=law_ids.to(dev), law_probs=law_probs.to(dev), law_wor=law_wor.to(dev), ancestors=anc.to(dev),
             vocab_size=vocab, max_children=max(children, max_children or 0, 1), max_depth=max(deepest, max_depth or 0),
-            host_trees=tuple(trees),
+            max_sampled=sampled, host_trees=tuple(trees),
         )

@@ -50,10 +50,12 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError
 from specdec.registry import get
 from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig, construction_config, process_logits
+from specdec.sampling import SamplingConfig
+from specdec.step import commit_step, speculative_step
 from specdec.targets.base import TargetModel
-from specdec.tree import SampleMode, TreeAssembler
-from specdec.trees._common import top_tokens
+from specdec.tree import SampleMode
+from specdec.trees.base import TreeBuilder
+from specdec.trees.dynamic import EagleTreeBuilder
 
 __all__ = [
     "Budget",
@@ -399,7 +401,12 @@ def profile_positional_acceptance(
     if not prompts:
         raise InvalidConfigError("profiling needs at least one prompt")
     verifier = get("verifier", "match" if children == "topk" else "rejection-wor")()
-    wor = StaticTreeBuilder(expansion=tuple((i,) for i in range(k_max)), mode=SampleMode.WITHOUT_REPLACEMENT)
+    if children == "wor":
+        builder: TreeBuilder = StaticTreeBuilder(
+            expansion=tuple((i,) for i in range(k_max)), mode=SampleMode.WITHOUT_REPLACEMENT
+        )
+    else:  # one EAGLE level: the draft's top-k_max, ranked as the dynamic builders rank (untempered at T = 0)
+        builder = EagleTreeBuilder(K=k_max, depth=1, N=k_max)
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
@@ -414,26 +421,13 @@ def profile_positional_acceptance(
             draft.begin(prompt)
             root = prompt[-1]
             for _ in range(steps_per_prompt):
-                if children == "wor":
-                    tree = wor.build(root, draft, sampling, rng)
-                else:
-                    # rank as the dynamic builders do (the untempered law at T = 0)
-                    q = draft.root_distribution(construction_config(sampling)).to(torch.float64)
-                    q = (q / q.sum()).unsqueeze(0)
-                    asm = TreeAssembler(root, draft.vocab_size)
-                    for token, prob in top_tokens(q, k_max)[0]:
-                        asm.add_deterministic(0, token, max(prob, 1e-300))
-                    tree = asm.build()
-                p = process_logits(target.score_tree(tree), sampling)
-                result = verifier.verify(tree, p, rng)
+                outcome, tree = speculative_step(target, draft, builder, verifier, sampling, rng, root,
+                                                 check_tree=trials == 0)
+                result = outcome.result
                 trials += 1
                 if result.accepted_nodes:
                     first = result.accepted_nodes[0]
-                    counts[int(tree.draw_order[first])] += 1  # draw position (wor) or rank (topk)
-                target.accept(result.accepted_nodes, result.bonus_token)
-                hidden = target.hidden_states()
-                if hidden is not None:
-                    hidden = hidden[[0, *result.accepted_nodes]]
-                draft.commit(result.tokens, target_hidden=hidden)
+                    counts[int(tree.draw_order[0, first])] += 1  # draw position (wor) or rank (topk)
+                commit_step(target, draft, outcome)
                 root = result.bonus_token
     return tuple(c / trials for c in counts)

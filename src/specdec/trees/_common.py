@@ -22,6 +22,7 @@ __all__ = [
     "draw_children",
     "draw_rows",
     "log_weight",
+    "log_weights",
     "normalised_law",
     "residual_masses",
     "row_mass",
@@ -257,13 +258,22 @@ def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tenso
     return row_mass(q.masked_fill(hit > 0, 0.0))
 
 
+def log_weights(weights: Sequence[float]) -> list[float]:
+    """``log(w)`` of construction weights in ``(0, 1]`` (path scores add these).
+
+    torch's float64 ``log``, in one call, not ``math.log``: the two differ in
+    the last bit for about 0.1% of inputs, and the tensor builders
+    (:mod:`specdec.trees.levelwise`) rank by torch's.
+    """
+    for weight in weights:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"construction weights must lie in (0, 1], got {weight!r}")
+    return torch.log(torch.tensor(weights, dtype=torch.float64)).tolist()
+
+
 def log_weight(weight: float) -> float:
-    """``log(weight)`` for a construction weight in ``(0, 1]`` (path scores add these)."""
-    if not 0.0 < weight <= 1.0:
-        raise ValueError(f"construction weights must lie in (0, 1], got {weight!r}")
-    # torch's float64 log, not math.log: the two differ in the last bit for about 0.1% of
-    # inputs, and the tensor builders (specdec.trees.levelwise) rank by torch.log
-    return float(torch.log(torch.tensor(weight, dtype=torch.float64)))
+    """``log(weight)`` for one construction weight in ``(0, 1]`` (:func:`log_weights`)."""
+    return log_weights([weight])[0]
 
 
 def check_paths(paths: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:

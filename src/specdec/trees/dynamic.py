@@ -36,7 +36,7 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
-from specdec.trees._common import check_int, log_weight, normalised_law, top_tokens
+from specdec.trees._common import check_int, log_weights, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, eagle_level, grow_levelwise
@@ -146,6 +146,7 @@ def _create_children(
     if len(proposals) != len(parents):
         raise RuntimeError(f"proposal function returned {len(proposals)} rows for {len(parents)} nodes")
     created = []
+    logs = iter(log_weights([float(c.weight) for children in proposals for c in children]))
     for parent, children in zip(parents, proposals):
         for child in children:
             node = DynamicNode(
@@ -154,7 +155,7 @@ def _create_children(
                 token=int(child.token),
                 kind=child.kind,
                 weight=float(child.weight),
-                score=parent.score + log_weight(float(child.weight)),
+                score=parent.score + next(logs),
                 law=child.law,
                 level=parent.level + 1,
             )

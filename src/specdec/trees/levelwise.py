@@ -167,7 +167,8 @@ def grow_levelwise(
         beam_width: ``B``, nodes of the newest level expanded per level.
         depth: number of levels (level 1 = the root's children).
         num_keep: ``N``, draft nodes kept (root excluded).
-        draws_per_node: batched draws ``level`` makes per row (RheoSampling: ``m``).
+        draws_per_node: batched draws ``level`` makes per row (RheoSampling:
+            ``m``), which is also the most sampled children a node gets.
         compiled_level: ``level`` compiled as ``fn(q, u, live)``, its draws read
             from a ``[R, draws_per_node]`` table ``u`` drawn from ``rng`` before the
             call (:class:`~specdec.rng.UniformTable`; see :class:`specdec.step.StepCompiler`).
@@ -235,7 +236,7 @@ def grow_levelwise(
     return _assemble(
         torch.cat(tok), torch.cat(par), torch.cat(kind), torch.cat(weight), torch.cat(score), torch.cat(lvl),
         torch.cat(expanded), laws, num_keep=num_keep, vocab=vocab,
-        children=children, depth=depth, draft_bad=draft_bad,
+        children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
     )
 
 
@@ -254,6 +255,7 @@ def _assemble(
     children: int,
     depth: int,
     draft_bad: torch.Tensor,
+    max_sampled: int,
 ) -> TreeBatch:
     """The global rerank and the layout of the kept nodes (all ``[T]`` inputs are over created nodes)."""
     T = tok.shape[0]
@@ -301,5 +303,5 @@ def _assemble(
         tokens=tokens[None], parents=parents[None], depths=depths[None], kinds=kinds[None],
         draw_order=draw_order[None], weights=weights[None], num_nodes=live.sum().reshape(1),
         law_ids=law_ids[None], law_probs=law_probs[None], law_wor=law_wor[None], ancestors=anc[None],
-        vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad,
+        vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad, max_sampled=max_sampled,
     )

@@ -352,6 +352,7 @@ def profile_acceptance(
     Returns:
         ``(a_1, ..., a_k_max)``.
     """
+    from specdec.step import commit_step, speculative_step  # the generation step (import here: no cycle)
     from specdec.trees.static import StaticTreeBuilder
 
     check_int("k_max", k_max, 1)
@@ -378,14 +379,12 @@ def profile_acceptance(
         draft.begin(prompt)
         root = prompt[-1]
         for _ in range(steps_per_prompt):
-            tree = builder.build(root, draft, sampling, rng)
-            p = process_logits(target.score_tree(tree), sampling)
-            result = check.verify(tree, p, rng)
+            outcome, tree = speculative_step(target, draft, builder, check, sampling, rng, root, check_tree=trials == 0)
+            result = outcome.result
             trials += 1
             if result.accepted_nodes:
-                counts[int(tree.draw_order[result.accepted_nodes[0]])] += 1
-            target.accept(result.accepted_nodes, result.bonus_token)
-            draft.commit(result.tokens)
+                counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
+            commit_step(target, draft, outcome)
             root = result.bonus_token
     return tuple(c / trials for c in counts)
 

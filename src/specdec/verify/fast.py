@@ -129,7 +129,7 @@ def decide_tree_batch(
         off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)
         q = tree.law_probs.to(work)  # [B, n, L] q' (updated by rule 4)
         wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
-        S = min(C, ids.shape[-1])
+        S = min(C if tree.max_sampled is None else tree.max_sampled, ids.shape[-1])
         for t in range(S):  # rules 3/4 on the t-th sampled child of every node at once
             testing = (t < n_sampled) & (first == C)  # [B, n]
             pos = (ids == child_tok[..., t : t + 1]).long().argmax(dim=-1, keepdim=True)  # [B, n, 1]
