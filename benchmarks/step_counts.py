@@ -41,24 +41,31 @@ METHODS = ("eagle3", "rheo")
 
 
 class per_node_path:
-    """Within the block, generation takes the per-node path: the reference builder and the verifier's walk."""
+    """Within the block, generation takes the path of before the step redesign:
+    the per-node reference builder (``build_reference``), ``score_tree``
+    (logits copied to the host), ``process_logits`` and the verifier's walk
+    (``StepVerifier`` on the torch path), the host-built KV keep index. It is
+    still the generation loop's branch for ``kernel="triton"``; the block
+    routes ``kernel="auto"`` to it by reporting Triton and CUDA present (no
+    Triton kernel runs: the logits are on the CPU)."""
 
     def __init__(self, builder: Any, on: bool = True) -> None:
         self.cls, self.on = type(builder), on
 
     def __enter__(self) -> None:
         if self.on:
-            self.saved = (generate.step_supported, self.cls.__dict__.get("build"))
-            generate.step_supported = lambda v, r: False
+            self.saved = (generate.triton_available, generate._on_cuda, self.cls.__dict__.get("build"))
+            generate.triton_available = lambda: True
+            generate._on_cuda = lambda target: True
             self.cls.build = self.cls.build_reference
 
     def __exit__(self, *exc: Any) -> None:
         if self.on:
-            generate.step_supported = self.saved[0]
-            if self.saved[1] is None:
+            generate.triton_available, generate._on_cuda = self.saved[0], self.saved[1]
+            if self.saved[2] is None:
                 del self.cls.build
             else:
-                self.cls.build = self.saved[1]
+                self.cls.build = self.saved[2]
 
 
 def _per_step(gen: Any, prompt: list[int], tokens: int, tensor_step: bool, seed: int = 0) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def stub(vocab: int, repeats: int, compile_backend: str | None = None) -> dict[s
         if compile_backend:
             variants.append((f"step_compiled_{compile_backend}", True, compile_backend))
         for label, tensor_step, backend in variants:
-            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="torch", compile=backend or False)
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=backend or False)
             gen.generate([1, 2, 3], 8, sampling=specdec.SamplingConfig(temperature=1.0), seed=99)  # warm-up / compile
             times = []
             with per_node_path(gen.builder, on=not tensor_step):
@@ -157,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         target, draft, prompt = load_real()
         out["real"] = {}
         for method in METHODS:
-            gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="torch")
+            gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto")
             out["real"][method] = {label: _per_step(gen, prompt, args.tokens, tensor_step)
                                    for label, tensor_step in (("per_node", False), ("step", True))}
             for label in ("per_node", "step"):

@@ -311,3 +311,18 @@ def test_top_p_fast_path_equals_full_sort() -> None:
         probs = torch.softmax(logits, -1)
         for top_p in (0.3, 0.9, 0.999):
             assert torch.equal(top_p_keep(probs, top_p), _top_p_keep_full(probs, top_p))
+
+
+def test_temperature_one_takes_no_extra_pass_and_gives_the_same_bits():
+    """At T = 1 process_logits skips the explicit shift and division: softmax
+    shifts by the maximum itself, so the result is bit for bit the shifted form."""
+    import torch
+
+    from specdec.sampling import SamplingConfig, process_logits
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(7, 3000, generator=g, dtype=dtype) * 6
+        x[0, :50] = float("-inf")
+        shifted = torch.softmax((x - x.amax(-1, keepdim=True)) / 1.0, dim=-1)
+        assert torch.equal(process_logits(x, SamplingConfig(temperature=1.0)), shifted)

@@ -28,6 +28,7 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
+from specdec.regions import model_call
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.step import StepCompiler, StepOutcome, commit_step, speculative_step, step_supported
@@ -249,7 +250,8 @@ def _run(
             else:
                 tree = builder.build(root, draft, sampling, rng)
                 t1 = clock()
-                logits = target.score_tree(tree)
+                with model_call():
+                    logits = target.score_tree(tree)
                 t2 = clock()
                 result = step_verifier(tree, logits, rng)
                 t3 = clock()

@@ -164,10 +164,15 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool 
         # on the raw logits (exact; dividing first could round ties together)
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    # shift by the row maximum BEFORE dividing, so that a tiny temperature or
-    # huge logits cannot overflow to +inf (which softmax would turn into NaN)
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / config.temperature
-    probs = torch.softmax(scaled, dim=-1)
+    if config.temperature == 1.0:
+        # softmax shifts by the row maximum itself, so this is bit for bit the
+        # shifted form below, without two passes over [..., V]
+        probs = torch.softmax(logits, dim=-1)
+    else:
+        # shift by the row maximum BEFORE dividing, so that a tiny temperature or
+        # huge logits cannot overflow to +inf (which softmax would turn into NaN)
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / config.temperature
+        probs = torch.softmax(scaled, dim=-1)
     if config.top_p < 1.0:
         keep = top_p_keep(probs.reshape(-1, vocab), config.top_p).reshape(probs.shape)
         probs = probs.masked_fill(~keep, 0.0)
