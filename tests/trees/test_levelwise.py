@@ -134,14 +134,30 @@ def test_top_tokens_fixed_equals_top_tokens_tensors(seed, vocab, counts):
             assert (ids[r, k:] == -1).all() and (probs[r, k:] == 0).all()
 
 
-def test_torch_random_batched_draw_follows_the_law():
-    rng = TorchRandom.seeded(0)
+def _follows_the_law(draw) -> bool:
     probs = torch.tensor([[0.2, 0.0, 0.8], [0.0, 1.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
     active = torch.tensor([True, True, False])
-    draws = torch.stack([rng.categorical_rows(probs, active) for _ in range(4000)])
-    assert (draws[:, 2] == -1).all() and (draws[:, 1] == 1).all()
-    freq = (draws[:, 0] == 2).double().mean().item()
-    assert abs(freq - 0.8) < 0.03 and not (draws[:, 0] == 1).any()
+    draws = torch.stack([draw(probs, active) for _ in range(4000)])
+    freq = (draws[:, 0] == 2).double().mean().item()  # 4000 draws: sd of the frequency 0.006
+    return bool((draws[:, 2] == -1).all() and (draws[:, 1] == 1).all() and abs(freq - 0.8) < 0.03
+                and not (draws[:, 0] == 1).any())
+
+
+def test_torch_random_batched_draw_follows_the_law():
+    assert _follows_the_law(TorchRandom.seeded(0).categorical_rows)
+
+
+def test_the_law_check_catches_a_draw_that_ignores_the_weights():
+    """Power: a draw uniform over each row's support fails the same check."""
+    g = torch.Generator().manual_seed(0)
+
+    def uniform_on_support(probs, active):
+        u = torch.rand(probs.shape[0], generator=g, dtype=torch.float64)
+        from specdec.rng import inverse_cdf_rows
+
+        return inverse_cdf_rows((probs > 0).double(), u, active)
+
+    assert not _follows_the_law(uniform_on_support)
 
 
 def test_every_registered_dynamic_builder_has_a_tensor_form():
