@@ -52,7 +52,10 @@ class _OpMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         key = "model" if in_model_call() else "step"
-        self.owner.op_names[key][str(func.overloadpacket.__name__)] += 1
+        name = str(func.overloadpacket.__name__)
+        self.owner.op_names[key][name] += 1
+        if func.is_view:  # a new view of the same storage: no kernel runs
+            self.owner.view_names[key][name] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -62,12 +65,15 @@ class StepCounter:
     Attributes:
         sync_sites: ``{"step"|"model": Counter(("read", site) or ("h2d", site))}``.
         op_names: ``{"step"|"model": Counter(op name)}``.
+        view_names: the same for the ops among them that only make a view
+            (``OpOverload.is_view``: no kernel runs on a GPU).
     """
 
     def __init__(self, ops: bool = True) -> None:
         self.count_ops = ops
         self.sync_sites: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
         self.op_names: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
+        self.view_names: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
         self._saved: list[tuple[Any, str, Any]] = []
         self._mode: _OpMode | None = None
         self._active = False
@@ -90,6 +96,11 @@ class StepCounter:
     @property
     def model_ops(self) -> int:
         return sum(self.op_names["model"].values())
+
+    @property
+    def compute_ops(self) -> int:
+        """ATen ops outside model forwards that are not views (each a kernel launch on a GPU)."""
+        return self.ops - sum(self.view_names["step"].values())
 
     def report(self, top: int = 15) -> str:
         """The busiest sync sites, outside and inside model forwards."""

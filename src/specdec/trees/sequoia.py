@@ -36,7 +36,7 @@ from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError
 from specdec.registry import get, register
 from specdec.rng import RandomSource, TorchRandom
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import check_int, check_paths
