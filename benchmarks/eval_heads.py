@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from specdec.drafts.checkpoints import load_draft_lm, load_head, shipped_draft_lm_path, shipped_head_path
+    from specdec.drafts.eagle.checkpoints import load_draft_lm, load_head, shipped_draft_lm_path, shipped_head_path
     from specdec.models.smollm2 import load_smollm2
     from specdec.train.trainer import make_draft_lm
 

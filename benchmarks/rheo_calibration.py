@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import specdec
     from specdec.bench.prompts import render_prompt
-    from specdec.drafts.checkpoints import load_head, shipped_head_path
+    from specdec.drafts.eagle.checkpoints import load_head, shipped_head_path
     from specdec.drafts.eagle import hf_feature_fn, make_draft
     from specdec.models.smollm2 import load_smollm2
     from specdec.targets.hf import HFTarget

@@ -114,7 +114,7 @@ def test_end_to_end_results_and_plots(capsys, tiny_dirs, tmp_path):
 
 def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     from bench_helpers import make_model
-    from specdec.drafts.checkpoints import save_head
+    from specdec.drafts.eagle.checkpoints import save_head
     from specdec.train.trainer import new_head
 
     target = make_model(0, layers=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec.drafts.checkpoints import (
+from specdec.drafts.eagle.checkpoints import (
     CheckpointError,
     load_head,
     load_reference_head,

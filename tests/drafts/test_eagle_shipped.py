@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from specdec.drafts.checkpoints import SHIPPED_DIR
+from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
 
 ASSET_NAMES = ("eagle2-smollm2-135m-instruct", "eagle3-smollm2-135m-instruct", "draft-lm-smollm2-135m-instruct")
 
@@ -62,7 +62,7 @@ def test_shipped_draft_lm_loads_as_hf_model(tmp_path):
         pytest.skip("no shipped draft LM")
     from transformers import AutoModelForCausalLM
 
-    from specdec.drafts.checkpoints import load_draft_lm, shipped_draft_lm_path
+    from specdec.drafts.eagle.checkpoints import load_draft_lm, shipped_draft_lm_path
     from specdec.models.smollm2 import load_smollm2
 
     model, _ = load_smollm2()

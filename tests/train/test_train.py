@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specdec.drafts.checkpoints import export_draft_lm, load_draft_lm, load_head
+from specdec.drafts.eagle.checkpoints import export_draft_lm, load_draft_lm, load_head
 from specdec.drafts.eagle import hf_feature_fn, make_draft
 from specdec.errors import InvalidConfigError
 from specdec.train.data import (

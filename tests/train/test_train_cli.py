@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.drafts.checkpoints import load_head
+from specdec.drafts.eagle.checkpoints import load_head
 from specdec.train.cli import train_draft_main, train_eagle_main
 from specdec.train.data import PackedBatches, load_records
 from specdec.train.trainer import Eagle2Student, Eagle3Student, new_head, target_batch, train_students

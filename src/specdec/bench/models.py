@@ -76,14 +76,14 @@ class BenchModels:
 
 def shipped_heads_available() -> dict[int, bool]:
     """Which shipped EAGLE heads (2, 3) are installed in ``specdec/assets``."""
-    from specdec.drafts.checkpoints import SHIPPED_DIR
+    from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
 
     return {v: (SHIPPED_DIR / f"eagle{v}-smollm2-135m-instruct" / "config.json").is_file() for v in (2, 3)}
 
 
 def shipped_draft_available() -> bool:
     """Whether the shipped draft LM for SmolLM2-135M-Instruct is installed."""
-    from specdec.drafts.checkpoints import SHIPPED_DIR
+    from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
 
     return (SHIPPED_DIR / "draft-lm-smollm2-135m-instruct" / "config.json").is_file()
 
@@ -187,7 +187,7 @@ def load_bench_models(
     hf_draft = None
     if draft == "auto":
         if is_smollm2 and shipped_draft_available():
-            from specdec.drafts.checkpoints import load_draft_lm, shipped_draft_lm_path
+            from specdec.drafts.eagle.checkpoints import load_draft_lm, shipped_draft_lm_path
 
             hf_draft = load_draft_lm(shipped_draft_lm_path(), hf_target)
             descriptions["lm"] = (f"shipped draft LM ({hf_draft.config.num_hidden_layers} layers, "
@@ -242,7 +242,7 @@ def load_bench_models(
             head_draft = load_shipped(version, hf_target)
             descriptions[kind] = f"shipped EAGLE-{version} head for SmolLM2-135M-Instruct"
         else:
-            from specdec.drafts.checkpoints import load_head
+            from specdec.drafts.eagle.checkpoints import load_head
 
             path = Path(spec).expanduser()
             if not path.exists():

@@ -35,7 +35,7 @@ def train_eagle(target_model: Any, tokenizer: Any, data: str | os.PathLike | Non
                 checkpoint_every: int = 50, resume: bool = True, device: str | None = None,
                 time_budget_s: float | None = None, progress: bool = True) -> Path:
     """Train an EAGLE-``version`` head for ``target_model``; returns the folder of
-    the exported head (own format, :func:`specdec.drafts.checkpoints.load_head`).
+    the exported head (own format, :func:`specdec.drafts.eagle.checkpoints.load_head`).
 
     Example (tiny random target, a few steps)::
 

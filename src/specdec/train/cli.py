@@ -110,7 +110,7 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
         checkpoint_every=args.checkpoint_every, resume=not args.no_resume, device=args.device,
         time_budget_s=args.time_budget, progress=not args.no_progress,
     )
-    print(f"EAGLE-{args.version} head saved to {folder} (load with specdec.drafts.checkpoints.load_head)")
+    print(f"EAGLE-{args.version} head saved to {folder} (load with specdec.drafts.eagle.checkpoints.load_head)")
     return 0
 
 

@@ -79,7 +79,7 @@ def students_from_checkpoint(run: Path, model: object) -> dict[str, object]:
 def export_from_checkpoint(run: Path, dest: Path) -> list[str]:
     """Write the latest checkpoint's models to ``dest`` as the end of training would
     (``eagle2/``, ``eagle3/`` own format, ``draft_lm/`` HF folder)."""
-    from specdec.drafts.checkpoints import save_head
+    from specdec.drafts.eagle.checkpoints import save_head
     from specdec.models.smollm2 import load_smollm2
 
     model, tok = load_smollm2()
@@ -118,7 +118,7 @@ def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
         sizes[dst.name] = (dst / "model.safetensors").stat().st_size
     src = run / "draft_lm"
     if (src / "config.json").exists():
-        from specdec.drafts.checkpoints import export_draft_lm
+        from specdec.drafts.eagle.checkpoints import export_draft_lm
 
         sizes.update(export_draft_lm(src, assets / "draft-lm-smollm2-135m-instruct"))
     return sizes

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafts.checkpoints import save_head
-from specdec.drafts.eagle import EagleConfig, EagleHead, attend, causal_mask, target_embeddings
+from specdec.drafts.eagle.checkpoints import save_head
+from specdec.drafts.eagle.head import EagleConfig, EagleHead, attend, causal_mask, target_embeddings
 from specdec.errors import InvalidConfigError
 
 __all__ = [

@@ -32,13 +32,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from specdec.drafts.eagle import EagleConfig, EagleHead, eagle3_target_layers, target_embeddings
+from specdec.drafts.eagle.head import EagleConfig, EagleHead, eagle3_target_layers, target_embeddings
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
+
+if TYPE_CHECKING:
+    from specdec.drafts.eagle.draft import EagleDraft
 
 __all__ = [
     "CheckpointError",
@@ -52,11 +55,12 @@ __all__ = [
     "export_draft_lm",
     "load_draft_lm",
     "shipped_draft_lm_path",
+    "load_shipped",
 ]
 
 FORMAT = "specdec-eagle"
 FORMAT_VERSION = 1
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "assets"
 
 
 class CheckpointError(SpecDecError, ValueError):
@@ -343,3 +347,20 @@ def shipped_draft_lm_path() -> Path:
     if not (p / "config.json").is_file():
         raise CheckpointError(f"no shipped draft LM at {p}")
     return p
+
+
+def load_shipped(version: int, target_model: Any, *, dtype: torch.dtype | None = None) -> EagleDraft:
+    """The EAGLE-``version`` head shipped with specdec for SmolLM2-135M-Instruct, as a draft.
+
+    Args:
+        version: 2 or 3.
+        target_model: the Hugging Face SmolLM2-135M-Instruct model (e.g. from
+            :func:`specdec.models.smollm2.load_smollm2`): the head shares its
+            embedding / LM head, and ``feature_fn`` falls back on it.
+        dtype: compute dtype of the head (default: the target's; weights are stored in float16).
+    """
+    from specdec.drafts.eagle.draft import hf_feature_fn, make_draft
+
+    head = load_head(shipped_head_path(version), target_model, dtype=dtype)
+    draft = make_draft(head, feature_fn=hf_feature_fn(target_model, head.config.target_layers))
+    return draft

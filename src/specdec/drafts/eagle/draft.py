@@ -1,0 +1,296 @@
+"""The EAGLE head as a :class:`~specdec.drafts.base.DraftModel` (registered ``"eagle2"``, ``"eagle3"``).
+
+How the draft meets the generation loop (features in, committed pairs, tree
+pairs) is described in :mod:`specdec.drafts.eagle`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from specdec.drafts.base import DraftModel
+from specdec.drafts.eagle.head import EagleHead, _additive, causal_mask
+from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
+from specdec.kernels.linear import LinearPlan, accelerate_linears, dispatch_for, resolve_cpu_linear
+from specdec.registry import register
+
+__all__ = ["EagleDraft", "Eagle2Draft", "Eagle3Draft", "FeatureFn", "make_draft", "hf_feature_fn"]
+
+
+# -------------------------------------------------------------- the draft
+FeatureFn = Callable[[Sequence[int]], torch.Tensor]
+"""``fn(token_ids) -> [len(token_ids), L, H]``: the target's features at each position."""
+
+
+class EagleDraft(DraftModel):
+    """An EAGLE head as a :class:`~specdec.drafts.base.DraftModel`.
+
+    State: the KV cache of committed pairs (features from the target), the
+    head's output at the last committed pair (which gives :meth:`root_logits`),
+    and this step's tree pairs (outputs, keys and values, ancestor sets).
+    Every :meth:`tree_logits` call drafts a whole tree level in one forward,
+    masking each new node to the committed pairs, its ancestors and itself.
+
+    Generator contract (``target_hidden`` is ``[n, L, H]`` with
+    ``L = len(target_layers)``, layer ``l`` meaning ``hidden_states[l]``):
+
+    * ``begin(prompt, target_hidden=F)``: ``F`` holds the target's features at
+      positions ``0 .. m-2`` of the ``m``-token prompt (what a prefill that
+      leaves the last prompt token as the first root computes); ``[m, L, H]``
+      is accepted too (the last row is ignored). Without ``target_hidden``, the
+      draft calls ``feature_fn(prompt[:-1])`` when it was given one (an extra
+      target prefill), else raises.
+    * ``commit(tokens, target_hidden=F)``: ``tokens`` = accepted drafts +
+      bonus (``k + 1`` tokens), ``F [k + 1, L, H]`` = the target's features at
+      the step's root and at the accepted nodes, in path order. Pair ``i`` is
+      ``(F[i], tokens[i])``.
+
+    Args:
+        head: a trained :class:`EagleHead`.
+        feature_fn: optional fallback giving the prompt's features (see
+            :func:`hf_feature_fn`).
+        max_length: optional context limit (committed pairs + tree).
+        cpu_linear: install the tuned few-row linear dispatch
+            (:func:`~specdec.kernels.linear.accelerate_linears`) on the head's
+            linear layers and, for EAGLE-2, on its use of the target's LM head:
+            ``"auto"`` (default) = when the head is on the CPU.
+    """
+
+    needs_target_hidden: ClassVar[bool] = True
+    version: ClassVar[int | None] = None
+
+    def __init__(
+        self,
+        head: EagleHead,
+        feature_fn: FeatureFn | None = None,
+        max_length: int | None = None,
+        cpu_linear: bool | str = "auto",
+    ) -> None:
+        if self.version is not None and head.config.version != self.version:
+            raise InvalidConfigError(f"{type(self).__name__} needs an EAGLE-{self.version} head, got EAGLE-{head.config.version}")
+        self.head = head.eval()
+        self.feature_fn = feature_fn
+        self.max_length = max_length
+        p = next(head.parameters())
+        self._device, self._dtype = p.device, p.dtype
+        self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
+        if resolve_cpu_linear(cpu_linear, self._device):
+            self.linear_plans = accelerate_linears(head)
+            lm = head.target_lm_head
+            if lm is not None and lm.device.type == "cpu" and lm.dtype == torch.float32:
+                head.target_lm_head_dispatch = dispatch_for(lm)
+        self._reset()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.head.config.vocab_size
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """``hidden_states`` indices the target must capture (HF convention:
+        0 = embeddings, ``l`` = input of layer ``l``, ``N`` = final normed output)."""
+        return self.head.config.target_layers
+
+    def _reset(self) -> None:
+        cfg = self.head.config
+        empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self._device, dtype=self._dtype)
+        self._k, self._v = empty, empty.clone()
+        self._last_h: torch.Tensor | None = None
+        self._drop_tree()
+
+    def _drop_tree(self) -> None:
+        cfg = self.head.config
+        empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self._device, dtype=self._dtype)
+        self._tk, self._tv = empty, empty.clone()
+        self._tree_h = torch.zeros(0, cfg.hidden_size, device=self._device, dtype=self._dtype)  # [n, H] nodes 1..n
+        self._depth = torch.zeros(1, dtype=torch.long, device=self._device)  # [n + 1] depth of every node, root 0
+        # [n + 1, n + 1]: [i, j] iff tree node j >= 1 is i or an ancestor of i (the root's column stays False)
+        self._anc = torch.zeros(1, 1, dtype=torch.bool, device=self._device)
+
+    @property
+    def committed_pairs(self) -> int:
+        """Number of pairs in the KV cache."""
+        return int(self._k.shape[2])
+
+    # ---------------------------------------------------------- features
+    def _features(self, target_hidden: torch.Tensor, n: int, who: str) -> torch.Tensor:
+        cfg = self.head.config
+        if not isinstance(target_hidden, torch.Tensor):
+            raise InvalidConfigError(f"{who}: target_hidden must be a tensor [n, L, H]")
+        th = target_hidden
+        if th.dim() == 2 and len(cfg.target_layers) == 1:
+            th = th[:, None]
+        want = (len(cfg.target_layers), cfg.target_hidden_size)
+        if th.dim() != 3 or tuple(th.shape[1:]) != want or th.shape[0] < n:
+            raise VocabMismatchError(
+                f"{who}: target_hidden has shape {tuple(target_hidden.shape)}; expected [{n}, {want[0]}, {want[1]}] "
+                f"(hidden_states layers {cfg.target_layers} of the target)"
+            )
+        return th[:n].reshape(n, -1).to(self._device, self._dtype)
+
+    def _append_pairs(self, feats: torch.Tensor, tokens: list[int], device_tokens: torch.Tensor | None = None) -> None:
+        n = len(tokens)
+        p0 = self.committed_pairs
+        if self.max_length is not None and p0 + n > self.max_length:
+            raise SpecDecError(f"EAGLE draft context overflow: {p0 + n} > {self.max_length}")
+        if device_tokens is not None:  # the same tokens, already on a device: no host-to-device copy
+            tok = device_tokens.to(self._device, torch.long).reshape(1, n)
+        else:
+            tok = torch.tensor([tokens], dtype=torch.long, device=self._device)
+        pos = torch.arange(p0, p0 + n, device=self._device)[None]
+        mask = causal_mask(n, p0, self._dtype, self._device)
+        h, k, v = self.head(feats[None], tok, pos, mask, past=(self._k, self._v), from_target=True)
+        self._k, self._v = torch.cat([self._k, k], 2), torch.cat([self._v, v], 2)
+        self._last_h = h[0, -1]
+
+    # --------------------------------------------------------- DraftModel
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InvalidConfigError("the prompt must contain at least one token")
+        self._reset()
+        m = len(prompt)
+        if target_hidden is None:
+            if self.feature_fn is None:
+                raise InvalidConfigError(
+                    "EAGLE draft: begin() needs target_hidden (the target's prompt features) or a feature_fn"
+                )
+            target_hidden = self.feature_fn(prompt[:-1]) if m > 1 else None
+        cfg = self.head.config
+        width = len(cfg.target_layers) * cfg.target_hidden_size
+        with torch.inference_mode():
+            if m == 1:
+                # no feature precedes the first token: a zero feature stands in (documented choice)
+                feats = torch.zeros(1, width, device=self._device, dtype=self._dtype)
+                self._append_pairs(feats, prompt)
+                return
+            feats = self._features(target_hidden, m - 1, "begin")
+            # pairs (f_{i-1}, x_i) for i = 1 .. m-1
+            self._append_pairs(feats, prompt[1:])
+
+    def root_logits(self) -> torch.Tensor:
+        if self._last_h is None:
+            raise RuntimeError("root_logits() before begin()")
+        self._drop_tree()
+        with torch.inference_mode():
+            return self.head.full_logits(self._last_h[None])[0]
+
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """One forward for ``k`` new tree nodes (a whole level).
+
+        Tensors (the level-wise builders' form) are used on the device as they
+        are, with no host read: their ids are not range-checked (an id out of
+        range fails in the indexing). Python sequences are checked first.
+        """
+        if self._last_h is None:
+            raise RuntimeError("tree_logits() before begin()")
+        if len(parents) != len(tokens):
+            raise ValueError(f"tree_logits: {len(parents)} parents but {len(tokens)} tokens")
+        k = len(tokens)
+        if k == 0:
+            return torch.empty(0, self.vocab_size)
+        n_nodes = int(self._depth.shape[0])
+        if not isinstance(parents, torch.Tensor) or not isinstance(tokens, torch.Tensor):
+            parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
+            for p in parents:
+                if not 0 <= p < n_nodes:
+                    raise ValueError(f"tree_logits: unknown parent node {p}")
+            for t in tokens:
+                if not 0 <= t < self.vocab_size:
+                    raise ValueError(f"tree_logits: token {t} outside the vocabulary")
+        parent = torch.as_tensor(parents, dtype=torch.long).to(self._device)  # [k]
+        tok = torch.as_tensor(tokens, dtype=torch.long).to(self._device).reshape(1, k)  # [1, k]
+        P, n_tree = self.committed_pairs, n_nodes - 1
+        if self.max_length is not None and P + n_tree + k > self.max_length:
+            raise SpecDecError(f"EAGLE draft context overflow: {P + n_tree + k} > {self.max_length}")
+        with torch.inference_mode():
+            outs = torch.cat([self._last_h[None], self._tree_h])  # [n_nodes, H] root first
+            h_in = outs.index_select(0, parent)[None]  # [1, k, H]
+            depths = self._depth.index_select(0, parent) + 1  # [k]
+            # pair of the root sits at position P-1; a node at depth d at P-1+d
+            pos = (depths + (P - 1))[None]  # [1, k]
+            anc = self._anc.index_select(0, parent)  # [k, n_nodes]: ancestors among the tree nodes (root column 0)
+            visible = torch.cat(
+                [
+                    torch.ones(k, P, dtype=torch.bool, device=self._device),
+                    anc[:, 1:],  # tree node a (>= 1) sits at column P + a - 1
+                    torch.eye(k, dtype=torch.bool, device=self._device),
+                ],
+                dim=1,
+            )  # [k, P + n_tree + k]
+            mask = _additive(visible, self._dtype)[None, None]
+            past = (torch.cat([self._k, self._tk], 2), torch.cat([self._v, self._tv], 2))
+            h, kk, vv = self.head(h_in, tok, pos, mask, past=past, from_target=False)
+            self._tk, self._tv = torch.cat([self._tk, kk], 2), torch.cat([self._tv, vv], 2)
+            self._tree_h = torch.cat([self._tree_h, h[0]])
+            self._depth = torch.cat([self._depth, depths])
+            grown = torch.zeros(n_nodes + k, n_nodes + k, dtype=torch.bool, device=self._device)
+            grown[:n_nodes, :n_nodes] = self._anc
+            grown[n_nodes:, :n_nodes] = anc
+            grown[n_nodes:, n_nodes:] = torch.eye(k, dtype=torch.bool, device=self._device)
+            self._anc = grown
+            return self.head.full_logits(h[0])
+
+    def commit(
+        self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None, device_tokens: torch.Tensor | None = None
+    ) -> None:
+        """As :meth:`DraftModel.commit`; ``device_tokens``, the same tokens as a
+        device tensor (the step path), saves their host-to-device copy."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("commit: no tokens")
+        if target_hidden is None:
+            raise InvalidConfigError(
+                "EAGLE draft: commit() needs target_hidden (the target's features at the root and accepted nodes); "
+                f"capture hidden_states layers {self.target_layers} in the target"
+            )
+        self._drop_tree()
+        with torch.inference_mode():
+            feats = self._features(target_hidden, len(tokens), "commit")
+            self._append_pairs(feats, tokens, device_tokens)
+
+
+@register("draft", "eagle2")
+class Eagle2Draft(EagleDraft):
+    """EAGLE-2 head draft (see :class:`EagleDraft`)."""
+
+    version = 2
+
+
+@register("draft", "eagle3")
+class Eagle3Draft(EagleDraft):
+    """EAGLE-3 head draft (see :class:`EagleDraft`)."""
+
+    version = 3
+
+
+def make_draft(head: EagleHead, **kwargs: Any) -> EagleDraft:
+    """The registered draft class matching the head's version."""
+    return (Eagle2Draft if head.config.version == 2 else Eagle3Draft)(head, **kwargs)
+
+
+# ----------------------------------------------------- target features
+def hf_feature_fn(model: Any, layers: Sequence[int]) -> FeatureFn:
+    """A :data:`FeatureFn` running a Hugging Face causal LM with
+    ``output_hidden_states=True`` and stacking ``hidden_states[l]`` for ``l`` in ``layers``.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> m = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        ...     intermediate_size=64, vocab_size=50))
+        >>> hf_feature_fn(m, (1, 2))([3, 4, 5]).shape
+        torch.Size([3, 2, 32])
+    """
+    layers = tuple(int(l) for l in layers)
+
+    def fn(token_ids: Sequence[int]) -> torch.Tensor:
+        device = next(model.parameters()).device
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        return torch.stack([out.hidden_states[l][0] for l in layers], dim=1)
+
+    return fn
