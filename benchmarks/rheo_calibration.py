@@ -8,7 +8,7 @@ at ``--temperature``, default 1) give, *exactly* (no sampling of the node):
 * Rheo's acceptance with the top-``(K-1)`` set ``S`` plus one sampled child
   from ``q' = norm(q on topM minus S)``, verified by rule 5:
   ``p(S) + sum_x min(p(x), q'(x))``, for every ``M`` in ``--M``;
-* the residual mass ``r = 1 - q(S)`` (ALGORITHMS.md's proxy) and the slot's
+* the residual mass ``r = 1 - q(S)`` (the reconstruction's first proxy, docs/trees.md) and the slot's
   acceptance ``a = sum_x min(p(x), q'(x))``: the ratio ``E[a] / E[r]`` is the
   draft's *tail calibration*, the ``proxy_scale`` of the ``"scaled"`` proxy
   (1 when ``q = p``).

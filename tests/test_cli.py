@@ -16,7 +16,7 @@ from specdec.verify.base import NodeOutcome, Verifier
 
 
 class _MatchRule(Verifier):
-    """Test-only sample-and-match (ALGORITHMS.md rule 2): draw z ~ p, accept the child equal to z."""
+    """Test-only sample-and-match (docs/verifiers.md rule 2): draw z ~ p, accept the child equal to z."""
 
     supported_kinds = frozenset({NodeKind.DETERMINISTIC})
     supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})

@@ -107,7 +107,7 @@ def test_sums_to_one_on_nested_programs(a, b):
 
 
 def speculative_sampling_step(p, q, rng, use_residual=True):
-    """Classic one-token speculative sampling (ALGORITHMS.md rule 3 with one child)."""
+    """Classic one-token speculative sampling (docs/verifiers.md rule 3 with one child)."""
     x = rng.categorical(q)
     if rng.bernoulli(min(1.0, float(p[x] / q[x]))):
         return x

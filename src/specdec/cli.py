@@ -218,7 +218,7 @@ def _children(q: torch.Tensor, recipe: str, width: int, rng: RandomSource) -> li
     """The children of one node with draft law ``q`` ``[V]``, per ``recipe``.
 
     Returns ``(token, kind, law)`` triples; ``law`` is the exact law a sampled
-    child was drawn from (ALGORITHMS.md: the verifier needs exactly that law).
+    child was drawn from (docs/verifiers.md: the verifier needs exactly that law).
     """
     order = torch.sort(q, descending=True, stable=True).indices
     support = int((q > 0).sum())

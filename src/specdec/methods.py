@@ -3,22 +3,25 @@
 A method is what users pick by name (``SpeculativeGenerator(method="rheo")``).
 Every method is registered under role ``"method"``, so the end-to-end
 losslessness tests cover it the moment it is registered. Defaults and their
-sources are listed in ``docs/methods.md``.
+sources are listed in ``docs/methods.md``. Each method is registered beside
+its builder (:func:`register_method` at the end of the builder's module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from specdec.errors import InvalidConfigError, UnsupportedTreeError
 from specdec.registry import get, register
-from specdec.trees.base import TreeBuilder
-from specdec.verify.base import Verifier
 
-__all__ = ["Method", "METHODS", "resolve_method"]
+if TYPE_CHECKING:  # the builder modules import this one to register their methods
+    from specdec.trees.base import TreeBuilder
+    from specdec.verify.base import Verifier
+
+__all__ = ["Method", "compose", "register_method", "resolve_method"]
 
 
 @attrs.frozen
@@ -79,23 +82,11 @@ def compose(tree: str, verifier: str, options: Mapping[str, Any], context: str =
     return builder, verifier_obj
 
 
-METHODS: tuple[Method, ...] = (
-    Method("sd", "chain", "rejection-iid", {"depth": 4},
-           "classic speculative sampling: a chain of sampled drafts, rule 3"),
-    Method("specinfer", "static", "rejection-iid", {"expansion": (4, 2, 2, 1), "mode": "iid"},
-           "SpecInfer: static tree of i.i.d. sampled children, multi-step rejection (rule 3)"),
-    Method("sequoia", "sequoia", "rejection-wor", {},
-           "Sequoia: DP-optimal static tree, children without replacement (rule 4)"),
-    Method("eagle2", "eagle", "match", {},
-           "EAGLE-2: dynamic top-K tree with global rerank, sample-and-match (rule 2)"),
-    Method("eagle3", "eagle", "match", {},
-           "EAGLE-3: the EAGLE-2 tree driven by an EAGLE-3 draft head, sample-and-match (rule 2)"),
-    Method("rheo", "rheo", "mixed", {},
-           "RheoSampling: dynamic top-K tree plus a sampled slot with proxy weights, mixed rule 5"),
-)
-
-for _method in METHODS:
-    register("method", _method.name)(_method)
+def register_method(method: Method) -> Method:
+    """Register ``method`` under role ``"method"`` by its name; builder modules call it
+    beside their builder class, so a method lives next to the tree it grows."""
+    register("method", method.name)(method)
+    return method
 
 
 def resolve_method(name: str) -> Method:

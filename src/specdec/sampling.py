@@ -76,7 +76,7 @@ def construction_config(sampling: SamplingConfig) -> SamplingConfig:
     """The processing of the draft law ``q`` that branching tree builders rank and draw by.
 
     At ``T > 0`` this is ``sampling`` itself: ``q`` is processed exactly as the
-    target's ``p`` (ALGORITHMS.md, notation). At ``T = 0`` the target law is
+    target's ``p`` (docs/concepts.md, glossary). At ``T = 0`` the target law is
     one-hot and every verifier reduces to rule 1 (accept the child equal to
     ``argmax p``), which never reads ``q``; a one-hot ``q`` would turn every
     top-K tree into a chain (all mass on one token). So at ``T = 0`` builders
@@ -128,7 +128,7 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool 
     """Turn raw logits into the processed next-token distribution.
 
     This is the single definition of ``p`` and ``q`` in specdec
-    (ALGORITHMS.md, Notation): temperature, then top-k, then top-p.
+    (docs/concepts.md, glossary): temperature, then top-k, then top-p.
 
     Args:
         logits: ``[..., V]`` float tensor of raw logits. ``-inf`` marks banned

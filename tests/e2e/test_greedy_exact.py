@@ -1,4 +1,4 @@
-"""Layer 4 of ALGORITHMS.md: at temperature 0 every method reproduces
+"""Layer 4 of docs/concepts.md ("How losslessness is proved"): at temperature 0 every method reproduces
 autoregressive greedy decoding token for token, on a real (tiny, random)
 Hugging Face Llama, with a random-weight draft (worst case: most drafts
 rejected) and with the target as its own draft (best case: every step must

@@ -1,4 +1,4 @@
-"""Layer 3 of ALGORITHMS.md: end-to-end statistical losslessness.
+"""Layer 3 of docs/concepts.md ("How losslessness is proved"): end-to-end statistical losslessness.
 
 Every registered method runs through the real generation loop
 (:class:`specdec.SpeculativeGenerator`) on Markov-table target and draft

@@ -1,7 +1,7 @@
 """Random trees and target rows for the kernel tests (importable by name:
 pytest puts this folder on ``sys.path``).
 
-Every tree has the child mix its verifier supports (ALGORITHMS.md rules 2-5):
+Every tree has the child mix its verifier supports (docs/verifiers.md rules 2-5):
 
 - ``match``: sampled children (i.i.d. or without replacement, from a sparse
   ``q'``) and top-K deterministic children, mixed freely;

@@ -1,4 +1,4 @@
-"""Losslessness with the counter-based stream, statistically (ALGORITHMS.md, test layer 3).
+"""Losslessness with the counter-based stream, statistically (docs/concepts.md, "How losslessness is proved", layer 3).
 
 Exact enumeration (``specdec.testing.exact_law``) proves the rules with an
 enumerating source; it cannot enumerate a Philox stream. So: for each fused
@@ -13,7 +13,7 @@ token's exact law is ``p`` itself (asserted).
 Power: the same harness rejects (a) a CounterRandom that does not advance its
 draw counter inside a node (every draw at a node reuses one uniform) and (b) a
 builder that records the draft's ``q`` where the sampled child was drawn from
-``q'`` (ALGORITHMS.md's pitfall), whose exact first-token law is 0.33 away
+``q'`` (a pitfall docs/verifiers.md names), whose exact first-token law is 0.33 away
 from ``p`` in total variation.
 
 The kernel path (Triton interpreter) runs the same programs' root decisions

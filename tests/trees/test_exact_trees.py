@@ -1,4 +1,4 @@
-"""Layer 2 of ALGORITHMS.md: exact whole-tree losslessness of every builder +
+"""Layer 2 of docs/concepts.md ("How losslessness is proved"): exact whole-tree losslessness of every builder +
 verifier pair, and the mutants that must fail it.
 
 Every case enumerates every draw of the real builder and verifier
@@ -98,7 +98,7 @@ CASES = [
         (1, 2),
         True,
     ),
-    # the residual-mass proxy (ALGORITHMS.md's default)
+    # the residual-mass proxy (the reconstruction's first choice, docs/trees.md)
     ("rheo-residual", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="residual"), "mixed", 3, (1, 2), True),
     ("rheo-residual-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="residual"), "mixed", 4, (3, 4), True),
     (
@@ -139,6 +139,37 @@ def test_whole_tree_is_exact(name, builder, verifier_name, vocab, seeds, dynamic
         assert builder.B < builder.K or builder.K == 1  # the beam competes
     deviation = run_case(builder, verifier_name, vocab, seeds, sampling, check_ties=dynamic and sampling is T1)
     assert deviation < EXACT, f"{name}: deviation {deviation:.3e}"
+
+
+def _registered_examples() -> list[tuple[str, dict]]:
+    cases = []
+    for name in specdec.list_registered("tree"):
+        for options in specdec.get("tree", name).example_options:
+            cases.append((name, dict(options)))
+    return cases
+
+
+REGISTERED = _registered_examples()
+
+
+def test_every_registered_builder_gives_examples():
+    for name in specdec.list_registered("tree"):
+        cls = specdec.get("tree", name)
+        assert cls.example_options, f"tree builder {name!r} gives no example_options"
+        for options in cls.example_options:
+            builder = cls(**options)
+            assert builder.default_verifier in specdec.list_registered("verifier"), name
+            assert builder.max_nodes <= 8, f"{name} example {options} is too large to enumerate"
+
+
+@pytest.mark.parametrize("sampling", [T1, GREEDY], ids=["T1", "T0"])
+@pytest.mark.parametrize("name,options", REGISTERED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(REGISTERED)])
+def test_registered_builder_is_exact(name, options, sampling):
+    """Every registered builder, with each of its example options, verified by
+    its default verifier: the whole-tree law is the target's (V = 4)."""
+    builder = specdec.get("tree", name)(**options)
+    deviation = run_case(builder, builder.default_verifier, 4, (11, 12), sampling)
+    assert deviation < EXACT, f"{name} {options}: deviation {deviation:.3e}"
 
 
 GREEDY_CASES = [
@@ -192,7 +223,7 @@ def test_whole_tree_is_exact_larger(name, builder, verifier_name, vocab, seeds, 
 
 
 # =============================================================== mutants
-# Each mutant changes ONE thing ALGORITHMS.md forbids; each must fail the very
+# Each mutant changes ONE thing docs/verifiers.md forbids; each must fail the very
 # test the correct builder passes on the same setting.
 
 
@@ -234,6 +265,20 @@ class RecordsQInsteadOfQPrime(RheoTreeBuilder):
                 new.append(c)
             out.append(new)
         return out
+
+
+def test_registered_builder_check_catches_a_registered_mutant():
+    """The power of the registry-parametrised test: a broken builder registered
+    with Rheo's example options fails it."""
+    from specdec.registry import register, unregister
+
+    register("tree", "mutant-proxy-true-law")(ProxyIsTrueLaw)
+    try:
+        cls = specdec.get("tree", "mutant-proxy-true-law")
+        deviations = [run_case(cls(**o), cls.default_verifier, 4, (11, 12), T1) for o in cls.example_options]
+    finally:
+        unregister("tree", "mutant-proxy-true-law")
+    assert max(deviations) > BROKEN, deviations
 
 
 @attrs.frozen
@@ -363,7 +408,7 @@ def test_rheo_mutant_is_caught(name, mutant, mutant_verifier, kwargs, vocab, see
 def test_deterministic_first_verifier_is_exact_on_unpruned_trees():
     """The same mutant verifier is lossless when nothing is pruned (a static
     tree): what breaks it above is the pruning that depends on the sampled
-    child's identity, exactly as ALGORITHMS.md rule 5 states."""
+    child's identity, exactly as docs/verifiers.md rule 5 states."""
     builder = RheoTreeBuilder(K=3, m=1, B=4, depth=2, N=100, M=4)
     assert run_case(builder, "mixed", 4, (5, 6), T1, ver=DeterministicFirstVerifier()) < EXACT
 

@@ -1,4 +1,4 @@
-"""Exact whole-tree losslessness harness (ALGORITHMS.md, test layer 2).
+"""Exact whole-tree losslessness harness (docs/concepts.md, "How losslessness is proved", layer 2).
 
 A second-order Markov target and draft over a tiny vocabulary; every random
 draw of the builder and of the verifier is enumerated by

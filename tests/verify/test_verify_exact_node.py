@@ -1,4 +1,4 @@
-"""Layer 1 of ALGORITHMS.md, "How to prove losslessness": exact, per node.
+"""Layer 1 of docs/concepts.md, "How losslessness is proved": exact, per node.
 
 For every registered verifier and every child-kind mix it declares support
 for, on vocabularies of 2..6 tokens with many seeded random target rows ``p``
@@ -8,7 +8,7 @@ same enumerating random source as the verifier) and every accept/reject
 branch of the verifier, and checks
 
 - the law of the first emitted token equals ``p`` to 1e-12;
-- the probability that a root child is accepted equals ALGORITHMS.md's closed
+- the probability that a root child is accepted equals docs/verifiers.md's closed
   form where one is stated (rule 2: ``p(S)``; rule 5 with one sampled child:
   ``p(S) + sum_{x not in S} min(p(x), q'(x))``; rules 3/4 with one child:
   ``sum min(p, q)``; K-SEQ: ``1 - (1 - beta(rho))^k``; greedy: 1 when

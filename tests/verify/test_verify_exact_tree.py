@@ -1,4 +1,4 @@
-"""Layer 2 of ALGORITHMS.md, "How to prove losslessness": exact, whole tree.
+"""Layer 2 of docs/concepts.md, "How losslessness is proved": exact, whole tree.
 
 The target and the draft are fixed random conditional tables ``p(. | prefix)``
 and ``q(. | prefix)`` over a vocabulary of 3 or 4 tokens (rows include zeros,

@@ -1,4 +1,4 @@
-"""Broken variants of the verifiers (ALGORITHMS.md, "Things that look harmless
+"""Broken variants of the verifiers (docs/verifiers.md, "Proving a verifier lossless": things that look harmless
 and are NOT lossless") must FAIL the exact per-node checks that the real
 verifiers pass (tests/verify/test_verify_exact_node.py).
 
@@ -85,7 +85,7 @@ def test_mixed_with_q_instead_of_q_prime_is_caught() -> None:
 
 
 def test_mixed_deterministic_first_is_caught_by_the_acceptance_closed_form() -> None:
-    """Per node on a static tree, deterministic-first is still exact (ALGORITHMS.md
+    """Per node on a static tree, deterministic-first is still exact (docs/verifiers.md
     rule 5) but accepts only ``p(S) + sum_{x not in S} min(p, (1 - p(S)) q')``."""
     mutant = MixedDeterministicFirst()
     gap = 0.0

@@ -231,7 +231,7 @@ def make_node_case(seed: int, V: int, mix: Mix, greedy: bool = False) -> NodeCas
 
 
 def closed_form_acceptance(name: str, case: NodeCase) -> float | None:
-    """ALGORITHMS.md's closed-form acceptance at the node, where one is stated."""
+    """docs/verifiers.md's closed-form acceptance at the node, where one is stated."""
     p, qp, det, mix = case.p, case.q_prime, case.det, case.mix
     pS = float(p[det].sum()) if det else 0.0
     if name == "greedy":

@@ -1,4 +1,4 @@
-"""Broken variants of the verifiers (ALGORITHMS.md, "Things that look harmless
+"""Broken variants of the verifiers (docs/verifiers.md, "Proving a verifier lossless": things that look harmless
 and are NOT lossless"), used by the tests to show that the exact checks catch
 them. Deliberately NOT registered: they must never be picked up by the
 registry-parametrised conformance tests."""

@@ -9,7 +9,7 @@ importing specdec never needs Triton; see ``docs/kernels.md``.
 - KV compaction: :func:`compact_kv_reference` (reference),
   :func:`compact_kv_inplace` (torch, in place), ``compact_kv_triton`` (one
   launch), :func:`compact_kv_auto` (picks by device).
-- Verification (ALGORITHMS.md rules 2-5): the registered verifiers run with a
+- Verification (docs/verifiers.md rules 2-5): the registered verifiers run with a
   :class:`CounterRandom` (reference), :func:`fused_verify` (one launch for
   every node), :class:`StepVerifier` (the generation loop's switch).
 """

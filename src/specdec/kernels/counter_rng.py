@@ -13,7 +13,7 @@ step), ``node`` is the tree node whose rule is drawing and ``draw`` numbers
 the draws made at that node (0, 1, ...). Node ``i``'s decision then depends
 only on ``p[i]``, its children and its own uniforms, so deciding every node
 in parallel and following the accepted children from the root gives exactly
-what the sequential walk gives (ALGORITHMS.md rules 2-5 walk one node per
+what the sequential walk gives (docs/verifiers.md rules 2-5 walk one node per
 depth and never revisit a node).
 
 ``U`` is Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy

@@ -3,7 +3,7 @@
 Words (see :mod:`specdec.verify.base`): *accepted* child, *bonus* token,
 *residual* ``P``; ``q'`` is the recorded law of a node's sampled children.
 
-The reference is the registered verifiers of ALGORITHMS.md rules 2-5 --
+The reference is the registered verifiers of docs/verifiers.md rules 2-5 --
 ``match``, ``rejection-iid``, ``rejection-wor``, ``mixed`` -- run by
 :meth:`Verifier.verify <specdec.verify.base.Verifier.verify>` with a
 :class:`~specdec.kernels.counter_rng.CounterRandom`. With that source, node

@@ -4,7 +4,7 @@ Imported only when Triton is installed (``pip install specdec-trees[kernels]``);
 :mod:`specdec.kernels.verify_fused` builds the inputs, launches
 :func:`launch_decisions` and walks the result. The semantics are those of the
 registered verifiers ``match``, ``rejection-iid``, ``rejection-wor`` and
-``mixed`` (ALGORITHMS.md rules 2-5) run with a
+``mixed`` (docs/verifiers.md rules 2-5) run with a
 :class:`~specdec.kernels.counter_rng.CounterRandom`; the tests check that the
 kernel's discrete outputs equal theirs.
 

@@ -77,7 +77,7 @@ def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
     fill a node's deterministic slots; it is a function of ``q`` alone (no
     random draw), so it is harmless for losslessness. It is never used to rank
     nodes against each other (that is the total order (-score, creation
-    index), ALGORITHMS.md "EAGLE-2/3 dynamic tree"). Tokens with ``q = 0`` are
+    index), docs/trees.md, ``eagle``). Tokens with ``q = 0`` are
     never returned, so a row may yield fewer than ``count`` tokens.
 
     Args:
@@ -209,7 +209,7 @@ def draw_rows(
 def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource) -> list[int]:
     """Draw ``count`` indices from ``probs``, i.i.d. or without replacement.
 
-    Without replacement (ALGORITHMS.md rule 4, the law the verifier undoes):
+    Without replacement (docs/verifiers.md rule 4, the law the verifier undoes):
     sequential categorical draws from ``probs`` with each drawn index zeroed
     and the rest renormalised. If fewer than ``count`` indices have positive
     probability, every one of them is drawn (in draw order) and no more.

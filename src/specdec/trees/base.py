@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -27,15 +28,21 @@ class TreeBuilder(ABC):
       it was drawn from, every top-K child is marked deterministic.
     - Whether a child is kept may depend on the identities of siblings tested
       *before* it at the same node, never on those tested after it
-      (ALGORITHMS.md, RheoSampling).
+      (docs/trees.md, ``rheo``).
     - :attr:`max_nodes` bounds ``n`` (root included) for every call, so the
       generator can check the context budget before it starts.
     - :attr:`produces` names the child kinds the builder can emit, so a method
       can be checked against its verifier when it is composed.
+    - :attr:`example_options` gives small option sets (trees of a few nodes)
+      that the registry-parametrised exact tests build the builder with, each
+      verified by :attr:`default_verifier`: a registered builder is proven
+      lossless by whole-tree enumeration the moment it is registered.
     """
 
     registry_name: ClassVar[str] = "?"
     produces: ClassVar[frozenset[NodeKind]] = frozenset()
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = ()
+    default_verifier: ClassVar[str] = ""
 
     @property
     @abstractmethod

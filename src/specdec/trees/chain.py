@@ -1,7 +1,7 @@
 """The chain builder: classic speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
 One sampled child per node, drawn from the full draft law ``q`` of the node,
-``depth`` levels deep. Verified by recursive rejection (ALGORITHMS.md rule 3,
+``depth`` levels deep. Verified by recursive rejection (docs/verifiers.md rule 3,
 verifier ``"rejection-iid"``): on a chain it is the classic
 ``min(1, p/q)`` test with the ``norm([p - q]+)`` residual. At temperature 0
 ``q`` is one-hot, so the chain is the draft's greedy continuation.
@@ -9,7 +9,8 @@ verifier ``"rejection-iid"``): on a chain it is the classic
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import attrs
 
@@ -20,6 +21,7 @@ from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import check_int, draw_children, normalised_law
 from specdec.trees.base import TreeBuilder
+from specdec.methods import Method, register_method
 
 __all__ = ["ChainTreeBuilder"]
 
@@ -59,6 +61,7 @@ class ChainTreeBuilder(TreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "rejection-iid"
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = ({"depth": 2}, {"depth": 3})
 
     @property
     def max_nodes(self) -> int:
@@ -71,7 +74,7 @@ class ChainTreeBuilder(TreeBuilder):
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         asm = TreeAssembler(root_token, draft.vocab_size)
         q = normalised_law(draft.root_distribution(sampling))
-        node = 0
+        node, token = 0, root_token
         for level in range(self.depth):
             if level > 0:
                 # the node just added gets draft id `level` (root 0, then 1, 2, ...)
@@ -81,3 +84,8 @@ class ChainTreeBuilder(TreeBuilder):
             token = int(law.indices[index])
             node = asm.add_sampled(node, token, law, weight=float(law.probs[index]))
         return asm.build()
+
+
+# the method(s) this builder serves (docs/methods.md)
+register_method(Method("sd", "chain", "rejection-iid", {"depth": 4},
+                "classic speculative sampling: a chain of sampled drafts, rule 3"))

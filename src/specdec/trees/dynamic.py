@@ -5,7 +5,7 @@ child-proposal function; the ``"eagle"`` builder proposes the top-K tokens
 of ``q`` (deterministic children), RheoSampling (:mod:`specdec.trees.rheo`)
 proposes top-(K-m) deterministic children plus sampled slots.
 
-The construction (ALGORITHMS.md, "EAGLE-2/3 dynamic tree"):
+The construction (docs/trees.md, ``eagle``):
 
 - *weight* of a node: ``q(x)`` for a deterministic child (a proxy for a
   sampled one); its *score* is the sum of log weights on its path.
@@ -25,8 +25,8 @@ The construction (ALGORITHMS.md, "EAGLE-2/3 dynamic tree"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -40,6 +40,7 @@ from specdec.trees._common import check_int, log_weights, normalised_law, top_to
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, eagle_level, grow_levelwise
+from specdec.methods import Method, register_method
 
 __all__ = [
     "ChildProposal",
@@ -121,7 +122,7 @@ RankKey = Callable[[DynamicNode], tuple]
 
 
 def rank_key(node: DynamicNode) -> tuple[float, int]:
-    """The total order of ALGORITHMS.md: higher score first, then earlier creation."""
+    """The total order of docs/trees.md (``eagle``): higher score first, then earlier creation."""
     return (-node.score, node.index)
 
 
@@ -274,7 +275,7 @@ class DynamicTreeBuilder(TreeBuilder):
         return self.propose
 
     def rank_key(self, node: DynamicNode) -> tuple:
-        """The total order (-score, creation index) (ALGORITHMS.md)."""
+        """The total order (-score, creation index) (docs/trees.md, ``eagle``)."""
         return rank_key(node)
 
     def keep(self, nodes: Sequence[DynamicNode], num_keep: int, key: RankKey) -> list[DynamicNode]:
@@ -420,6 +421,10 @@ class EagleTreeBuilder(DynamicTreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC})
     default_verifier: ClassVar[str] = "match"
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
+        {"K": 2, "B": 1, "depth": 3, "N": 3},
+        {"K": 3, "B": 2, "depth": 2, "N": 4},
+    )
 
     def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
         return eagle_proposal(q, self.K)
@@ -427,3 +432,10 @@ class EagleTreeBuilder(DynamicTreeBuilder):
     def level_fn(self, sampling: SamplingConfig) -> LevelFn:
         K = self.K
         return lambda q, rng, live: eagle_level(q, K)
+
+
+# the method(s) this builder serves (docs/methods.md)
+register_method(Method("eagle2", "eagle", "match", {},
+                "EAGLE-2: dynamic top-K tree with global rerank, sample-and-match (rule 2)"))
+register_method(Method("eagle3", "eagle", "match", {},
+                "EAGLE-3: the EAGLE-2 tree driven by an EAGLE-3 draft head, sample-and-match (rule 2)"))

@@ -1,8 +1,7 @@
 """RheoSampling: a dynamic (EAGLE-2) tree with sampled slots and proxy weights.
 
 This is specdec's *reconstruction* of RheoSampling from the paper's abstract
-(arXiv:2609.21827), stated in ALGORITHMS.md ("RheoSampling, as
-reconstructed") and proved lossless here by exact whole-tree enumeration
+(arXiv:2609.21827), stated in docs/trees.md (``rheo``) and proved lossless here by exact whole-tree enumeration
 (``tests/trees/test_exact_trees.py``); it is not the authors' code.
 
 Problem: EAGLE-2's top-K children are verified by sample-and-match, which
@@ -15,7 +14,7 @@ every expanded node ``u`` with processed draft law ``q_u``:
    are drawn from ``q'_u`` (without replacement when ``m > 1``, in draw
    order) and recorded with their TRUE law ``q'_u``;
 3. *proxy weight* of a sampled child: a function of ``q_u`` alone, never of
-   the drawn token. ALGORITHMS.md's (``proxy="residual"``): the *residual
+   the drawn token. The reconstruction's first choice (``proxy="residual"``): the *residual
    mass* ``1 - q_u(S_u)`` (what the slot stands for), split evenly,
    ``(1 - q_u(S_u)) / k``, between the ``k`` sampled children when ``k > 1``
    (``k = min(m, |support of q'_u|)``). specdec's default (``proxy="scaled"``)
@@ -44,7 +43,8 @@ EAGLE-2 builds them, and verified greedily (rule 1), so Rheo is EAGLE-2.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -57,6 +57,7 @@ from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_rows, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
 from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
+from specdec.methods import Method, register_method
 
 __all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
 
@@ -70,7 +71,7 @@ def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
 PROXIES = ("scaled", "residual", "displaced")
 """Proxy weights of sampled children: ``"scaled"``, ``c (1 - q(S))`` split evenly
 (specdec's default, ``c = proxy_scale``); ``"residual"``, ``1 - q(S)`` split
-evenly (ALGORITHMS.md's default, ``c = 1``); ``"displaced"``, the ``q`` of the
+evenly (the reconstruction's first choice, ``c = 1``); ``"displaced"``, the ``q`` of the
 token ranked where the child sits (rank ``K - m + i`` for the ``i``-th draw),
 i.e. the weight of the deterministic child EAGLE-2 would have put in that slot.
 All are functions of ``q`` alone, never of the drawn token."""
@@ -154,12 +155,12 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         depth: levels below the root (default 6, as EAGLE-2).
         N: draft nodes kept (default 60, as EAGLE-2).
         M: sparse draft size, the top-``M`` entries of ``q`` (default 1024;
-            ``M >= K - m + 1``; ALGORITHMS.md suggests "64 or so": docs/trees.md
+            ``M >= K - m + 1``; the reconstruction first suggested "64 or so": docs/trees.md
             gives the measurements behind the larger default).
         threshold: inject sampled slots only where the residual mass
             ``1 - q(S)`` is at least this (default 0: wherever it is positive).
         proxy: the sampled children's construction weight, ``"scaled"``
-            (default), ``"residual"`` (ALGORITHMS.md's) or ``"displaced"``
+            (default), ``"residual"`` (the reconstruction's first choice) or ``"displaced"``
             (:data:`PROXIES`).
         proxy_scale: ``c`` of the ``"scaled"`` proxy, in ``(0, 1]`` (default
             0.25; ``1`` is the ``"residual"`` proxy).
@@ -191,6 +192,11 @@ class RheoTreeBuilder(DynamicTreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "mixed"
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
+        {"K": 2, "m": 1, "B": 1, "depth": 3, "N": 3, "M": 3},
+        {"K": 3, "m": 2, "B": 1, "depth": 2, "N": 3, "M": 4, "proxy": "residual"},
+        {"K": 2, "m": 1, "B": 1, "depth": 2, "N": 3, "M": 3, "threshold": 0.4, "proxy": "displaced"},
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -233,8 +239,12 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         return lambda q, rng, live: rheo_level(q, K, m, M, threshold, rng, proxy, scale, live)
 
     def proposer(self, sampling: SamplingConfig) -> ProposeFn:
-        """At ``T = 0`` no node gets a sampled slot (ALGORITHMS.md, RheoSampling
-        step 6): the children are EAGLE-2's top-``K``, so the tree is EAGLE-2's."""
+        """At ``T = 0`` no node gets a sampled slot (docs/trees.md, ``rheo``): the children are EAGLE-2's top-``K``, so the tree is EAGLE-2's."""
         if sampling.greedy:
             return lambda q, rng: eagle_proposal(q, self.K)
         return self.propose
+
+
+# the method(s) this builder serves (docs/methods.md)
+register_method(Method("rheo", "rheo", "mixed", {},
+                "RheoSampling: dynamic top-K tree plus a sampled slot with proxy weights, mixed rule 5"))

@@ -6,7 +6,7 @@ same at every node, the expected number of tokens a tree emits per step
 (accepted drafts + the bonus) is ``1 + sum over children b of a_b * (tokens of
 child b's subtree)``. :func:`sequoia_tree` maximises it over all trees of at
 most ``num_nodes`` draft nodes and depth ``<= max_depth`` by the dynamic
-programme of ALGORITHMS.md::
+programme of docs/trees.md (``sequoia``)::
 
     T[1][l][0] = 1
     T[m][l][b] = max_y  T[y][l][b-1] + a_b * max_b' T[m-y][l-1][b']
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -42,6 +42,7 @@ from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import check_int, check_paths
 from specdec.trees.base import TreeBuilder
 from specdec.trees.static import build_static_tree
+from specdec.methods import Method, register_method
 
 __all__ = [
     "DEFAULT_ACCEPTANCE",
@@ -440,6 +441,9 @@ class SequoiaTreeBuilder(TreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "rejection-wor"
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
+        {"num_nodes": 3, "max_depth": 2, "acceptance": (0.5, 0.2)},
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.explicit_paths is not None:
@@ -470,3 +474,8 @@ class SequoiaTreeBuilder(TreeBuilder):
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng)
+
+
+# the method(s) this builder serves (docs/methods.md)
+register_method(Method("sequoia", "sequoia", "rejection-wor", {},
+                "Sequoia: DP-optimal static tree, children without replacement (rule 4)"))

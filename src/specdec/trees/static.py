@@ -21,8 +21,8 @@ rule 4. Construction weights are ``q(x)`` (unused by the verifiers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import attrs
 
@@ -34,6 +34,7 @@ from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import check_mode, check_paths, draw_children, normalised_law
 from specdec.trees.base import TreeBuilder
+from specdec.methods import Method, register_method
 
 __all__ = ["StaticTreeBuilder", "expansion_to_paths", "build_static_tree", "MAX_STATIC_NODES"]
 
@@ -179,6 +180,11 @@ class StaticTreeBuilder(TreeBuilder):
     paths: tuple[tuple[int, ...], ...] = attrs.field(init=False)
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})
+    example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
+        {"expansion": (2, 1), "mode": "iid"},
+        {"expansion": (2, 1), "mode": "wor"},
+        {"expansion": ((0,), (1,), (0, 0)), "mode": "wor"},
+    )
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "paths", expansion_to_paths(self.expansion))
@@ -198,3 +204,8 @@ class StaticTreeBuilder(TreeBuilder):
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng)
+
+
+# the method(s) this builder serves (docs/methods.md)
+register_method(Method("specinfer", "static", "rejection-iid", {"expansion": (4, 2, 2, 1), "mode": "iid"},
+                "SpecInfer: static tree of i.i.d. sampled children, multi-step rejection (rule 3)"))

@@ -1,4 +1,4 @@
-"""Verifiers: one file per rule of ALGORITHMS.md, all registered under role ``"verifier"``.
+"""Verifiers: one file per rule of docs/verifiers.md, all registered under role ``"verifier"``.
 
 - ``greedy``: rule 1, accept ``argmax p`` (temperature 0); any children.
 - ``match``: rule 2, sample-and-match; any children.

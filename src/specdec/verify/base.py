@@ -1,6 +1,6 @@
 """The verifier interface.
 
-Words (ALGORITHMS.md, glossary):
+Words (docs/concepts.md, glossary):
 
 - ``p``: the target's processed next-token distribution at a tree node
   (:func:`specdec.sampling.process_logits`), ``[V]``; for a whole tree,

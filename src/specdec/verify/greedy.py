@@ -1,4 +1,4 @@
-"""Greedy verification (ALGORITHMS.md rule 1), for temperature 0.
+"""Greedy verification (docs/verifiers.md rule 1), for temperature 0.
 
 At ``T = 0`` the target row ``p`` is one-hot on ``argmax p``: the child whose
 token is ``argmax p`` is accepted (the first such child in

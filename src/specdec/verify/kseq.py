@@ -1,4 +1,4 @@
-"""SpecTr's K-SEQ verification (ALGORITHMS.md rule 6; Sun et al. 2023,
+"""SpecTr's K-SEQ verification (docs/verifiers.md rule 6; Sun et al. 2023,
 "SpecTr: Fast Speculative Decoding via Optimal Transport").
 
 For ``k`` sampled children drawn i.i.d. from the recorded law ``q``:

@@ -1,4 +1,4 @@
-"""Sample-and-match verification (ALGORITHMS.md rule 2; EAGLE-2/3, OPT-Tree).
+"""Sample-and-match verification (docs/verifiers.md rule 2; EAGLE-2/3, OPT-Tree).
 
 Equivalent to drawing ``z ~ p`` and accepting the child equal to ``z`` (the
 bonus is ``z`` when no child matches), implemented in the sequential form:

@@ -1,4 +1,4 @@
-"""The mixed rule (ALGORITHMS.md rule 5; RheoSampling's verifier).
+"""The mixed rule (docs/verifiers.md rule 5; RheoSampling's verifier).
 
 A node may have sampled children (drawn from the recorded law ``q'``) and
 deterministic children (a kept top-K set ``S``). Sampled children are tested

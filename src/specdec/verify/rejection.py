@@ -1,4 +1,4 @@
-"""Recursive rejection verification (ALGORITHMS.md rules 3 and 4).
+"""Recursive rejection verification (docs/verifiers.md rules 3 and 4).
 
 For the sampled children of a node, in draw order, each drawn from the
 recorded proposal law ``q`` (the tree's ``q'``): accept child ``x`` with

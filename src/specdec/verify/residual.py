@@ -1,7 +1,7 @@
 """The per-node math of every verification rule, as small pure functions.
 
 Each function takes and returns tensors over the vocabulary (``[V]``) and does
-one algorithmic step of a rule of ALGORITHMS.md; the verifiers in this package
+one algorithmic step of a rule of docs/verifiers.md; the verifiers in this package
 only do the bookkeeping (which child is tested next, drawing through the
 :class:`~specdec.rng.RandomSource`). Words:
 
@@ -77,7 +77,7 @@ def normalise(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------- rule 2
 def match_accept_prob(P: torch.Tensor, x: int) -> torch.Tensor:
-    """Sample-and-match (ALGORITHMS.md rule 2, sequential form): the child
+    """Sample-and-match (docs/verifiers.md rule 2, sequential form): the child
     ``x`` is accepted with probability ``P(x)``.
 
     Args:
@@ -109,7 +109,7 @@ def match_residual(P: torch.Tensor, x: int) -> torch.Tensor:
 
 # ------------------------------------------------------------ rules 3 and 4
 def rejection_accept_prob(P: torch.Tensor, q: torch.Tensor, x: int) -> torch.Tensor:
-    """Recursive rejection (ALGORITHMS.md rules 3, 4 and the sampled part of
+    """Recursive rejection (docs/verifiers.md rules 3, 4 and the sampled part of
     rule 5): the child ``x``, drawn from ``q``, is accepted with probability
     ``min(1, P(x) / q(x))``.
 
@@ -165,7 +165,7 @@ def _g(beta: float, k: int) -> float:
 
 
 def kseq_beta(p_s: torch.Tensor, q_s: torch.Tensor, rho: float) -> float:
-    """SpecTr's ``beta(rho) = sum_x min(q(x), p(x) / rho)`` (ALGORITHMS.md rule 6).
+    """SpecTr's ``beta(rho) = sum_x min(q(x), p(x) / rho)`` (docs/verifiers.md rule 6).
 
     Args:
         p_s: ``[M]`` target probabilities on the support of ``q``.
@@ -179,7 +179,7 @@ def kseq_beta(p_s: torch.Tensor, q_s: torch.Tensor, rho: float) -> float:
 
 
 def kseq_rho(p_s: torch.Tensor, q_s: torch.Tensor, k: int) -> float:
-    """The K-SEQ ratio (SpecTr, Sun et al. 2023, ALGORITHMS.md rule 6): the
+    """The K-SEQ ratio (SpecTr, Sun et al. 2023, docs/verifiers.md rule 6): the
     smallest ``rho in [1, k]`` with ``1 - (1 - beta(rho))^k <= rho * beta(rho)``.
 
     Any ``rho`` satisfying the inequality makes K-SEQ exact as long as the
