@@ -31,7 +31,7 @@ from specdec.kernels.verify_fused import StepVerifier
 from specdec.regions import model_call
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
-from specdec.step import StepCompiler, StepOutcome, commit_step, speculative_step, step_supported
+from specdec.step import StepCompiler, StepOutcome, StepTally, commit_step, speculative_step, step_supported
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -191,8 +191,7 @@ def _run(
     sampling: SamplingConfig,
     seed: int | None,
     eos_token_id: int | Sequence[int] | None,
-    timings: dict[str, float],
-    counters: dict[str, Any],
+    tally: StepTally,
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
 ) -> Iterator[list[int]]:
@@ -223,7 +222,7 @@ def _run(
         kernel == "auto" and triton_available() and _on_cuda(target) and step_supported(verifier, rng)
     )
     clock_kind = "cuda_events" if tensor_step and _on_cuda(target) else "perf_counter"
-    counters["clock"] = clock_kind
+    tally.clock = clock_kind
     clock = time.perf_counter
     t0 = clock()
     with torch.inference_mode():
@@ -233,7 +232,7 @@ def _run(
             draft.begin(prompt, target_hidden=target.hidden_states())
         elif draft is not None:
             draft.begin(prompt)
-    timings["prefill"] += clock() - t0
+    tally.time_prefill += clock() - t0
     root = prompt[-1]
     produced = 0
     while produced < max_new_tokens:
@@ -242,7 +241,7 @@ def _run(
             t0 = clock()
             if tensor_step:
                 outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
-                                              check_tree=counters["steps"] == 0, clock_kind=clock_kind)
+                                              check_tree=tally.steps == 0, clock_kind=clock_kind)
                 result, num_nodes = outcome.result, outcome.tree_nodes
                 t1 = t0 + outcome.time_draft
                 t2 = t1 + outcome.time_target
@@ -256,28 +255,15 @@ def _run(
                 result = step_verifier(tree, logits, rng)
                 t3 = clock()
                 num_nodes = tree.num_nodes
-        timings["draft"] += t1 - t0
-        timings["target"] += t2 - t1
-        timings["verify"] += t3 - t2
-        counters["steps"] += 1
-        counters["kernel_path"] = "torch" if tensor_step else step_verifier.path_label
-        counters["tree_nodes"] += num_nodes
-        counters["emitted"] += len(result.tokens)
-        counters["accepted"] += result.num_accepted
-        attempted, accepted = counters["depth_attempted"], counters["depth_accepted"]
-        while len(attempted) < result.attempted_depths:
-            attempted.append(0)
-            accepted.append(0)
-        for d in range(result.attempted_depths):
-            attempted[d] += 1
-            accepted[d] += int(d < result.num_accepted)
+        tally.record(result, num_nodes, t1 - t0, t2 - t1, t3 - t2)
+        tally.kernel_path = "torch" if tensor_step else step_verifier.path_label
         kept = list(result.tokens[: max_new_tokens - produced])
         stop = False
         for i, tok in enumerate(kept):
             if tok in eos:
                 kept = kept[: i + 1]
                 stop = True
-                counters["stop_reason"] = "eos"
+                tally.stop_reason = "eos"
                 break
         produced += len(kept)
         yield kept
@@ -286,7 +272,7 @@ def _run(
         t0 = clock()
         with torch.inference_mode():
             commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
-        timings["draft"] += clock() - t0
+        tally.time_draft += clock() - t0
         # the next root: on the device for the tensor builders (no host-to-device copy), else the int
         root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
 
@@ -298,16 +284,6 @@ def _on_cuda(target: TargetModel) -> bool:
         return False
     first = next(iter(params()), None)
     return first is not None and first.is_cuda
-
-
-def _new_accounting() -> tuple[dict[str, float], dict[str, Any]]:
-    timings = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
-    counters: dict[str, Any] = {
-        "steps": 0, "tree_nodes": 0, "emitted": 0, "accepted": 0,
-        "depth_attempted": [], "depth_accepted": [], "stop_reason": "length", "kernel_path": "torch",
-        "clock": "perf_counter",
-    }
-    return timings, counters
 
 
 def _generate(
@@ -324,23 +300,16 @@ def _generate(
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
 ) -> GenerationOutput:
-    timings, counters = _new_accounting()
+    tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, timings, counters, kernel, compiler):
+                      eos_token_id, tally, kernel, compiler):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
     total = time.perf_counter() - start
-    stats = GenerationStats(
-        steps=counters["steps"], new_tokens=len(tokens), emitted=counters["emitted"],
-        accepted=counters["accepted"], depth_attempted=tuple(counters["depth_attempted"]),
-        depth_accepted=tuple(counters["depth_accepted"]), tree_nodes=counters["tree_nodes"],
-        time_prefill=timings["prefill"], time_draft=timings["draft"], time_target=timings["target"],
-        time_verify=timings["verify"], time_total=total, kernel_path=counters["kernel_path"], clock=counters["clock"],
-    )
-    return GenerationOutput(tokens=tokens, stats=stats, stop_reason=counters["stop_reason"])
+    return GenerationOutput(tokens=tokens, stats=tally.stats(len(tokens), total), stop_reason=tally.stop_reason)
 
 
 def _is_hf_model(model: Any) -> bool:
@@ -492,9 +461,8 @@ class SpeculativeGenerator:
         eos_token_id: int | Sequence[int] | None = None,
     ) -> Iterator[list[int]]:
         """Yield each step's new tokens as soon as they are verified."""
-        timings, counters = _new_accounting()
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        sampling or SamplingConfig(), seed, eos_token_id, timings, counters, self.kernel, self.compiler)
+                        sampling or SamplingConfig(), seed, eos_token_id, StepTally(), self.kernel, self.compiler)
 
 
 def autoregressive_generate(

@@ -215,3 +215,46 @@ def test_generator_wires_target_features_for_a_raw_hf_model(target, version):
     assert gen.generate(PROMPT, 12, greedy).tokens == ref.tokens
     with pytest.raises(InvalidConfigError, match="hidden states"):
         specdec.SpeculativeGenerator(target=HFTarget(target), draft=d, method="eagle2")
+
+
+def test_eagle3_proposal_logits_are_the_draft_vocabulary_columns(target):
+    d = _draft(target, 3)
+    ids = d.proposal_ids
+    assert torch.equal(ids, torch.arange(1, V, 2))
+    assert _draft(target, 2).proposal_ids is None
+    d.begin(PROMPT)
+    assert torch.equal(d.root_proposal_logits(), d.root_logits()[ids])
+    full = d.tree_logits([0, 0], [1, 2])
+    d.begin(PROMPT)
+    d.root_logits()
+    reduced = d.tree_proposal_logits([0, 0], [1, 2])
+    assert reduced.shape == (2, ids.numel()) and torch.equal(reduced, full[:, ids])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "rheo"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_eagle3_trees_proposed_in_the_draft_vocabulary_equal_the_full_vocabulary_reference(target, method, temperature):
+    """The tensor builders rank and draw an EAGLE-3 head's q over its Vd columns
+    and map ids once per level; the per-node reference works over the full
+    vocabulary. Same draws, same tree (laws equal to rounding: the softmax sums
+    run over Vd and V entries)."""
+    import specdec
+    from specdec.rng import RandomSource, TorchRandom
+
+    class RowByRow(TorchRandom):
+        categorical_rows = RandomSource.categorical_rows
+
+    builder, _ = specdec.methods.resolve_method(method).build(K=3, depth=3, N=8)
+    sampling = specdec.SamplingConfig(temperature=temperature, top_k=20 if temperature == 0.7 else 0)
+    for seed in range(3):
+        d = _draft(target, 3)
+        d.begin(PROMPT[: 3 + seed])
+        fast = builder.build(PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        d.begin(PROMPT[: 3 + seed])
+        ref = builder.build_reference(PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        for name in ("tokens", "parents", "kinds", "draw_order", "law_index"):
+            assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+        assert torch.allclose(fast.weights, ref.weights, rtol=1e-6, atol=0)
+        for la, lb in zip(fast.laws, ref.laws, strict=True):
+            assert torch.equal(la.indices, lb.indices) and torch.allclose(la.probs, lb.probs, rtol=1e-6, atol=0)
+        assert set(fast.tokens[1:].tolist()) <= set(range(1, V, 2))  # only draft-vocabulary tokens are proposed

@@ -66,15 +66,18 @@ def test_bad_draft_logits_raise_naming_the_draft():
         gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
 
 
-@pytest.mark.parametrize("method", ["eagle2", "rheo"])
+@pytest.mark.parametrize("method", ["eagle2", "rheo", "sd", "specinfer", "sequoia"])
 def test_host_syncs_per_step_outside_the_models(method):
-    """The step path reads the device once per step (the packed decision); the
-    rest of the count is CallableLM's own host bookkeeping in ``accept``, one
-    read per accepted token. The per-node path made hundreds."""
+    """The step path reads the device once per step (the packed decision),
+    for the level-wise and the static-shape builders alike; the rest of the
+    count is bounded by CallableLM's own host bookkeeping. The per-node path
+    made hundreds. (A warm-up run first: a static shape's index tensors are
+    made once per shape and device.)"""
     vocab = 1000
     fixed = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 4
     lm = CallableLM(lambda prefixes: fixed.expand(len(prefixes), vocab).clone(), vocab_size=vocab)
     gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, kernel="torch")
+    gen.generate([1, 2, 3], 2, specdec.SamplingConfig(temperature=1.0), seed=1)
     with StepCounter() as counter:
         out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
     steps, accepted = out.stats.steps, out.stats.accepted

@@ -30,7 +30,7 @@ from specdec.trees import (
     StaticTreeBuilder,
 )
 from specdec.trees import static as static_module
-from specdec.trees._common import draw_children
+from specdec.trees._common import draw_rows
 from specdec.trees.dynamic import DynamicNode
 from specdec.verify.base import NodeOutcome, Verifier
 from specdec.verify.match import sample_and_match
@@ -423,15 +423,18 @@ def test_sibling_creation_order_does_not_matter(seeds):
     assert run_case(builder, "mixed", 3, seeds, T1, check_ties=True) < EXACT
 
 
-def _resorted_by_q(probs, count, mode, rng):
-    """Mutant draw: siblings re-sorted by their q after drawing."""
-    drawn = draw_children(probs, count, mode, rng)
-    return sorted(drawn, key=lambda i: -float(probs[i]))
+def _resorted_by_q(probs, count, mode, rng, active, counts=None):
+    """Mutant draw: each node's siblings re-sorted by their q after drawing."""
+    drawn = draw_rows(probs, count, mode, rng, active, counts=counts)  # [R, c]
+    q = torch.where(drawn >= 0, probs.gather(-1, drawn.clamp_min(0)), -1.0)
+    return drawn.gather(-1, torch.sort(-q, dim=-1, stable=True).indices)
 
 
-def _pruned_by_q(probs, count, mode, rng):
-    """Mutant draw: siblings whose drawn q is below 0.2 are pruned."""
-    return [i for i in draw_children(probs, count, mode, rng) if float(probs[i]) >= 0.2]
+def _pruned_by_q(probs, count, mode, rng, active, counts=None):
+    """Mutant draw: siblings whose drawn q is below 0.2 are pruned (the rest move up)."""
+    drawn = draw_rows(probs, count, mode, rng, active, counts=counts)  # [R, c]
+    keep = (drawn >= 0) & (probs.gather(-1, drawn.clamp_min(0)) >= 0.2)
+    return torch.where(keep, drawn, -1).gather(-1, torch.sort((~keep).long(), dim=-1, stable=True).indices)
 
 
 @pytest.mark.parametrize("mode,verifier_name", [("wor", "rejection-wor"), ("iid", "rejection-iid")])
@@ -439,6 +442,6 @@ def _pruned_by_q(probs, count, mode, rng):
 def test_static_sibling_mutants_are_caught(monkeypatch, mutant_draw, mode, verifier_name):
     builder = StaticTreeBuilder(expansion=(2, 1), mode=mode)
     assert run_case(builder, verifier_name, 3, (1, 2), T1, tied=False) < EXACT
-    monkeypatch.setattr(static_module, "draw_children", mutant_draw)
+    monkeypatch.setattr(static_module, "draw_rows", mutant_draw)
     broken = run_case(builder, verifier_name, 3, (1, 2), T1, tied=False)
     assert broken > BROKEN, f"{mutant_draw.__name__} was not caught ({broken:.3e})"

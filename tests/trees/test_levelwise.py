@@ -165,3 +165,38 @@ def test_every_registered_dynamic_builder_has_a_tensor_form():
         cls = get("tree", name)
         if isinstance(cls, type) and issubclass(cls, DynamicTreeBuilder):
             assert "level_fn" in {k for c in cls.__mro__ if c is not DynamicTreeBuilder for k in c.__dict__}, name
+
+
+STATIC_CASES = [
+    ("chain", dict(depth=1)),
+    ("chain", dict(depth=4)),
+    ("static", dict(expansion=(2, 1), mode="iid")),
+    ("static", dict(expansion=(3, 2, 2), mode="iid")),
+    ("static", dict(expansion=(3, 2, 2), mode="wor")),
+    ("static", dict(expansion=[(0,), (1,), (2,), (0, 0), (0, 1), (2, 0), (0, 0, 0)], mode="wor")),
+    ("sequoia", dict(num_nodes=8, max_depth=3, acceptance=(0.6, 0.2, 0.1))),
+]
+
+
+@pytest.mark.parametrize("name,options", STATIC_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(STATIC_CASES)])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-topk4", "T0"])
+def test_static_tensor_builder_equals_reference(name, options, sampling):
+    """Chain, static and Sequoia shapes grown as index tensors (grow_static)
+    give the reference's tree; without replacement, nodes whose law runs out of
+    tokens lose their missing children and those children's subtrees."""
+    builder = get("tree", name)(**options)
+    shrunk = 0
+    for vocab, seed in itertools.product((3, 5), range(6)):
+        draft = tied_draft(vocab, seed)
+        prompt = [seed % vocab, (seed * 3 + 1) % vocab]
+        draft.begin(prompt)
+        batch = builder.build_batch(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        assert batch.host_trees is None  # grown as tensors, not stacked from a host tree
+        fast = batch.tree(0)
+        draft.begin(prompt)
+        ref = builder.build_reference(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        assert_same_tree(fast, ref)
+        batch.validate()
+        shrunk += fast.num_nodes < builder.max_nodes
+    if name != "chain" and (options.get("mode") == "wor" or name == "sequoia") and sampling.temperature > 0:
+        assert shrunk > 0  # some law ran out of tokens, and the tree lost slots

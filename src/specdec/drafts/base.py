@@ -57,6 +57,28 @@ class DraftModel(ABC):
     def vocab_size(self) -> int:
         """Size ``V`` of the logits this model returns."""
 
+    @property
+    def proposal_ids(self) -> torch.Tensor | None:
+        """``[Vd]`` int64 target ids of the draft's *proposal vocabulary*, ascending,
+        or None (the default: the full vocabulary).
+
+        A draft with a reduced vocabulary (EAGLE-3) returns ``-inf`` outside it
+        from :meth:`root_logits` / :meth:`tree_logits`, and the same logits
+        restricted to it, ``[..., Vd]``, from :meth:`root_proposal_logits` /
+        :meth:`tree_proposal_logits`. The level-wise builders then rank, draw
+        and process ``q`` over ``Vd`` columns and map ids to the target's once
+        per level; the law is the same (processing gives 0 outside the
+        vocabulary either way)."""
+        return None
+
+    def root_proposal_logits(self) -> torch.Tensor:
+        """``[Vd]`` :meth:`root_logits` over the proposal vocabulary (default: :meth:`root_logits`)."""
+        return self.root_logits()
+
+    def tree_proposal_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """``[k, Vd]`` :meth:`tree_logits` over the proposal vocabulary (default: :meth:`tree_logits`)."""
+        return self.tree_logits(parents, tokens)
+
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence whose committed context is ``prompt_ids`` (non-empty)."""
@@ -101,35 +123,42 @@ class DraftModel(ABC):
         return process_logits(self._tree_logits_checked(parents, tokens), sampling)
 
     @final
-    def root_distribution_flagged(self, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def root_distribution_flagged(
+        self, sampling: SamplingConfig, *, proposal: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`root_distribution` for the step path: ``(q [V], bad [])``.
         A row of NaN / +inf / all -inf logits does not raise here (no host
         read); ``bad`` flags it and its ``q`` is not a law. The level-wise
         builders carry the flag to the step's single read
-        (:attr:`~specdec.tree_batch.TreeBatch.draft_bad`), which raises."""
+        (:attr:`~specdec.tree_batch.TreeBatch.draft_bad`), which raises.
+        ``proposal=True``: over the proposal vocabulary (``q [Vd]``, :attr:`proposal_ids`)."""
         with model_call():
-            logits = self._checked(self.root_logits(), 1)
+            logits = self._checked(self.root_proposal_logits() if proposal else self.root_logits(), 1, proposal)
         return process_logits(logits, sampling, check=False), row_is_bad(logits)
 
     @final
     def expand_flagged(
-        self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig
+        self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig, *, proposal: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`expand` for the step path: ``(q [k, V], bad [k])``, as :meth:`root_distribution_flagged`."""
-        logits = self._tree_logits_checked(parents, tokens)
+        """:meth:`expand` for the step path: ``(q [k, V], bad [k])``, as
+        :meth:`root_distribution_flagged` (``proposal=True``: ``q [k, Vd]``)."""
+        logits = self._tree_logits_checked(parents, tokens, proposal)
         return process_logits(logits, sampling, check=False), row_is_bad(logits)
 
-    def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
         with model_call():
-            logits = self.tree_logits(parents, tokens)
-        return self._checked(logits, 2)
+            logits = self.tree_proposal_logits(parents, tokens) if proposal else self.tree_logits(parents, tokens)
+        return self._checked(logits, 2, proposal)
 
-    def _checked(self, logits: torch.Tensor, dims: int) -> torch.Tensor:
-        if logits.dim() != dims or logits.shape[-1] != self.vocab_size:
+    def _checked(self, logits: torch.Tensor, dims: int, proposal: bool = False) -> torch.Tensor:
+        ids = self.proposal_ids if proposal else None
+        width = self.vocab_size if ids is None else int(ids.shape[0])
+        if logits.dim() != dims or logits.shape[-1] != width:
+            name = "V" if ids is None else "Vd (the proposal vocabulary)"
             raise VocabMismatchError(
                 f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)}; "
-                f"expected {'[V]' if dims == 1 else '[k, V]'} with V = {self.vocab_size}"
+                f"expected {'[' if dims == 1 else '[k, '}{name.split()[0]}] with {name} = {width}"
             )
         return logits

@@ -166,8 +166,12 @@ class HFDraft(DraftModel):
             self._root = self._out(logits)
         return self._root
 
-    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Add ``k`` nodes (ids ``num_tree_nodes + 1 ...``) and return their ``[k, V]`` logits, in one forward.
+
+        ``parents`` and ``tokens`` may be ``[k]`` int64 tensors (the tensor
+        builders' form): they are read in one device-to-host copy, since this
+        draft keeps its tree bookkeeping on the host.
 
         Raises:
             ValueError: unknown parent, length mismatch, or a token outside the vocabulary.
@@ -177,6 +181,9 @@ class HFDraft(DraftModel):
             raise RuntimeError("tree_logits() called before begin()")
         if len(parents) != len(tokens):
             raise ValueError(f"tree_logits: {len(parents)} parents but {len(tokens)} tokens")
+        if isinstance(parents, torch.Tensor) and isinstance(tokens, torch.Tensor):
+            # the level's parents and tokens in one host read (this draft keeps its tree on the host)
+            parents, tokens = torch.stack([parents.reshape(-1), tokens.reshape(-1).to(parents.dtype)]).tolist()
         tokens = check_tokens(tokens, self._vocab_size, "tree_logits")
         parents = [int(p) for p in parents]
         for p in parents:

@@ -15,6 +15,7 @@ from specdec.errors import InvalidDistributionError, VocabMismatchError
 from specdec.registry import register
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree
+from specdec.tree_batch import TreeBatch
 
 __all__ = ["CallableLM", "LogitsFn"]
 
@@ -54,7 +55,7 @@ class CallableLM(TargetModel, DraftModel):
         self.target_context: list[int] = []
         self.draft_context: list[int] = []
         self._draft_paths: list[list[int]] = [[]]
-        self._last_tree: DraftTree | None = None
+        self._last_tree: DraftTree | list[int] | None = None
         self.calls = 0
 
     @property
@@ -92,7 +93,9 @@ class CallableLM(TargetModel, DraftModel):
         self._draft_paths = [[]]
         return self._logits([list(self.draft_context)])[0]
 
-    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(parents, torch.Tensor) and isinstance(tokens, torch.Tensor):  # one host read for the level
+            parents, tokens = torch.stack([parents.reshape(-1), tokens.reshape(-1).to(parents.dtype)]).tolist()
         new = []
         for parent, token in zip(parents, tokens, strict=True):
             if not 0 <= parent < len(self._draft_paths):
@@ -120,9 +123,29 @@ class CallableLM(TargetModel, DraftModel):
         self._last_tree = tree
         return self._logits(prefixes)
 
+    def score_batch(self, tree: TreeBatch) -> torch.Tensor:
+        """``[1, n, V]`` logits of a one-tree batch: tokens and parents read in
+        one host copy (this model computes on the host), padding slots get row 0."""
+        if tree.batch_size != 1:
+            raise NotImplementedError(f"{type(self).__name__} scores one tree per step, got a batch of {tree.batch_size}")
+        tokens, parents = torch.stack([tree.tokens[0], tree.parents[0]]).tolist()
+        k = int(tree.num_nodes[0])
+        if tokens[0] != self.target_context[-1]:
+            raise ValueError("the tree's root must be the last committed token")
+        paths: list[list[int]] = [[]]
+        for i in range(1, k):
+            paths.append(paths[parents[i]] + [tokens[i]])
+        self._last_tree = tokens[:k]
+        logits = self._logits([self.target_context + path for path in paths])  # [k, V]
+        pad = tree.node_slots - k
+        if pad:
+            logits = torch.cat([logits, logits[:1].expand(pad, -1)])
+        return logits.unsqueeze(0)
+
     def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:
         if self._last_tree is None:
             raise RuntimeError("accept() called before score_tree()")
-        self.target_context.extend(int(self._last_tree.tokens[i]) for i in accepted_nodes)
+        tokens = self._last_tree if isinstance(self._last_tree, list) else self._last_tree.tokens.tolist()
+        self.target_context.extend(int(tokens[int(i)]) for i in accepted_nodes)
         self.target_context.append(int(bonus_token))
         self._last_tree = None

@@ -171,7 +171,13 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
 
 
 def draw_rows(
-    probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource, active: torch.Tensor
+    probs: torch.Tensor,
+    count: int,
+    mode: SampleMode,
+    rng: RandomSource,
+    active: torch.Tensor,
+    *,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draw ``count`` columns of every active row of ``probs``, i.i.d. or
     without replacement: :func:`draw_children` for a batch of rows.
@@ -187,38 +193,45 @@ def draw_rows(
         mode: :class:`SampleMode`.
         rng: the source of every draw.
         active: ``[R]`` bool rows to draw for.
+        counts: ``[R]`` int64 draws wanted per row (``<= count``; default ``count`` for every row).
 
     Returns:
         ``[R, count]`` int64 drawn columns in draw order, ``-1`` where nothing was drawn.
     """
     drawn = []
     remaining = probs  # [R, L]
-    for _ in range(count):
+    for j in range(count):
+        wanted = active if counts is None else active & (counts > j)  # [R]
         if mode == SampleMode.WITHOUT_REPLACEMENT:
-            mass = remaining.sum(dim=-1)  # [R]
-            live = active & (mass > 0)  # [R]
+            mass = row_mass(remaining)  # [R]
+            live = wanted & (mass > 0)  # [R]
             column = rng.categorical_rows(remaining / torch.where(live, mass, 1.0).unsqueeze(-1), live)  # [R]
             zeroed = remaining.scatter(-1, column.clamp_min(0).unsqueeze(-1), 0.0)
             remaining = torch.where((column >= 0).unsqueeze(-1), zeroed, remaining)
         else:
-            column = rng.categorical_rows(probs, active)  # [R]
+            column = rng.categorical_rows(probs, wanted)  # [R]
         drawn.append(column)
     return torch.stack(drawn, dim=-1)
 
 
-def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource) -> list[int]:
+def draw_children(
+    probs: torch.Tensor, count: int, mode: SampleMode, rng: RandomSource, *, exclude: Sequence[int] = ()
+) -> list[int]:
     """Draw ``count`` indices from ``probs``, i.i.d. or without replacement.
 
     Without replacement (docs/verifiers.md rule 4, the law the verifier undoes):
     sequential categorical draws from ``probs`` with each drawn index zeroed
-    and the rest renormalised. If fewer than ``count`` indices have positive
-    probability, every one of them is drawn (in draw order) and no more.
+    and the rest renormalised (the mass summed left to right, :func:`row_mass`).
+    If fewer than ``count`` indices have positive probability, every one of
+    them is drawn (in draw order) and no more.
 
     Args:
         probs: ``[L]`` float64 probabilities summing to 1.
         count: number of draws wanted (``>= 0``).
         mode: :class:`SampleMode`.
         rng: the source of every draw (``rng.categorical``).
+        exclude: without replacement, indices drawn before (zeroed first), so
+            that a node's draws can be made one at a time.
 
     Returns:
         The drawn indices into ``probs``, in draw order.
@@ -227,8 +240,10 @@ def draw_children(probs: torch.Tensor, count: int, mode: SampleMode, rng: Random
         return [rng.categorical(probs) for _ in range(count)]
     drawn: list[int] = []
     remaining = probs.clone()
+    if exclude:
+        remaining[list(exclude)] = 0.0
     for _ in range(count):
-        mass = float(remaining.sum())
+        mass = float(row_mass(remaining))
         if not mass > 0.0:
             break
         index = rng.categorical(remaining / mass)

@@ -20,7 +20,9 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import check_int, draw_children, normalised_law
+from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
+from specdec.trees.static import grow_static, static_layout
 from specdec.methods import Method, register_method
 
 __all__ = ["ChainTreeBuilder"]
@@ -71,7 +73,26 @@ class ChainTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return self.depth
 
+    def build_batch(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
+    ) -> TreeBatch:
+        """The step path: the chain as a static shape, :func:`~specdec.trees.static.grow_static`."""
+        if type(self).build is not ChainTreeBuilder.build:  # a subclass that redefines build() (the tests' mutants) is stacked
+            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
+        return self._grow(root_token, draft, sampling, rng)
+
+    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        paths = tuple((0,) * d for d in range(1, self.depth + 1))
+        return grow_static(static_layout(paths), SampleMode.IID, root_token, draft, sampling, rng, construction=False)
+
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
+        return self._grow(root_token, draft, sampling, rng).tree(0)
+
+    def build_reference(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+    ) -> DraftTree:
+        """The per-node reference: one draw per level from the full draft law."""
         asm = TreeAssembler(root_token, draft.vocab_size)
         q = normalised_law(draft.root_distribution(sampling))
         node, token = 0, root_token

@@ -177,11 +177,17 @@ def grow_levelwise(
         A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
         node slots: the kept nodes in creation order, padding past ``num_nodes``.
     """
-    q, bad = draft.root_distribution_flagged(sampling)  # [V], []
-    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, V]; a bad row proposes nothing
+    # a draft with a reduced proposal vocabulary (EAGLE-3) is ranked and drawn over its Vd columns;
+    # the level's ids are mapped to the target's once, right after the level function
+    vocab_ids = draft.proposal_ids  # [Vd] or None
+    reduced = vocab_ids is not None
+    q, bad = draft.root_distribution_flagged(sampling, proposal=reduced)  # [Vd], []
+    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, Vd]; a bad row proposes nothing
     draft_bad = bad.reshape(1)  # [1] raised by the step's one read
     dev = q.device
-    vocab = q.shape[-1]
+    vocab = draft.vocab_size
+    if reduced:
+        vocab_ids = vocab_ids.to(dev)
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)  # [1]
     # the created nodes, level by level (index 0 = the root); each list entry is one level, flat
     tok = [root]
@@ -207,6 +213,11 @@ def grow_levelwise(
                 else torch.empty(q.shape[0], 0, dtype=torch.float64, device=q.device)
             )  # [R, draws]
             lv = compiled_level(q, u, live)
+        if reduced:  # draft ids -> target ids (padding -1 stays -1)
+            lv = lv._replace(
+                tokens=torch.where(lv.tokens >= 0, vocab_ids[lv.tokens.clamp_min(0)], -1),
+                law_ids=torch.where(lv.law_ids >= 0, vocab_ids[lv.law_ids.clamp_min(0)], -1),
+            )
         R, C = lv.tokens.shape
         laws.append(lv)
         lv_tok = lv.tokens.reshape(-1)  # [R * C]
@@ -224,7 +235,9 @@ def grow_levelwise(
         beam_tok = lv_tok[beam]
         parent_draft = beam // C + rows_first_id  # [width] draft ids of the beam nodes' parents
         # an unused slot in the beam (fewer than B real nodes) is expanded with the root's token; its children score -inf
-        q, bad = draft.expand_flagged(parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling)  # [width, V]
+        q, bad = draft.expand_flagged(
+            parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, proposal=reduced
+        )  # [width, Vd]
         q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))
         parent_ci = beam + first_ci  # [width]
         parent_score = lv_score[beam]

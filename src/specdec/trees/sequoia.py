@@ -41,7 +41,8 @@ from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import check_int, check_paths
 from specdec.trees.base import TreeBuilder
-from specdec.trees.static import build_static_tree
+from specdec.tree_batch import TreeBatch
+from specdec.trees.static import build_static_tree, grow_static, static_layout
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -472,7 +473,25 @@ class SequoiaTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return max(len(p) for p in self.paths)
 
+    def build_batch(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
+    ) -> TreeBatch:
+        """The step path: :func:`~specdec.trees.static.grow_static` (tensor ops, no host read)."""
+        if type(self).build is not SequoiaTreeBuilder.build:  # a subclass that redefines build() (the tests' mutants) is stacked
+            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
+        return self._grow(root_token, draft, sampling, rng)
+
+    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        return grow_static(static_layout(self.paths), SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng)
+
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
+        return self._grow(root_token, draft, sampling, rng).tree(0)
+
+    def build_reference(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+    ) -> DraftTree:
+        """The per-node reference, :func:`~specdec.trees.static.build_static_tree`."""
         return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng)
 
 

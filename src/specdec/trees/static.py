@@ -21,10 +21,12 @@ rule 4. Construction weights are ``q(x)`` (unused by the verifiers).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
@@ -32,11 +34,12 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
-from specdec.trees._common import check_mode, check_paths, draw_children, normalised_law
+from specdec.tree_batch import PAD, TreeBatch
+from specdec.trees._common import check_mode, check_paths, draw_children, draw_rows, normalised_law
 from specdec.trees.base import TreeBuilder
 from specdec.methods import Method, register_method
 
-__all__ = ["StaticTreeBuilder", "expansion_to_paths", "build_static_tree", "MAX_STATIC_NODES"]
+__all__ = ["StaticTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "MAX_STATIC_NODES"]
 
 MAX_STATIC_NODES = 1 << 16
 """Largest static shape accepted (draft nodes); larger shapes raise InvalidConfigError."""
@@ -123,10 +126,16 @@ def build_static_tree(
     parents: list[tuple[int, ...]] = [()]
     next_draft_id = 1
     while parents:
+        laws = {parent: SparseLaw.from_dense(q_of.pop(parent), mode) for parent in parents}
+        drawn: dict[tuple[int, ...], list[int]] = {parent: [] for parent in parents}
+        for slot in range(max(slots[parent] for parent in parents)):  # slot j of every node before slot j + 1 of any
+            for parent in parents:
+                if slot < slots[parent] and len(drawn[parent]) == slot:
+                    drawn[parent].extend(draw_children(laws[parent].probs, 1, mode, rng, exclude=drawn[parent]))
         created: list[tuple[int, ...]] = []
-        for parent in parents:
-            law = SparseLaw.from_dense(q_of.pop(parent), mode)
-            for slot, index in enumerate(draw_children(law.probs, slots[parent], mode, rng)):
+        for parent in parents:  # nodes are added breadth first, each node's children in slot order
+            law = laws[parent]
+            for slot, index in enumerate(drawn[parent]):
                 path = parent + (slot,)
                 token_of[path] = int(law.indices[index])
                 node_of[path] = asm.add_sampled(node_of[parent], token_of[path], law, weight=float(law.probs[index]))
@@ -141,6 +150,160 @@ def build_static_tree(
                 next_draft_id += 1
                 q_of[path] = q[row]
     return asm.build()
+
+
+@attrs.frozen(eq=False)
+class StaticLayout:
+    """A static shape as index tensors, computed once per builder (host work,
+    off the step path). Node ``i >= 1`` is ``paths[i - 1]`` (breadth first, so
+    parents come before children and siblings are in slot order).
+
+    Attributes:
+        paths: the shape's child-slot paths.
+        parents: ``[n]`` parent of each node (root ``-1``).
+        slots: ``[n]`` child slot of each node (its draw order; root 0).
+        depths: ``[n]`` depth of each node.
+        levels: per depth ``d = 1..D``, ``(expanded, counts, nodes,
+            child_rows, child_slots)``: the nodes at depth ``d - 1`` with
+            children (in node order) and their numbers of children; the nodes
+            at depth ``d``, the row of each one's parent among ``expanded`` and its slot.
+        max_counts: per depth, the most children of one node (host ints: loop bounds).
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: torch.Tensor
+    slots: torch.Tensor
+    depths: torch.Tensor
+    levels: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    max_counts: tuple[int, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
+    @classmethod
+    def of(cls, paths: Sequence[tuple[int, ...]]) -> StaticLayout:
+        index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        parents = [-1] + [index[p[:-1]] for p in paths]
+        slots = [0] + [p[-1] for p in paths]
+        depths = [0] + [len(p) for p in paths]
+        levels, max_counts = [], []
+        for d in range(1, max(depths) + 1):
+            nodes = [i for i in range(len(parents)) if depths[i] == d]
+            expanded = sorted({parents[i] for i in nodes})
+            row = {e: r for r, e in enumerate(expanded)}
+            counts = [sum(1 for i in nodes if parents[i] == e) for e in expanded]
+            levels.append(tuple(
+                torch.tensor(x, dtype=torch.int64)
+                for x in (expanded, counts, nodes, [row[parents[i]] for i in nodes], [slots[i] for i in nodes])
+            ))
+            max_counts.append(max(counts))
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+        return cls(
+            paths=tuple(tuple(p) for p in paths), parents=as_t(parents), slots=as_t(slots), depths=as_t(depths), levels=tuple(levels),
+            max_counts=tuple(max_counts),
+        )
+
+    def to(self, device: torch.device) -> StaticLayout:
+        return StaticLayout(
+            paths=self.paths, parents=self.parents.to(device), slots=self.slots.to(device), depths=self.depths.to(device),
+            levels=tuple(tuple(t.to(device) for t in lv) for lv in self.levels),  # type: ignore[misc]
+            max_counts=self.max_counts,
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def static_layout(paths: tuple[tuple[int, ...], ...], device: str = "cpu") -> StaticLayout:
+    """The :class:`StaticLayout` of ``paths`` on ``device``, built once and cached."""
+    layout = StaticLayout.of(paths)
+    return layout if device == "cpu" else layout.to(torch.device(device))
+
+
+def grow_static(
+    layout: StaticLayout,
+    mode: SampleMode,
+    root_token: int | torch.Tensor,
+    draft: DraftModel,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    *,
+    construction: bool = True,
+) -> TreeBatch:
+    """The tensor form of :func:`build_static_tree`: the same tree (for the same
+    draws), as a one-tree :class:`~specdec.tree_batch.TreeBatch` on the draft's
+    device, with no host read.
+
+    Each level is one draft call for every node of the previous level that has
+    children, then ``max(counts)`` batched draws (:func:`~specdec.trees._common.draw_rows`,
+    slot ``j`` of every node before slot ``j + 1`` of any). Without
+    replacement a node whose law runs out of tokens draws no more; its missing
+    children and their subtrees are dropped and the kept nodes packed in
+    breadth-first order, as :func:`build_static_tree` leaves them out.
+
+    ``construction=False`` draws from the draft law processed by ``sampling``
+    itself, also at ``T = 0`` (the chain's one-hot draft); the default draws
+    from :func:`~specdec.sampling.construction_config`'s law, as
+    :func:`build_static_tree` does.
+    """
+    config = construction_config(sampling) if construction else sampling
+    q, bad = draft.root_distribution_flagged(config)  # [V], []
+    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, V]
+    dev, vocab, n = q.device, q.shape[-1], layout.num_nodes
+    lay = layout if layout.parents.device == dev else static_layout(layout.paths, str(dev))
+    draft_bad = bad.reshape(1)  # [1]
+    root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)
+    tokens = root.expand(n).clone()  # [n] full layout
+    valid = torch.zeros(n, dtype=torch.bool, device=dev)
+    valid[0] = True
+    weights = torch.ones(n, dtype=torch.float64, device=dev)
+    law_probs = torch.zeros(n, vocab, dtype=torch.float64, device=dev)  # [n, V] q of each node's children
+    draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node
+    next_id = 1
+    for d, ((expanded, counts, nodes, child_rows, child_slots), width) in enumerate(
+        zip(lay.levels, lay.max_counts), start=1
+    ):
+        alive = valid[expanded]  # [R]
+        if d > 1:  # one draft call for the whole level (dead rows carry the root token; their q is unused)
+            q, bad = draft.expand_flagged(draft_id[lay.parents[expanded]], torch.where(alive, tokens[expanded], root), config)
+            q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [R, V]
+            draft_bad = draft_bad | (bad & alive).any().reshape(1)
+            draft_id[expanded] = torch.arange(next_id, next_id + expanded.shape[0], device=dev)
+            next_id += int(expanded.shape[0])
+        law_probs[expanded] = q
+        drawn = draw_rows(q, width, mode, rng, alive, counts=counts)  # [R, width] token ids, -1 = none
+        tok = drawn[child_rows, child_slots]  # [k]
+        valid[nodes] = tok >= 0
+        tokens[nodes] = torch.where(tok >= 0, tok, root)
+        weights[nodes] = torch.where(tok >= 0, q[child_rows, tok.clamp_min(0)], 0.0)
+    # pack the kept nodes first, breadth first (the order build_static_tree adds them in)
+    index = torch.arange(n, device=dev)
+    order = torch.sort(torch.where(valid, index, index + n)).values
+    order = torch.where(order >= n, order - n, order)  # [n] full-layout node of each packed slot
+    live = valid[order]
+    position = torch.empty(n, dtype=torch.int64, device=dev).index_copy(0, order, index)
+    full_par = lay.parents[order]
+    parents = torch.where(live & (full_par >= 0), position[full_par.clamp_min(0)], -1)
+    kinds = torch.where(live, int(NodeKind.SAMPLED), PAD)
+    kinds[0] = int(NodeKind.ROOT)
+    kids = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add(0, parents.clamp_min(0), (parents >= 0).long())
+    has_kids = kids > 0  # [n] the node's law is recorded only where it has children
+    probs = torch.where(has_kids.unsqueeze(-1), law_probs[order], 0.0)  # [n, V]
+    ids = torch.where(probs > 0, torch.arange(vocab, device=dev), -1)
+    eye = torch.eye(n, dtype=torch.bool, device=dev)
+    anc = eye
+    for _ in range(len(lay.levels)):
+        anc = eye | torch.where((parents >= 0).unsqueeze(-1), anc[parents.clamp_min(0)], False)
+    counts_max = max(lay.max_counts)
+    return TreeBatch(
+        tokens=torch.where(live, tokens[order], root)[None], parents=parents[None],
+        depths=torch.where(live, lay.depths[order], 0)[None], kinds=kinds[None],
+        draw_order=torch.where(live, lay.slots[order], 0)[None],
+        weights=torch.where(live, weights[order], 0.0)[None], num_nodes=live.sum().reshape(1),
+        law_ids=ids[None], law_probs=probs[None],
+        law_wor=(has_kids & (mode == SampleMode.WITHOUT_REPLACEMENT))[None], ancestors=anc[None],
+        vocab_size=vocab, max_children=counts_max, max_depth=len(lay.levels), draft_bad=draft_bad,
+        max_sampled=counts_max,
+    )
 
 
 def _convert_expansion(value: object) -> tuple:
@@ -202,7 +365,25 @@ class StaticTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return max(len(p) for p in self.paths)
 
+    def build_batch(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
+    ) -> TreeBatch:
+        """The step path: :func:`grow_static` (tensor ops, no host read; ``compiler`` is not used)."""
+        if type(self).build is not StaticTreeBuilder.build:  # a subclass that redefines build() (the tests' mutants) is stacked
+            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
+        return self._grow(root_token, draft, sampling, rng)
+
+    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        return grow_static(static_layout(self.paths), self.mode, root_token, draft, sampling, rng)
+
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
+        return self._grow(root_token, draft, sampling, rng).tree(0)
+
+    def build_reference(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+    ) -> DraftTree:
+        """The per-node reference, :func:`build_static_tree`."""
         return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng)
 
 

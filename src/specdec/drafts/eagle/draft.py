@@ -178,6 +178,26 @@ class EagleDraft(DraftModel):
         with torch.inference_mode():
             return self.head.full_logits(self._last_h[None])[0]
 
+    @property
+    def proposal_ids(self) -> torch.Tensor | None:
+        """EAGLE-3: the ``[Vd]`` target ids of the head's draft vocabulary
+        (``j + d2t[j]``, ascending in every reference checkpoint; where a
+        checkpoint's map is not ascending, ties at a top-K cut are broken by
+        the smaller draft id); EAGLE-2: None (the target's vocabulary)."""
+        if self.head.config.version == 2:
+            return None
+        if getattr(self, "_proposal_ids", None) is None:
+            self._proposal_ids = self.head.draft_to_target.to(self._device)
+        return self._proposal_ids
+
+    def root_proposal_logits(self) -> torch.Tensor:
+        """``[Vd]`` the root's logits over the draft vocabulary (no scatter to ``V``)."""
+        if self._last_h is None:
+            raise RuntimeError("root_logits() before begin()")
+        self._drop_tree()
+        with torch.inference_mode():
+            return self.head.draft_logits(self._last_h[None])[0].float()
+
     def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """One forward for ``k`` new tree nodes (a whole level).
 
@@ -185,13 +205,31 @@ class EagleDraft(DraftModel):
         are, with no host read: their ids are not range-checked (an id out of
         range fails in the indexing). Python sequences are checked first.
         """
+        h = self._grow(parents, tokens)
+        if h is None:
+            return torch.empty(0, self.vocab_size)
+        with torch.inference_mode():
+            return self.head.full_logits(h)
+
+    def tree_proposal_logits(
+        self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`tree_logits` over the draft vocabulary, ``[k, Vd]``."""
+        h = self._grow(parents, tokens)
+        if h is None:
+            return torch.empty(0, self.head.config.draft_vocab_size)
+        with torch.inference_mode():
+            return self.head.draft_logits(h).float()
+
+    def _grow(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor | None:
+        """Add ``k`` tree nodes; return their outputs ``h [k, H]`` (None for ``k = 0``)."""
         if self._last_h is None:
             raise RuntimeError("tree_logits() before begin()")
         if len(parents) != len(tokens):
             raise ValueError(f"tree_logits: {len(parents)} parents but {len(tokens)} tokens")
         k = len(tokens)
         if k == 0:
-            return torch.empty(0, self.vocab_size)
+            return None
         n_nodes = int(self._depth.shape[0])
         if not isinstance(parents, torch.Tensor) or not isinstance(tokens, torch.Tensor):
             parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
@@ -232,7 +270,7 @@ class EagleDraft(DraftModel):
             grown[n_nodes:, :n_nodes] = anc
             grown[n_nodes:, n_nodes:] = torch.eye(k, dtype=torch.bool, device=self._device)
             self._anc = grown
-            return self.head.full_logits(h[0])
+            return h[0]
 
     def commit(
         self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None, device_tokens: torch.Tensor | None = None
