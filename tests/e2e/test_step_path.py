@@ -122,3 +122,56 @@ def test_the_time_split_is_measured_and_names_its_clock():
     assert stats.clock == "perf_counter" and stats.as_dict()["clock"] == "perf_counter"
     assert stats.time_draft > 0 and stats.time_target > 0 and stats.time_verify > 0
     assert stats.time_draft + stats.time_target + stats.time_verify <= stats.time_total
+
+
+def test_proposal_logits_of_the_wrong_width_raise():
+    """A draft that declares a proposal vocabulary must return logits over it."""
+    from specdec.errors import VocabMismatchError
+
+    class WrongWidth(CallableLM):
+        @property
+        def proposal_ids(self):
+            return torch.tensor([0, 1, 2])
+
+        def root_proposal_logits(self):
+            return torch.zeros(V)  # [V], not [3]
+
+    draft = WrongWidth(lambda prefixes: torch.zeros(len(prefixes), V), vocab_size=V)
+    gen = specdec.SpeculativeGenerator(target=grammar_target(), draft=draft, method="eagle2")
+    with pytest.raises(VocabMismatchError, match="proposal vocabulary"):
+        gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
+
+
+def test_a_reduced_proposal_vocabulary_proposes_only_its_tokens():
+    """CallableLM with a declared proposal vocabulary: the tensor builders draw
+    and rank over its columns and emit target ids; greedy output is unchanged."""
+
+    class Reduced(CallableLM):
+        keep = torch.tensor([0, 2, 3])
+
+        @property
+        def proposal_ids(self):
+            return self.keep
+
+        def root_proposal_logits(self):
+            return self.root_logits()[self.keep]
+
+        def tree_proposal_logits(self, parents, tokens):
+            return self.tree_logits(parents, tokens)[:, self.keep]
+
+    def fn(prefixes):
+        out = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])).roll(1).expand(len(prefixes), V).clone()
+        out[:, [1, 4]] = float("-inf")  # the full-vocabulary logits are -inf outside the proposal vocabulary
+        return out
+
+    draft = Reduced(fn, vocab_size=V)
+    target = grammar_target()
+    for method in ("eagle2", "rheo"):
+        gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, K=2, depth=2, N=4)
+        draft.begin([0, 1])
+        batch = gen.builder.build_batch(1, draft, specdec.SamplingConfig(), specdec.TorchRandom.seeded(0))
+        tree = batch.tree(0)
+        assert set(tree.tokens[1:].tolist()) <= {0, 2, 3}
+        ref = specdec.autoregressive_generate(target, [0, 1], 6, specdec.SamplingConfig(temperature=0.0))
+        out = gen.generate([0, 1], 6, specdec.SamplingConfig(temperature=0.0), seed=0)
+        assert out.tokens == ref.tokens

@@ -40,9 +40,7 @@ from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import check_int, check_paths
-from specdec.trees.base import TreeBuilder
-from specdec.tree_batch import TreeBatch
-from specdec.trees.static import build_static_tree, grow_static, static_layout
+from specdec.trees.static import ShapedTreeBuilder, build_static_tree
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -403,7 +401,7 @@ def _optional_acceptance(value: object) -> tuple[float, ...] | None:
 
 @register("tree", "sequoia")
 @attrs.frozen
-class SequoiaTreeBuilder(TreeBuilder):
+class SequoiaTreeBuilder(ShapedTreeBuilder):
     """Sequoia's DP-optimal tree, children drawn without replacement.
 
     Give either the DP inputs (``num_nodes``, ``max_depth``, ``acceptance``;
@@ -473,20 +471,8 @@ class SequoiaTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return max(len(p) for p in self.paths)
 
-    def build_batch(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
-    ) -> TreeBatch:
-        """The step path: :func:`~specdec.trees.static.grow_static` (tensor ops, no host read)."""
-        if type(self).build is not SequoiaTreeBuilder.build:  # a subclass that redefines build() (the tests' mutants) is stacked
-            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
-        return self._grow(root_token, draft, sampling, rng)
-
-    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
-        return grow_static(static_layout(self.paths), SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng)
-
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
-        return self._grow(root_token, draft, sampling, rng).tree(0)
+    def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
+        return self.paths, SampleMode.WITHOUT_REPLACEMENT
 
     def build_reference(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource

@@ -39,7 +39,7 @@ from specdec.trees._common import check_mode, check_paths, draw_children, draw_r
 from specdec.trees.base import TreeBuilder
 from specdec.methods import Method, register_method
 
-__all__ = ["StaticTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "MAX_STATIC_NODES"]
+__all__ = ["StaticTreeBuilder", "ShapedTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "MAX_STATIC_NODES"]
 
 MAX_STATIC_NODES = 1 << 16
 """Largest static shape accepted (draft nodes); larger shapes raise InvalidConfigError."""
@@ -306,6 +306,37 @@ def grow_static(
     )
 
 
+class ShapedTreeBuilder(TreeBuilder):
+    """A builder whose trees have a fixed shape (chain, static, Sequoia): the
+    step path grows it with :func:`grow_static`; :meth:`build` is that tree
+    seen as a :class:`~specdec.tree.DraftTree`. Subclasses give
+    :meth:`shape` (and :attr:`construction`); a subclass that redefines
+    :meth:`build` (the tests' mutants) has its trees stacked instead."""
+
+    construction: ClassVar[bool] = True
+    """Draw from the :func:`~specdec.sampling.construction_config` law (False: the target's processing)."""
+
+    def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
+        """``(paths, mode)``: the child-slot paths and how children are drawn."""
+        raise NotImplementedError
+
+    def build_batch(
+        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
+    ) -> TreeBatch:
+        """The step path: :func:`grow_static` (tensor ops, no host read; ``compiler`` is not used)."""
+        if type(self).build is not ShapedTreeBuilder.build:
+            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
+        return self._grow(root_token, draft, sampling, rng)
+
+    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
+        return self._grow(root_token, draft, sampling, rng).tree(0)
+
+    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        paths, mode = self.shape()
+        return grow_static(static_layout(paths), mode, root_token, draft, sampling, rng, construction=self.construction)
+
+
 def _convert_expansion(value: object) -> tuple:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidConfigError(
@@ -316,7 +347,7 @@ def _convert_expansion(value: object) -> tuple:
 
 @register("tree", "static")
 @attrs.frozen
-class StaticTreeBuilder(TreeBuilder):
+class StaticTreeBuilder(ShapedTreeBuilder):
     """A static tree of sampled children (SpecInfer).
 
     Args:
@@ -365,20 +396,8 @@ class StaticTreeBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return max(len(p) for p in self.paths)
 
-    def build_batch(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
-    ) -> TreeBatch:
-        """The step path: :func:`grow_static` (tensor ops, no host read; ``compiler`` is not used)."""
-        if type(self).build is not StaticTreeBuilder.build:  # a subclass that redefines build() (the tests' mutants) is stacked
-            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
-        return self._grow(root_token, draft, sampling, rng)
-
-    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
-        return grow_static(static_layout(self.paths), self.mode, root_token, draft, sampling, rng)
-
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
-        return self._grow(root_token, draft, sampling, rng).tree(0)
+    def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
+        return self.paths, self.mode
 
     def build_reference(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
