@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
 from specdec.kernels.verify_fused import StepVerifier, fused_verify, node_decisions
 from specdec.registry import get

@@ -57,7 +57,7 @@ import specdec.drafts.base as drafts_base
 import specdec.trees.dynamic as dynamic
 import specdec.trees.rheo as rheo
 import specdec.trees.static as static
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
 from specdec.models import CallableLM
 from specdec.registry import get

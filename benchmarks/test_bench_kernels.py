@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from gpu_check import RULES, make_case
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, kv_keep_index
 from specdec.kernels.select import compact_kv_auto, triton_available
 from specdec.kernels.verify_fused import StepVerifier

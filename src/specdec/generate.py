@@ -29,7 +29,7 @@ from specdec.errors import ContextOverflowError, InvalidConfigError, InvalidDist
 from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.regions import model_call
-from specdec.rng import RandomSource, TorchRandom
+from specdec.rng import CounterRandom, RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.step import StepCompiler, StepOutcome, StepTally, commit_step, speculative_step, step_supported
 from specdec.targets.base import TargetModel
@@ -194,6 +194,7 @@ def _run(
     tally: StepTally,
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
+    random: str = "torch",
 ) -> Iterator[list[int]]:
     """The step loop; yields the tokens kept at each step."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
@@ -214,7 +215,7 @@ def _run(
         raise InvalidDistributionError(
             f"verifier {verifier.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
         )
-    rng = TorchRandom.seeded(seed)
+    rng: RandomSource = TorchRandom.seeded(seed) if random == "torch" else CounterRandom.seeded(seed)
     # the step (specdec.step: the verifier's parallel rule, or its walk for a verifier without one),
     # or, with kernel="triton" (or "auto" on CUDA with Triton), the fused Triton kernel (specdec.kernels)
     step_verifier = StepVerifier(verifier, sampling, seed, kernel)
@@ -299,12 +300,13 @@ def _generate(
     callback: Callable[[list[int]], None] | None,
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
+    random: str = "torch",
 ) -> GenerationOutput:
     tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, tally, kernel, compiler):
+                      eos_token_id, tally, kernel, compiler, random):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -346,6 +348,10 @@ def _as_draft(model: Any) -> DraftModel | None:
     raise InvalidConfigError(f"draft must be a DraftModel or a transformers PreTrainedModel, got {type(model).__name__}")
 
 
+RANDOM_CHOICES = ("torch", "counter")
+"""The random streams :class:`SpeculativeGenerator` can draw from (``random=``)."""
+
+
 class SpeculativeGenerator:
     """Lossless speculative generation with a named method or an explicit composition.
 
@@ -369,6 +375,13 @@ class SpeculativeGenerator:
             (:class:`~specdec.step.StepCompiler`). Default False. The law is the
             same; Rheo's sampled slots then read the random stream in another
             order, so seeded outputs differ from an uncompiled run.
+        random: ``"torch"`` (default: draws from a seeded ``torch.Generator``)
+            or ``"counter"``: every draw of builder and verifier comes from one
+            :class:`~specdec.rng.CounterRandom` stream keyed by (walk, node,
+            draw), the stream the fused Triton kernel draws from, so that
+            ``kernel="torch"`` and ``kernel="triton"`` emit the same tokens for
+            a seed (tested). It costs some 300 small integer ops per table
+            (Philox in torch ops; ``compile=True`` fuses them).
         **method_options: tree builder parameters overriding the defaults.
 
     Example:
@@ -391,6 +404,7 @@ class SpeculativeGenerator:
         verifier: str | None = None,
         kernel: str = "auto",
         compile: bool | str = False,
+        random: str = "torch",
         **method_options: Any,
     ) -> None:
         from specdec.methods import compose, resolve_method
@@ -399,6 +413,9 @@ class SpeculativeGenerator:
         if kernel not in KERNEL_CHOICES:
             raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
         self.kernel = kernel
+        if random not in RANDOM_CHOICES:
+            raise InvalidConfigError(f"random must be one of {', '.join(RANDOM_CHOICES)}, got {random!r}")
+        self.random = random
         if compile is True:
             compile = "inductor"
         if compile is not False and not (isinstance(compile, str) and compile):
@@ -450,7 +467,8 @@ class SpeculativeGenerator:
             callback: called with each step's new tokens as they are emitted.
         """
         return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel, self.compiler)
+                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel, self.compiler,
+                         self.random)
 
     def stream(
         self,
@@ -462,7 +480,8 @@ class SpeculativeGenerator:
     ) -> Iterator[list[int]]:
         """Yield each step's new tokens as soon as they are verified."""
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        sampling or SamplingConfig(), seed, eos_token_id, StepTally(), self.kernel, self.compiler)
+                        sampling or SamplingConfig(), seed, eos_token_id, StepTally(), self.kernel, self.compiler,
+                        self.random)
 
 
 def autoregressive_generate(

@@ -287,7 +287,7 @@ def speculative_step(
         for b in range(tree.batch_size):
             n = int(tree.num_nodes[b])
             check_distribution(p[b, :n][~bad[b, :n]], "p")
-    u = rng.uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
+    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
     decide = decide_tree_batch if compiler is None else compiler.decide
     decision = TreeDecision(*decide(rule, tree, p, u, bad))
     D = tree.max_depth

@@ -66,7 +66,15 @@ def generator_for(method: str, target: MarkovLM, draft: MarkovLM) -> Speculative
     return SpeculativeGenerator(target=target, draft=draft, method=method, **SMALL_OPTIONS.get(method, {}))
 
 
-@pytest.mark.parametrize("sampling_id", list(SAMPLINGS))
+# T=1 and the warped law (temperature, top-k and top-p together) run by default;
+# top-p alone and temperature alone are the slow suite's (about 2 minutes more)
+DEFAULT_SAMPLINGS = ("T1", "T0.6-topk3-topp0.9")
+SAMPLING_PARAMS = [
+    pytest.param(s, marks=() if s in DEFAULT_SAMPLINGS else pytest.mark.slow, id=s) for s in SAMPLINGS
+]
+
+
+@pytest.mark.parametrize("sampling_id", SAMPLING_PARAMS)
 @pytest.mark.parametrize("method", list_registered("method"))
 def test_method_is_lossless(method: str, sampling_id: str) -> None:
     sampling = SAMPLINGS[sampling_id]

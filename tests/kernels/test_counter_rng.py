@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from specdec.kernels.counter_rng import CounterRandom, counter_uniform, inverse_cdf, philox4x32
+from specdec.rng import CounterRandom, counter_uniform, inverse_cdf, philox4x32
 from specdec.registry import get
 from specdec.testing import chi_square_test
 from specdec.tree import SampleMode, SparseLaw, TreeAssembler
@@ -151,9 +151,46 @@ def test_verifier_walk_keys_draws_by_node() -> None:
 def test_docstring_examples() -> None:
     import doctest
 
-    import specdec.kernels.counter_rng as counter_rng
+    import specdec.rng as rng_module
     import specdec.kernels.select as select
 
-    for module in (counter_rng, select):
+    for module in (rng_module, select):
         failures, tried = doctest.testmod(module, verbose=False)
         assert tried > 0 and failures == 0, module.__name__
+
+
+def test_tensor_philox_equals_the_python_reference_bit_for_bit() -> None:
+    """counter_uniforms (int64 tensor ops, 16-bit halves for the 32x32 products)
+    equals counter_uniform on random and extreme keys."""
+    from specdec.rng import counter_uniforms
+
+    g = torch.Generator().manual_seed(0)
+    for seed in (0, 17, 2**64 - 1, 0x9E3779B97F4A7C15):
+        for walk in (0, 1, 2**32 - 1):
+            node = torch.cat([torch.tensor([0, 1, 2**31, 2**32 - 1]), torch.randint(0, 2**32, (12,), generator=g)])
+            draw = torch.cat([torch.tensor([0, 2**32 - 1]), torch.randint(0, 2**32, (3,), generator=g)])
+            u = counter_uniforms(seed, walk, node.unsqueeze(-1), draw.unsqueeze(0))  # [16, 5]
+            want = torch.tensor([[counter_uniform(seed, walk, int(a), int(b)) for b in draw] for a in node],
+                                dtype=torch.float64)
+            assert torch.equal(u, want), (seed, walk)
+
+
+def test_verification_table_is_the_walks_keys_and_builder_draws_use_their_own() -> None:
+    from specdec.rng import AFTER_TABLE_NODE, BUILDER_NODE, counter_uniforms
+
+    rng = CounterRandom(5, walk=3)
+    first = rng.uniforms((4,))  # builder draws after walk 3: node BUILDER_NODE + 0
+    second = rng.uniforms((2, 2))
+    assert torch.equal(first, counter_uniforms(5, 3, torch.tensor(BUILDER_NODE), torch.arange(4)))
+    assert torch.equal(second.flatten(), counter_uniforms(5, 3, torch.tensor(BUILDER_NODE + 1), torch.arange(4)))
+    table = rng.verify_uniforms((1, 3, 2))  # walk 4
+    assert rng.walk == 4 and rng.position == (4, AFTER_TABLE_NODE, 0)
+    assert [[table[0, i, t].item() for t in range(2)] for i in range(3)] == [
+        [counter_uniform(5, 4, i, t) for t in range(2)] for i in range(3)
+    ]
+    again = rng.uniforms((4,))  # a new walk restarts the builder calls
+    assert torch.equal(again, counter_uniforms(5, 4, torch.tensor(BUILDER_NODE), torch.arange(4)))
+    drawn = rng.categorical_rows(torch.tensor([[0.5, 0.5], [0.0, 1.0]]), torch.tensor([True, True]))
+    assert drawn[1].item() == 1
+    with pytest.raises(NotImplementedError, match="per-row"):
+        rng.verify_uniforms((2, 3, 2))

@@ -14,7 +14,7 @@ import torch
 
 import specdec
 from specdec.errors import InvalidConfigError
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.models import CallableLM
 from specdec.registry import get
@@ -33,10 +33,15 @@ def models() -> tuple[MarkovLM, MarkovLM]:
     return MarkovLM(target), MarkovLM(draft)
 
 
-def generate(kernel: str, method: str = "rheo", seed: int = 3, **sampling):
+SMALL = {"rheo": {"K": 3, "depth": 3, "N": 6, "M": 5}, "eagle2": {"K": 3, "depth": 3, "N": 6},
+         "sd": {"depth": 3}, "specinfer": {"expansion": (2, 2)},
+         "sequoia": {"num_nodes": 6, "max_depth": 3, "acceptance": (0.6, 0.2, 0.1)}}
+
+
+def generate(kernel: str, method: str = "rheo", seed: int = 3, random: str = "torch", **sampling):
     target, draft = models()
-    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel,
-                                       **({"K": 3, "depth": 3, "N": 6, "M": 5} if method == "rheo" else {}))
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel, random=random,
+                                       **SMALL.get(method, {}))
     return gen.generate([0, 1], max_new_tokens=12, sampling=SamplingConfig(**sampling), seed=seed)
 
 
@@ -98,3 +103,52 @@ def test_autoregressive_baseline_reports_its_path() -> None:
     lm = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 4), vocab_size=4)
     out = specdec.autoregressive_generate(lm, [0], 5, sampling=SamplingConfig(), seed=0)
     assert out.stats.kernel_path == "torch"
+
+
+COUNTER_CASES = [(m, "T1", dict(temperature=1.0)) for m in ("rheo", "eagle2", "sd", "specinfer", "sequoia")] + [
+    ("rheo", "T0.7-topk4", dict(temperature=0.7, top_k=4)),
+    ("specinfer", "T0.7-topk4", dict(temperature=0.7, top_k=4)),
+    ("rheo", "T0.9-topp0.8", dict(temperature=0.9, top_p=0.8)),
+    ("sequoia", "T0.9-topp0.8", dict(temperature=0.9, top_p=0.8)),
+]
+
+
+@pytest.mark.parametrize("method,name,sampling", COUNTER_CASES, ids=[f"{m}-{n}" for m, n, _ in COUNTER_CASES])
+def test_one_counter_stream_makes_the_torch_and_triton_paths_emit_the_same_tokens(method, name, sampling) -> None:
+    """random="counter": the tensor builders draw from the CounterRandom stream
+    (builder keys) and the step path's verification table is the walk's keyed
+    uniforms, which the fused kernel draws too; so kernel="torch" (the step
+    path) and kernel="triton" (the kernel, here under the interpreter) emit the
+    same tokens for a seed."""
+    pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
+    for seed in range(2):
+        step = generate("torch", method, seed=seed, random="counter", **sampling)
+        kernel = generate("triton", method, seed=seed, random="counter", **sampling)
+        assert step.stats.kernel_path == "torch" and kernel.stats.kernel_path == "triton"
+        assert step.tokens == kernel.tokens, (method, seed)
+
+
+def test_without_the_shared_stream_the_paths_differ() -> None:
+    """The power of the test above: with TorchRandom tables the step path and
+    the kernel draw different uniforms, and the emitted tokens differ."""
+    pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
+    differ = sum(generate("torch", "rheo", seed=s).tokens != generate("triton", "rheo", seed=s).tokens for s in range(3))
+    assert differ > 0
+
+
+def test_counter_stream_is_lossless_on_the_step_path() -> None:
+    """random="counter" through the step path keeps the target's law (seeded chi-square, 600 runs)."""
+    from specdec.testing import chi_square_test
+
+    target, draft = models()
+    sampling = SamplingConfig(temperature=1.0)
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", kernel="torch", random="counter",
+                                       **SMALL["rheo"])
+    samples = [tuple(gen.generate([0, 1], 2, sampling=sampling, seed=s).tokens) for s in range(600)]
+    result = chi_square_test(samples, target.joint_law([0, 1], 2, sampling))
+    assert result.unexpected == 0 and result.p_value > 1e-3, result
+
+
+def test_random_choice_is_checked() -> None:
+    with pytest.raises(InvalidConfigError, match="random"):
+        generate("torch", random="philox")

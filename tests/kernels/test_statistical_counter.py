@@ -28,7 +28,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from specdec.kernels.counter_rng import CounterRandom, counter_uniform
+from specdec.rng import CounterRandom, counter_uniform
 from specdec.registry import get
 from specdec.rng import RandomSource, TorchRandom
 from specdec.testing import chi_square_test, exact_law

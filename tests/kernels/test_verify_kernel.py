@@ -23,7 +23,7 @@ from specdec.errors import (  # noqa: E402
     UnsupportedTreeError,
     VocabMismatchError,
 )
-from specdec.kernels.counter_rng import CounterRandom, counter_uniform  # noqa: E402
+from specdec.rng import CounterRandom, counter_uniform  # noqa: E402
 from specdec.kernels.verify_fused import fused_verify, fused_verify_many, node_decisions  # noqa: E402
 from specdec.registry import get  # noqa: E402
 from specdec.rng import TorchRandom  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.kernels.counter_rng import inverse_cdf
+from specdec.rng import inverse_cdf
 from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import RandomSource, TorchRandom

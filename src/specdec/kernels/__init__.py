@@ -14,7 +14,7 @@ importing specdec never needs Triton; see ``docs/kernels.md``.
   every node), :class:`StepVerifier` (the generation loop's switch).
 """
 
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
 from specdec.kernels.select import compact_kv_auto, triton_available
 from specdec.kernels.verify_fused import StepVerifier, fused_verify, fused_verify_many, node_decisions

@@ -6,7 +6,7 @@ Words (see :mod:`specdec.verify.base`): *accepted* child, *bonus* token,
 The reference is the registered verifiers of docs/verifiers.md rules 2-5 --
 ``match``, ``rejection-iid``, ``rejection-wor``, ``mixed`` -- run by
 :meth:`Verifier.verify <specdec.verify.base.Verifier.verify>` with a
-:class:`~specdec.kernels.counter_rng.CounterRandom`. With that source, node
+:class:`~specdec.rng.CounterRandom`. With that source, node
 ``i``'s draws are the uniforms ``U(seed, walk, i, t)``, so node ``i``'s
 decision (accept child ``c`` after ``t`` tests, or draw the bonus) depends only
 on its own row ``p[i]``, children and ``q'``. :func:`fused_verify` therefore
@@ -45,7 +45,7 @@ import attrs
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
-from specdec.kernels.counter_rng import CounterRandom
+from specdec.rng import CounterRandom
 from specdec.kernels.select import interpreter_enabled, triton_available
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
@@ -479,7 +479,9 @@ class StepVerifier:
     The torch path is the generation loop's original two lines:
     ``p = process_logits(logits, sampling)`` then ``verifier.verify(tree, p, rng)``
     with the caller's source. The Triton path (:func:`fused_verify`) draws from
-    its own :class:`CounterRandom` seeded with ``seed``; it fuses the softmax
+    the caller's source when it is a :class:`CounterRandom` (so that the tree
+    builder and the kernel share one stream), else from its own seeded with
+    ``seed``; it fuses the softmax
     and top-k when ``top_p == 1`` and the temperature is positive, and
     otherwise verifies the ``p`` of ``process_logits``.
 
@@ -547,10 +549,14 @@ class StepVerifier:
             p = process_logits(logits, self.sampling)
             return self.verifier.verify(tree, p, rng)
         self.paths_used.add("triton")
-        if self._counter is None:
-            self._counter = CounterRandom.seeded(self.seed)
+        if isinstance(rng, CounterRandom):  # the caller's counter-based stream serves builder and kernel alike
+            counter = rng
+        else:
+            if self._counter is None:
+                self._counter = CounterRandom.seeded(self.seed)
+            counter = self._counter
         s = self.sampling
         if s.greedy or s.top_p < 1.0:
             p = process_logits(logits, s)
-            return fused_verify(self.verifier, tree, p, self._counter, inputs="probs", block=self.block)
-        return fused_verify(self.verifier, tree, logits, self._counter, inputs="logits", sampling=s, block=self.block)
+            return fused_verify(self.verifier, tree, p, counter, inputs="probs", block=self.block)
+        return fused_verify(self.verifier, tree, logits, counter, inputs="logits", sampling=s, block=self.block)

@@ -5,7 +5,7 @@ Imported only when Triton is installed (``pip install specdec-trees[kernels]``);
 :func:`launch_decisions` and walks the result. The semantics are those of the
 registered verifiers ``match``, ``rejection-iid``, ``rejection-wor`` and
 ``mixed`` (docs/verifiers.md rules 2-5) run with a
-:class:`~specdec.kernels.counter_rng.CounterRandom`; the tests check that the
+:class:`~specdec.rng.CounterRandom`; the tests check that the
 kernel's discrete outputs equal theirs.
 
 One program per tree row (node). Program ``r``:
@@ -63,7 +63,7 @@ STATUS_EMPTY = 16
 @triton.jit
 def _philox_uniform(k0, k1, c0, c1, c2, c3):
     """Philox4x32-10 on uint32 scalars, first two words -> float64 in [0, 1)
-    (:func:`specdec.kernels.counter_rng.counter_uniform`)."""
+    (:func:`specdec.rng.counter_uniform`)."""
     m0 = tl.full((), 0xD2511F53, tl.uint32)
     m1 = tl.full((), 0xCD9E8D57, tl.uint32)
     w0 = tl.full((), 0x9E3779B9, tl.uint32)
