@@ -313,6 +313,22 @@ def test_top_p_fast_path_equals_full_sort() -> None:
             assert torch.equal(top_p_keep(probs, top_p), _top_p_keep_full(probs, top_p))
 
 
+def test_sync_free_top_p_reads_nothing_and_keeps_the_same_set() -> None:
+    """The CUDA form of top-p (sync_free, the default on CUDA tensors) sorts in
+    full with no host read; the narrowed form reads once when a row is unsettled."""
+    from specdec.sampling import top_p_keep
+    from specdec.testing.counter import StepCounter
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(4, 5000, generator=g) * 0.3, -1)  # flat rows: the narrowing cannot settle
+    with StepCounter() as free:
+        fast = top_p_keep(probs, 0.9, sync_free=True)
+    with StepCounter() as narrowed:
+        slow = top_p_keep(probs, 0.9, sync_free=False)
+    assert torch.equal(fast, slow)
+    assert free.syncs == 0 and narrowed.syncs >= 1, (free.report(), narrowed.report())
+
+
 def test_temperature_one_takes_no_extra_pass_and_gives_the_same_bits():
     """At T = 1 process_logits skips the explicit shift and division: softmax
     shifts by the maximum itself, so the result is bit for bit the shifted form."""

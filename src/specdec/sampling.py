@@ -198,7 +198,7 @@ def _top_p_keep_full(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
-def top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_keep(probs: torch.Tensor, top_p: float, *, sync_free: bool | None = None) -> torch.Tensor:
     """``[R, V]`` bool mask of the top-p (nucleus) set of each row of ``probs``.
 
     The set is the shortest prefix of the row sorted by (probability
@@ -207,14 +207,20 @@ def top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     first narrowed to its 1024 largest entries: when the entries strictly above
     the candidates' smallest value already hold ``top_p`` of the mass, every
     token outside them is dropped and sorting the candidates alone gives the
-    same set. Rows where that does not hold are sorted in full.
+    same set. Rows where that does not hold are sorted in full, which costs
+    one host read (is every row settled?).
 
     Args:
         probs: ``[R, V]`` probabilities.
         top_p: in ``(0, 1)``.
+        sync_free: sort every row in full, with no host read (the same set).
+            Default: on CUDA tensors, where the read would stall the stream
+            and a full sort is cheap; the narrowing elsewhere.
     """
     k = _TOP_P_CANDIDATES
-    if k >= probs.shape[-1]:
+    if sync_free is None:
+        sync_free = probs.is_cuda
+    if sync_free or k >= probs.shape[-1]:
         return _top_p_keep_full(probs, top_p)
     values, index = torch.topk(probs, k, dim=-1)
     # order the candidates by (value desc, index asc), as the stable full sort does
