@@ -326,14 +326,15 @@ def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return a_hi * m_hi + (mid >> 16) + (low >> 32), low & _MASK32
 
 
-def counter_uniforms(seed: int, walk: int, node: torch.Tensor, draw: torch.Tensor) -> torch.Tensor:
+def counter_uniforms(seed: int, walk: int, node: torch.Tensor | int, draw: torch.Tensor) -> torch.Tensor:
     """:func:`counter_uniform` element-wise, as tensor ops on ``node``'s device:
     ``U(seed, walk, node[...], draw[...])``, bit for bit the Python reference.
 
     Args:
         seed: ``[0, 2**64)``.
         walk: ``[0, 2**32)``.
-        node, draw: int64 tensors (broadcast together) with values in ``[0, 2**32)``.
+        node, draw: int64 tensors (broadcast together) with values in
+            ``[0, 2**32)``; ``node`` may be one int (no host-to-device copy).
 
     Returns:
         float64 uniforms in ``[0, 1)`` of the broadcast shape.
@@ -344,7 +345,10 @@ def counter_uniforms(seed: int, walk: int, node: torch.Tensor, draw: torch.Tenso
         >>> u[1, 1].item() == counter_uniform(7, 1, 3, 1)
         True
     """
-    draw, node = torch.broadcast_tensors(draw.to(torch.int64), node.to(torch.int64))
+    draw = draw.to(torch.int64)
+    if isinstance(node, int):
+        node = torch.full_like(draw, node)
+    draw, node = torch.broadcast_tensors(draw, node.to(torch.int64))
     c0, c1 = draw, node
     c2 = torch.full_like(draw, walk & _MASK32)
     c3 = torch.full_like(draw, DOMAIN)
@@ -464,7 +468,7 @@ class CounterRandom(RandomSource):
         for s in shape:
             count *= int(s)
         draw = torch.arange(count, dtype=torch.int64, device=device).reshape(shape)
-        return counter_uniforms(self.seed, self.walk, torch.tensor(node, dtype=torch.int64, device=device), draw)
+        return counter_uniforms(self.seed, self.walk, node, draw)
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """One inverse-CDF draw per active row with one builder-draw table (:meth:`uniforms`), no host read."""

@@ -43,7 +43,6 @@ __all__ = [
     "StepClock",
     "StepCompiler",
     "StepOutcome",
-    "StepTally",
     "commit_step",
     "speculative_step",
     "step_supported",
@@ -94,67 +93,6 @@ class StepOutcome:
     time_verify: float = 0.0
     device_path: torch.Tensor | None = None
     device_tokens: torch.Tensor | None = None
-
-
-@attrs.define
-class StepTally:
-    """Running totals over a generation's steps, typed (the loops' accounting;
-    :meth:`stats` makes the frozen :class:`~specdec.generate.GenerationStats`).
-
-    Attributes:
-        steps: steps taken (target tree forwards).
-        tree_nodes: nodes scored, roots included.
-        emitted: tokens the verifier emitted (accepted + bonus), before truncation.
-        accepted: accepted draft tokens.
-        depth_attempted, depth_accepted: per depth ``d`` (0-based), steps whose
-            walk reached depth ``d`` with children to test, and steps that accepted one there.
-        time_prefill, time_draft, time_target, time_verify: seconds per part.
-        stop_reason: ``"length"`` or ``"eos"``.
-        kernel_path: the verification path of the last step.
-        clock: how the times were measured (:data:`CLOCKS`).
-    """
-
-    steps: int = 0
-    tree_nodes: int = 0
-    emitted: int = 0
-    accepted: int = 0
-    depth_attempted: list[int] = attrs.field(factory=list)
-    depth_accepted: list[int] = attrs.field(factory=list)
-    time_prefill: float = 0.0
-    time_draft: float = 0.0
-    time_target: float = 0.0
-    time_verify: float = 0.0
-    stop_reason: str = "length"
-    kernel_path: str = "torch"
-    clock: str = "perf_counter"
-
-    def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float) -> None:
-        """Add one step's outcome."""
-        self.steps += 1
-        self.tree_nodes += tree_nodes
-        self.emitted += len(result.tokens)
-        self.accepted += result.num_accepted
-        self.time_draft += time_draft
-        self.time_target += time_target
-        self.time_verify += time_verify
-        while len(self.depth_attempted) < result.attempted_depths:
-            self.depth_attempted.append(0)
-            self.depth_accepted.append(0)
-        for d in range(result.attempted_depths):
-            self.depth_attempted[d] += 1
-            self.depth_accepted[d] += int(d < result.num_accepted)
-
-    def stats(self, new_tokens: int, time_total: float) -> Any:
-        """The :class:`~specdec.generate.GenerationStats` of these totals."""
-        from specdec.generate import GenerationStats
-
-        return GenerationStats(
-            steps=self.steps, new_tokens=new_tokens, emitted=self.emitted, accepted=self.accepted,
-            depth_attempted=tuple(self.depth_attempted), depth_accepted=tuple(self.depth_accepted),
-            tree_nodes=self.tree_nodes, time_prefill=self.time_prefill, time_draft=self.time_draft,
-            time_target=self.time_target, time_verify=self.time_verify, time_total=time_total,
-            kernel_path=self.kernel_path, clock=self.clock,
-        )
 
 
 CLOCKS = ("perf_counter", "cuda_events")

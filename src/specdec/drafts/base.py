@@ -156,9 +156,9 @@ class DraftModel(ABC):
         ids = self.proposal_ids if proposal else None
         width = self.vocab_size if ids is None else int(ids.shape[0])
         if logits.dim() != dims or logits.shape[-1] != width:
-            name = "V" if ids is None else "Vd (the proposal vocabulary)"
+            name, what = ("V", "V") if ids is None else ("Vd", "Vd (the proposal vocabulary)")
             raise VocabMismatchError(
                 f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)}; "
-                f"expected {'[' if dims == 1 else '[k, '}{name.split()[0]}] with {name} = {width}"
+                f"expected {'[' if dims == 1 else '[k, '}{name}] with {what} = {width}"
             )
         return logits

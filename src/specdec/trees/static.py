@@ -22,6 +22,7 @@ rule 4. Construction weights are ``q(x)`` (unused by the verifiers).
 from __future__ import annotations
 
 import functools
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -316,9 +317,9 @@ class ShapedTreeBuilder(TreeBuilder):
     construction: ClassVar[bool] = True
     """Draw from the :func:`~specdec.sampling.construction_config` law (False: the target's processing)."""
 
+    @abstractmethod
     def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
         """``(paths, mode)``: the child-slot paths and how children are drawn."""
-        raise NotImplementedError
 
     def build_batch(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None

@@ -76,6 +76,7 @@ class EagleDraft(DraftModel):
         self.max_length = max_length
         p = next(head.parameters())
         self._device, self._dtype = p.device, p.dtype
+        self._proposal_ids: torch.Tensor | None = None  # EAGLE-3: the draft vocabulary's target ids (proposal_ids)
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
         if resolve_cpu_linear(cpu_linear, self._device):
             self.linear_plans = accelerate_linears(head)
@@ -186,7 +187,7 @@ class EagleDraft(DraftModel):
         the smaller draft id); EAGLE-2: None (the target's vocabulary)."""
         if self.head.config.version == 2:
             return None
-        if getattr(self, "_proposal_ids", None) is None:
+        if self._proposal_ids is None:  # made once, on the head's device
             self._proposal_ids = self.head.draft_to_target.to(self._device)
         return self._proposal_ids
 
