@@ -152,3 +152,32 @@ def test_counter_stream_is_lossless_on_the_step_path() -> None:
 def test_random_choice_is_checked() -> None:
     with pytest.raises(InvalidConfigError, match="random"):
         generate("torch", random="philox")
+
+
+class _ReusesBuilderDraws(CounterRandom):
+    """BROKEN: the verification table reuses the builder's first draw table
+    (every node's tests read the uniforms its sampled children were drawn with)."""
+
+    def verify_uniforms(self, shape, device="cpu"):
+        from specdec.rng import BUILDER_NODE, counter_uniforms
+
+        B, n, width = shape
+        self.walk += 1
+        draw = torch.arange(width, dtype=torch.int64, device=device).expand(n, width)
+        return counter_uniforms(self.seed, self.walk - 1, BUILDER_NODE, draw).unsqueeze(0)
+
+
+def test_counter_stream_chi_square_catches_a_broken_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The power of test_counter_stream_is_lossless_on_the_step_path: the same
+    seeded test fails when verification reuses the builder's uniforms."""
+    import specdec.generate as generate_module
+    from specdec.testing import chi_square_test
+
+    monkeypatch.setattr(generate_module, "CounterRandom", _ReusesBuilderDraws)
+    target, draft = models()
+    sampling = SamplingConfig(temperature=1.0)
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", kernel="torch", random="counter",
+                                       **SMALL["rheo"])
+    samples = [tuple(gen.generate([0, 1], 2, sampling=sampling, seed=s).tokens) for s in range(600)]
+    result = chi_square_test(samples, target.joint_law([0, 1], 2, sampling))
+    assert result.unexpected > 0 or result.p_value < 1e-3, result
