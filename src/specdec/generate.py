@@ -286,6 +286,12 @@ def _run(
     tally.clock = clock_kind
     clock = time.perf_counter
     t0 = clock()
+    # size the preallocated KV caches once (HFTarget, HFDraft, EAGLE heads): the committed context
+    # plus one step's tree nodes (the target's forward caches all of them before compaction)
+    positions = len(prompt) + max_new_tokens + builder.max_nodes + builder.max_depth
+    target.reserve(positions)
+    if draft is not None:
+        draft.reserve(positions)
     with torch.inference_mode():
         target.prefill(prompt)
         if draft is not None and draft.needs_target_hidden:

@@ -117,6 +117,34 @@ def test_commit_catches_up_to_fresh_begin(target, version):
     torch.testing.assert_close(d.tree_logits([0], [2]), fresh.tree_logits([0], [2]), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("version", [2, 3])
+def test_kv_buffer_is_written_in_place_and_grows_exactly(target, version, monkeypatch):
+    """The head's keys and values live in one preallocated buffer: a reserved
+    draft never reallocates over a step; a draft whose buffer is far too small
+    grows it mid-tree and drafts exactly what the reserved one drafts."""
+    import specdec.drafts.eagle.draft as draft_module
+
+    fn = hf_feature_fn(target, _draft(target, version).target_layers)
+    outs = {}
+    for capacity in ("reserved", "tiny"):
+        if capacity == "tiny":
+            monkeypatch.setattr(draft_module, "MIN_CAPACITY", 2)
+        d = _draft(target, version)
+        if capacity == "tiny":  # the same head
+            d.head.load_state_dict(outs["reserved"][1])
+        if capacity == "reserved":
+            d.reserve(64)
+        d.begin(PROMPT)
+        buffer = d._kv.data_ptr()
+        got = [d.root_logits(), d.tree_logits([0, 0], [30, 31]), d.tree_logits([1, 2, 1], [32, 33, 34])]
+        d.commit([30, 32, 40], target_hidden=fn(PROMPT + [30, 32])[len(PROMPT) - 1 :])
+        got += [d.root_logits(), d.tree_logits([0], [2])]
+        assert (d._kv.data_ptr() == buffer) == (capacity == "reserved")
+        outs[capacity] = (got, d.head.state_dict())
+    for a, b in zip(outs["reserved"][0], outs["tiny"][0], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_begin_accepts_features_of_whole_prompt_and_one_token_prompt(target):
     d = _draft(target, 2)
     fn = hf_feature_fn(target, d.target_layers)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_model_helpers import VOCAB, make_tiny_llama, plain_hidden
+from hf_model_helpers import VOCAB, make_tiny_llama, plain_hidden, plain_logits
 
 from specdec.drafts.hf import HFDraft
 from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
+from specdec.models import hf_common
 from specdec.models.hf_common import (
     KVCache,
     additive_mask,
@@ -96,6 +97,53 @@ def test_kv_cache_adapter_compact_and_truncate():
         cache.truncate(3)
     with pytest.raises(ValueError):
         cache.set_tensors(cache.tensors()[:2])
+
+
+def test_kv_cache_is_one_preallocated_slab_written_in_place():
+    model = make_tiny_llama("sdpa", torch.float64, layers=3)
+    cache = KVCache(model, capacity=16)
+    forward_tokens(model, cache, [1, 2, 3], [0, 1, 2], logits="none")
+    assert cache.preallocated and len(cache.slabs) == 1  # every layer on the CPU: one slab
+    slab = cache.slabs[0]
+    assert slab.slots == 3 and slab.capacity == max(16, hf_common.MIN_CAPACITY)
+    storage = slab.buf.data_ptr()
+    forward_tokens(model, cache, [4, 5], [3, 4], logits="none")
+    assert slab.buf.data_ptr() == storage  # written in place: no concatenation, no new buffer
+    for t in cache.tensors():
+        assert t.shape[-2] == 5 and t.untyped_storage().data_ptr() == storage
+
+
+def test_kv_cache_slab_grows_past_its_capacity_and_stays_exact(monkeypatch):
+    monkeypatch.setattr(hf_common, "MIN_CAPACITY", 4)
+    model = make_tiny_llama("sdpa", torch.float64)
+    cache = KVCache(model, capacity=4)
+    sequence = [int(t) for t in torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(0))]
+    forward_tokens(model, cache, sequence[:3], [0, 1, 2], logits="none")
+    assert cache.slabs[0].capacity == 4
+    logits = None
+    for i in range(3, 11):  # one token at a time, past the capacity twice
+        logits, _ = forward_tokens(model, cache, [sequence[i]], [i], None, logits="last")
+    assert cache.slabs[0].capacity == 16 and len(cache) == 11
+    assert torch.allclose(logits, plain_logits(model, sequence), atol=1e-9)
+    cache.reserve(40)
+    assert cache.slabs[0].capacity == 40 and len(cache) == 11
+
+
+def test_kv_cache_compaction_is_one_gather_per_device_whatever_the_layer_count():
+    from specdec.testing.counter import StepCounter
+
+    ops = {}
+    for layers in (2, 6):
+        model = make_tiny_llama("sdpa", torch.float64, layers=layers)
+        cache = KVCache(model)
+        forward_tokens(model, cache, [1, 2, 3, 4, 5, 6], list(range(6)), logits="none")
+        before = [t.clone() for t in cache.tensors()]
+        with StepCounter() as counter:
+            cache.compact(torch.tensor([0, 1, 2, 4, 5]), first_moved=3)
+        ops[layers] = counter.op_names["step"]
+        for old, new in zip(before, cache.tensors(), strict=True):
+            assert torch.equal(new, old[:, :, [0, 1, 2, 4, 5]])
+    assert ops[2] == ops[6] and ops[2]["index_select"] == 1
 
 
 def test_forward_tokens_checks_mask_shape_and_mode():

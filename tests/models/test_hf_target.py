@@ -311,3 +311,24 @@ def test_small_trees_scored_padded_equal_unpadded(impl, monkeypatch):
             assert float((mine - ref).abs().max()) < 1e-5
     with pytest.raises(ValueError, match="min_tree_tokens"):
         HFTarget(model, min_tree_tokens=0)
+
+
+def test_generation_reserves_the_kv_slabs_once(monkeypatch):
+    """The generator sizes the target's and the draft's preallocated caches
+    from its bound (prompt + new tokens + depth): with a minimum far below
+    it, no slab grows during generation, and the next generation reuses them."""
+    import specdec
+    from specdec.drafts.hf import HFDraft
+
+    monkeypatch.setattr(hf_common, "MIN_CAPACITY", 4)
+    grown = []
+    original = hf_common.KVSlab.grow
+    monkeypatch.setattr(hf_common.KVSlab, "grow", lambda self, needed: (grown.append(needed), original(self, needed)))
+    target = HFTarget(make_tiny_llama("sdpa", torch.float64, seed=0))
+    draft = HFDraft(make_tiny_llama("sdpa", torch.float64, seed=1))
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="specinfer")
+    out = gen.generate([5, 6, 7], 24, specdec.SamplingConfig(temperature=1.0), seed=0)
+    assert len(out.tokens) == 24 and grown == []
+    slabs = [s.buf.data_ptr() for s in target._cache.slabs + draft._cache.slabs]
+    gen.generate([8, 9], 20, specdec.SamplingConfig(temperature=1.0), seed=1)
+    assert [s.buf.data_ptr() for s in target._cache.slabs + draft._cache.slabs] == slabs and grown == []

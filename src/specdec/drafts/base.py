@@ -79,6 +79,12 @@ class DraftModel(ABC):
         """``[k, Vd]`` :meth:`tree_logits` over the proposal vocabulary (default: :meth:`tree_logits`)."""
         return self.tree_logits(parents, tokens)
 
+    def reserve(self, positions: int) -> None:
+        """A hint before :meth:`begin`: the coming sequence needs at most
+        ``positions`` cached positions (prompt, new tokens and the deepest
+        tree). A model with a preallocated cache sizes it once from this;
+        the default does nothing."""
+
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence whose committed context is ``prompt_ids`` (non-empty)."""

@@ -88,6 +88,7 @@ class HFDraft(DraftModel):
         self.kv_compactor = kv_compactor
         self.logits_device = logits_device
         self._cache: KVCache | None = None
+        self._reserved = 0
         self._committed: list[int] = []
         self._cached = 0  # committed tokens whose KV is in the cache (a prefix)
         self._root: torch.Tensor | None = None  # root logits of this step, once computed
@@ -135,6 +136,12 @@ class HFDraft(DraftModel):
         return len(self._tokens) - 1
 
     # ------------------------------------------------------------ lifecycle
+    def reserve(self, positions: int) -> None:
+        """Size the preallocated KV cache for ``positions`` positions at the
+        next :meth:`begin` (capped at the model's context)."""
+        cap = int(positions) if self._max_length is None else min(int(positions), self._max_length)
+        self._reserved = max(cap, 0)
+
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a sequence; nothing runs until :meth:`root_logits`.
 
@@ -143,7 +150,11 @@ class HFDraft(DraftModel):
             ContextOverflowError: prompt longer than the model's context.
         """
         self._committed = check_prompt(prompt_ids, self._vocab_size, self._max_length)
-        self._cache = KVCache(self.model)
+        if self._cache is not None and self._cache.preallocated:  # reuse the slabs: no new allocation
+            self._cache.truncate(0)
+            self._cache.reserve(max(self._reserved, len(self._committed)))
+        else:
+            self._cache = KVCache(self.model, capacity=max(self._reserved, len(self._committed)))
         self._cached = 0
         self._root = None
         self._reset_tree()

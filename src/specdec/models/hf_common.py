@@ -34,6 +34,7 @@ import torch
 
 from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
 from specdec.kernels.kv_compact import compact_kv_inplace
+from specdec.regions import model_call
 
 __all__ = [
     "SUPPORTED_TRANSFORMERS",
@@ -178,14 +179,156 @@ def check_tokenizers_match(target_tokenizer: Any, draft_tokenizer: Any) -> None:
 
 
 # ------------------------------------------------------------ the KV cache
+MIN_CAPACITY = 256
+"""Positions a cache slab holds at least when it is first allocated."""
+
+
+class KVSlab:
+    """One preallocated buffer for the KV cache of several layers on one device.
+
+    ``buf`` is ``[slots, 2, B, H, capacity, D]`` (slot ``s``: one layer's keys
+    ``buf[s, 0]`` and values ``buf[s, 1]``). Compacting every layer of the
+    slab is one gather and one copy (:meth:`KVCache.compact`). The buffer
+    grows (to twice its capacity, or to what is needed) only when a forward
+    writes past its end: one copy of the cache, made rare by sizing the
+    first allocation with the generation's bound (:meth:`KVCache.reserve`).
+    """
+
+    def __init__(self, like: torch.Tensor, slots: int, capacity: int) -> None:
+        b, h, _, d = like.shape
+        self.buf = torch.zeros(slots, 2, b, h, capacity, d, dtype=like.dtype, device=like.device)
+        self.shape = (b, h, d)
+        self.dtype, self.device = like.dtype, like.device
+        self.layers: list[_SlabLayer] = []
+
+    @property
+    def slots(self) -> int:
+        return int(self.buf.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[-2])
+
+    def fits(self, like: torch.Tensor) -> bool:
+        b, h, _, d = like.shape
+        return (b, h, d) == self.shape and like.dtype == self.dtype and like.device == self.device and len(self.layers) < self.slots
+
+    def grow(self, needed: int) -> None:
+        capacity = max(2 * self.capacity, needed)
+        grown = self.buf.new_zeros(*self.buf.shape[:-2], capacity, self.buf.shape[-1])
+        grown[..., : self.capacity, :] = self.buf
+        self.buf = grown
+
+
+def _slab_layer_class() -> type:
+    """The transformers cache layer backed by a :class:`KVSlab` (made on first use:
+    ``DynamicLayer`` exists from transformers 4.56 on)."""
+    global _SlabLayer
+    if "_SlabLayer" in globals():
+        return _SlabLayer
+    from transformers.cache_utils import DynamicLayer
+
+    class SlabLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys and values live in a :class:`KVSlab`
+        slot: a forward writes its new positions in place and gets views of
+        the first ``length`` positions back (no concatenation)."""
+
+        def __init__(self, pool: "KVCache") -> None:
+            self.pool = pool
+            self.slab: KVSlab | None = None
+            self.slot = 0
+            self.length = 0
+            super().__init__()
+
+        # keys / values are views of the slab, made when asked for
+        @property
+        def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+            return None if self.slab is None else self.slab.buf[self.slot, 0, :, :, : self.length]
+
+        @keys.setter
+        def keys(self, value: torch.Tensor | None) -> None:
+            if value is not None:
+                self._store(value, 0)
+
+        @property
+        def values(self) -> torch.Tensor | None:  # type: ignore[override]
+            return None if self.slab is None else self.slab.buf[self.slot, 1, :, :, : self.length]
+
+        @values.setter
+        def values(self, value: torch.Tensor | None) -> None:
+            if value is not None:
+                self._store(value, 1)
+
+        def _store(self, value: torch.Tensor, which: int) -> None:
+            """Make ``value`` ``[B, H, S, D]`` this layer's keys (0) or values (1)."""
+            if self.slab is None:
+                self.pool._attach(self, value)
+            assert self.slab is not None
+            n = value.shape[-2]
+            if n > self.slab.capacity:
+                self.slab.grow(n)
+            target = self.slab.buf[self.slot, which, :, :, :n]
+            if value.data_ptr() != target.data_ptr() or value.stride() != target.stride():
+                target.copy_(value)
+            self.length = n
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.pool._attach(self, key_states)
+            self.device = key_states.device
+            self.is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.slab is None:
+                self.lazy_initialization(key_states, value_states)
+            assert self.slab is not None
+            start, q = self.length, key_states.shape[-2]  # q new positions after the cached ones
+            if start + q > self.slab.capacity:
+                self.slab.grow(start + q)
+            kv = self.slab.buf[self.slot]  # [2, B, H, capacity, D]
+            kv[0, :, :, start : start + q] = key_states
+            kv[1, :, :, start : start + q] = value_states
+            self.length = start + q
+            return kv[0, :, :, : self.length], kv[1, :, :, : self.length]
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_max_length(self) -> int:
+            return -1
+
+        def reset(self) -> None:
+            self.length = 0
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes the number of positions to remove as a negative int")
+            self.length = max(0, self.length + tokens_to_remove)
+
+    _SlabLayer = SlabLayer
+    return SlabLayer
+
+
 class KVCache:
-    """A transformers ``DynamicCache`` for batch 1, with the accessors specdec needs.
+    """The KV cache of one HF model for batch 1, preallocated and compacted in place.
+
+    With transformers >= 4.56 (per-layer cache objects) the keys and values of
+    every layer live in one preallocated buffer per device (:class:`KVSlab`):
+    a forward writes its new positions in place, and compaction after
+    verification is one gather per device, whatever the number of layers.
+    The first allocation holds ``max(capacity, MIN_CAPACITY, positions
+    needed)`` positions; the owner sizes it with the generation's bound
+    (:meth:`reserve`), else the slab doubles when a forward runs past it.
+    Older transformers versions keep their ``DynamicCache`` (concatenation
+    on every forward; ``preallocated`` is False).
 
     Args:
         model: the HF causal LM the cache is for.
+        capacity: positions to allocate for (a hint; see above).
 
     Attributes:
         obj: the underlying transformers cache object (pass it to the model).
+        preallocated: whether the layers live in slabs.
 
     Raises:
         NotImplementedError: for models with sliding-window attention (their
@@ -193,7 +336,7 @@ class KVCache:
             versions, models that take no Cache object (GPT-2 before 4.5x).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, capacity: int | None = None) -> None:
         from transformers import DynamicCache
 
         if getattr(model, "_supports_cache_class", True) is False:
@@ -216,6 +359,34 @@ class KVCache:
                 "is not supported; use a full-attention model (or set config.sliding_window = None if the "
                 "window exceeds every context you decode)"
             )
+        self.capacity = max(int(capacity or 0), MIN_CAPACITY)
+        self.slabs: list[KVSlab] = []
+        self._layers_on = _layers_per_device(model)
+        self.preallocated = hasattr(self.obj, "layers")
+        if self.preallocated:
+            layer_cls = _slab_layer_class()
+            num_layers = int(getattr(config, "num_hidden_layers", 0) or len(self.obj.layers))
+            self.obj.layers = [layer_cls(self) for _ in range(max(num_layers, len(self.obj.layers)))]
+            if getattr(self.obj, "layer_class_to_replicate", None) is not None:  # layers appended lazily
+                self.obj.layer_class_to_replicate = lambda: layer_cls(self)
+
+    def reserve(self, positions: int) -> None:
+        """Size the slabs for ``positions`` cached positions (allocated slabs grow now, once)."""
+        self.capacity = max(self.capacity, int(positions))
+        for slab in self.slabs:
+            if slab.capacity < positions:
+                slab.grow(int(positions))
+
+    def _attach(self, layer: Any, like: torch.Tensor) -> None:
+        """Give ``layer`` a slot in a slab of ``like``'s device, shape and dtype."""
+        slab = next((s for s in self.slabs if s.fits(like)), None)
+        if slab is None:
+            slots = self._layers_on.get(str(like.device), len(self.obj.layers))
+            slab = KVSlab(like, max(slots - sum(len(s.layers) for s in self.slabs if s.device == like.device), 1),
+                          max(self.capacity, like.shape[-2]))
+            self.slabs.append(slab)
+        layer.slab, layer.slot = slab, len(slab.layers)
+        slab.layers.append(layer)
 
     def __len__(self) -> int:
         return int(self.obj.get_seq_length())
@@ -232,7 +403,8 @@ class KVCache:
         return [t for pair in zip(self.obj.key_cache, self.obj.value_cache) for t in pair]
 
     def set_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace the cached tensors (same flat order as :meth:`tensors`)."""
+        """Replace the cached tensors (same flat order as :meth:`tensors`); in a
+        slab, a tensor that is already the slot's view is not copied."""
         keys, values = list(tensors[0::2]), list(tensors[1::2])
         if hasattr(self.obj, "layers"):
             if len(keys) != len(self.obj.layers):
@@ -252,16 +424,31 @@ class KVCache:
     ) -> None:
         """Keep only the positions ``keep_index`` (``[S']`` int64, ascending) in every layer.
 
-        ``first_moved``: the first entry with ``keep_index[i] != i``, when the
-        caller knows it; the in-place compactor then reads nothing back.
+        With the default compactor and slabs, each slab (all the layers on
+        one device) moves its positions with one gather and one copy, on the
+        slab's device. ``first_moved``: the first entry with
+        ``keep_index[i] != i``, when the caller knows it; otherwise it is
+        read back from ``keep_index`` (a device-to-host copy on CUDA).
         """
-        tensors = self.tensors()
-        if not tensors:
+        if len(self) == 0:
             if keep_index.numel():
                 raise ValueError("cannot keep positions of an empty cache")
             return
-        keep = keep_index.to(tensors[0].device)
         with torch.inference_mode():
+            if compactor is compact_kv_inplace and self.preallocated and self.slabs:
+                n = keep_index.numel()
+                if first_moved is None:
+                    moved = torch.nonzero(keep_index.cpu() != torch.arange(n)).flatten()
+                    first_moved = int(moved[0]) if moved.numel() else n
+                if first_moved < n:
+                    for slab in self.slabs:
+                        source = keep_index[first_moved:].to(slab.device)  # [S' - first_moved]
+                        slab.buf[..., first_moved:n, :] = slab.buf.index_select(-2, source)
+                for layer in self.obj.layers:
+                    layer.length = n
+                return
+            tensors = self.tensors()
+            keep = keep_index.to(tensors[0].device)
             if compactor is compact_kv_inplace and first_moved is not None:
                 self.set_tensors(compact_kv_inplace(tensors, keep, first_moved=first_moved))
             else:
@@ -273,7 +460,24 @@ class KVCache:
         if length > current or length < 0:
             raise ValueError(f"cannot truncate a cache of {current} positions to {length}")
         if length < current:
-            self.set_tensors([t[..., :length, :] for t in self.tensors()])
+            if self.preallocated:
+                for layer in self.obj.layers:
+                    layer.length = min(layer.length, length)
+            else:
+                self.set_tensors([t[..., :length, :] for t in self.tensors()])
+
+
+def _layers_per_device(model: Any) -> dict[str, int]:
+    """``{device: decoder layers on it}`` from a ``device_map`` model's
+    ``hf_device_map`` (entries ``...layers.<i>``); empty otherwise."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    counts: dict[str, int] = {}
+    for name, where in device_map.items():
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in ("layers", "h") and parts[-1].isdigit():
+            key = str(torch.device(f"cuda:{where}" if isinstance(where, int) else where))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 # ------------------------------------------------------------- the forward
@@ -357,7 +561,7 @@ def forward_tokens(
     kwargs[cache_kw] = cache.obj
     if logits == "last" and logits_kw is not None:
         kwargs[logits_kw] = 1
-    with torch.inference_mode():
+    with torch.inference_mode(), model_call():
         out = runner(**kwargs)
     hidden = None
     if hidden_layers:

@@ -42,6 +42,12 @@ class TargetModel(ABC):
         """Longest sequence (committed tokens + tree) the model can attend over; None = unbounded."""
         return None
 
+    def reserve(self, positions: int) -> None:
+        """A hint before :meth:`prefill`: the coming sequence needs at most
+        ``positions`` cached positions (prompt, new tokens and the deepest
+        tree). A model with a preallocated cache sizes it once from this;
+        the default does nothing."""
+
     @abstractmethod
     def prefill(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence (non-empty prompt); the prompt's last token becomes the first root."""

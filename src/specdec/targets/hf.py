@@ -108,9 +108,7 @@ class HFTarget(TargetModel):
 
     Example:
         >>> import torch, transformers
-        >>> from specdec.regions import model_call
-from specdec.tree import DraftTree
-from specdec.tree_batch import TreeBatch
+        >>> from specdec.tree import DraftTree
         >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16,
         ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
         >>> target = HFTarget(transformers.LlamaForCausalLM(cfg).eval())
@@ -154,6 +152,7 @@ from specdec.tree_batch import TreeBatch
         self.kv_compactor = kv_compactor
         self.logits_device = logits_device
         self._cache: KVCache | None = None
+        self._reserved = 0
         self._committed: list[int] = []
         self._tree: DraftTree | None = None
         self._hidden: torch.Tensor | None = None
@@ -189,6 +188,12 @@ from specdec.tree_batch import TreeBatch
         return 0 if self._cache is None else len(self._cache)
 
     # ------------------------------------------------------------ lifecycle
+    def reserve(self, positions: int) -> None:
+        """Size the preallocated KV cache for ``positions`` positions at the
+        next :meth:`prefill` (capped at the model's context)."""
+        cap = int(positions) if self._max_length is None else min(int(positions), self._max_length)
+        self._reserved = max(cap, 0)
+
     def prefill(self, prompt_ids: Sequence[int]) -> None:
         """Cache every prompt token but the last (a 1-token prompt caches nothing).
 
@@ -200,7 +205,11 @@ from specdec.tree_batch import TreeBatch
             ContextOverflowError: prompt longer than the model's context.
         """
         tokens = check_prompt(prompt_ids, self._vocab_size, self._max_length)
-        self._cache = KVCache(self.model)
+        if self._cache is not None and self._cache.preallocated:  # reuse the slabs: no new allocation
+            self._cache.truncate(0)
+            self._cache.reserve(max(self._reserved, len(tokens)))
+        else:
+            self._cache = KVCache(self.model, capacity=max(self._reserved, len(tokens)))
         self._tree = None
         self._hidden = None
         self._committed = tokens

@@ -34,8 +34,8 @@ _READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nu
 _HERE = __file__
 
 
-def _site() -> str:
-    frame = sys._getframe(2)
+def _site(depth: int = 2) -> str:
+    frame = sys._getframe(depth)
     while frame is not None and (frame.f_code.co_filename == _HERE or "/torch/" in frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
@@ -43,6 +43,17 @@ def _site() -> str:
     name = frame.f_code.co_filename
     short = name.split("/src/")[-1] if "/src/" in name else name.rsplit("/", 2)[-1]
     return f"{short}:{frame.f_lineno}"
+
+
+def _op_site() -> str:
+    """The innermost specdec frame (outside the counter) that issued an ATen op."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != _HERE and "/specdec/" in name and "/torch/" not in name:
+            return f"{name.split('/specdec/')[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
 
 
 class _OpMode(TorchDispatchMode):
@@ -56,6 +67,8 @@ class _OpMode(TorchDispatchMode):
         self.owner.op_names[key][name] += 1
         if func.is_view:  # a new view of the same storage: no kernel runs
             self.owner.view_names[key][name] += 1
+        if self.owner.op_sites is not None:
+            self.owner.op_sites[key][_op_site()] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -67,10 +80,16 @@ class StepCounter:
         op_names: ``{"step"|"model": Counter(op name)}``.
         view_names: the same for the ops among them that only make a view
             (``OpOverload.is_view``: no kernel runs on a GPU).
+        op_sites: with ``op_sites=True``, ``{"step"|"model": Counter(site)}``:
+            the innermost specdec line that issued each ATen op (slower;
+            for finding where a step's ops come from).
     """
 
-    def __init__(self, ops: bool = True) -> None:
+    def __init__(self, ops: bool = True, op_sites: bool = False) -> None:
         self.count_ops = ops
+        self.op_sites: dict[str, collections.Counter] | None = (
+            {"step": collections.Counter(), "model": collections.Counter()} if op_sites else None
+        )
         self.sync_sites: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
         self.op_names: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}
         self.view_names: dict[str, collections.Counter] = {"step": collections.Counter(), "model": collections.Counter()}

@@ -12,9 +12,11 @@ from typing import Any, ClassVar
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.drafts.eagle.head import EagleHead, _additive, causal_mask
+from specdec.drafts.eagle.head import EagleHead, _additive, attend, causal_mask
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
 from specdec.kernels.linear import LinearPlan, accelerate_linears, dispatch_for, resolve_cpu_linear
+from specdec.models.hf_common import MIN_CAPACITY
+from specdec.regions import model_call
 from specdec.registry import register
 
 __all__ = ["EagleDraft", "Eagle2Draft", "Eagle3Draft", "FeatureFn", "make_draft", "hf_feature_fn"]
@@ -95,17 +97,47 @@ class EagleDraft(DraftModel):
         0 = embeddings, ``l`` = input of layer ``l``, ``N`` = final normed output)."""
         return self.head.config.target_layers
 
+    def reserve(self, positions: int) -> None:
+        """Size the head's preallocated KV buffer for ``positions`` pairs (committed + tree)."""
+        self._reserved = max(int(positions), 0)
+        if self._kv.shape[-2] < self._reserved:
+            self._grow_kv(self._reserved)
+
     def _reset(self) -> None:
         cfg = self.head.config
-        empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self._device, dtype=self._dtype)
-        self._k, self._v = empty, empty.clone()
+        if not hasattr(self, "_kv"):
+            self._reserved = 0
+            # [2, 1, nkv, capacity, d]: keys and values of the committed pairs, then this step's tree pairs
+            self._kv = torch.zeros(2, 1, cfg.num_key_value_heads, MIN_CAPACITY, cfg.head_dim, device=self._device, dtype=self._dtype)
+        self._pairs = 0  # committed pairs in _kv
         self._last_h: torch.Tensor | None = None
         self._drop_tree()
 
+    def _grow_kv(self, needed: int) -> None:
+        """Reallocate the KV buffer for at least ``needed`` pairs (doubling; one copy)."""
+        grown = self._kv.new_zeros(*self._kv.shape[:-2], max(needed, 2 * self._kv.shape[-2]), self._kv.shape[-1])
+        grown[..., : self._kv.shape[-2], :] = self._kv
+        self._kv = grown
+
+    def _run_head(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, from_target: bool
+    ) -> torch.Tensor:
+        """The head's layer over ``T`` new pairs (``hidden [1, T, F]``, ``tokens``/``positions [1, T]``),
+        attending the ``S`` pairs in the buffer and themselves (``mask [1, 1, T, S + T]``); the new
+        keys and values are written in place after the ``S`` (no concatenation). Returns ``h [1, T, H]``."""
+        start, t = self._pairs + self._tree_pairs, tokens.shape[-1]
+        if start + t > self._kv.shape[-2]:
+            self._grow_kv(start + t)
+        x, emb = self.head.fuse(hidden, tokens, from_target)
+        q, k, v = self.head.qkv(x, emb, positions)  # q [1, nh, T, d]; k, v [1, nkv, T, d]
+        self._kv[0, :, :, start : start + t] = k
+        self._kv[1, :, :, start : start + t] = v
+        end = start + t
+        return self.head.finish(x, attend(q, self._kv[0, :, :, :end], self._kv[1, :, :, :end], mask))
+
     def _drop_tree(self) -> None:
         cfg = self.head.config
-        empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim, device=self._device, dtype=self._dtype)
-        self._tk, self._tv = empty, empty.clone()
+        self._tree_pairs = 0  # this step's tree pairs in _kv, after the committed ones
         self._tree_h = torch.zeros(0, cfg.hidden_size, device=self._device, dtype=self._dtype)  # [n, H] nodes 1..n
         self._depth = torch.zeros(1, dtype=torch.long, device=self._device)  # [n + 1] depth of every node, root 0
         # [n + 1, n + 1]: [i, j] iff tree node j >= 1 is i or an ancestor of i (the root's column stays False)
@@ -114,7 +146,7 @@ class EagleDraft(DraftModel):
     @property
     def committed_pairs(self) -> int:
         """Number of pairs in the KV cache."""
-        return int(self._k.shape[2])
+        return self._pairs
 
     # ---------------------------------------------------------- features
     def _features(self, target_hidden: torch.Tensor, n: int, who: str) -> torch.Tensor:
@@ -143,8 +175,9 @@ class EagleDraft(DraftModel):
             tok = torch.tensor([tokens], dtype=torch.long, device=self._device)
         pos = torch.arange(p0, p0 + n, device=self._device)[None]
         mask = causal_mask(n, p0, self._dtype, self._device)
-        h, k, v = self.head(feats[None], tok, pos, mask, past=(self._k, self._v), from_target=True)
-        self._k, self._v = torch.cat([self._k, k], 2), torch.cat([self._v, v], 2)
+        with model_call():
+            h = self._run_head(feats[None], tok, pos, mask, from_target=True)
+        self._pairs += n
         self._last_h = h[0, -1]
 
     # --------------------------------------------------------- DraftModel
@@ -261,9 +294,8 @@ class EagleDraft(DraftModel):
                 dim=1,
             )  # [k, P + n_tree + k]
             mask = _additive(visible, self._dtype)[None, None]
-            past = (torch.cat([self._k, self._tk], 2), torch.cat([self._v, self._tv], 2))
-            h, kk, vv = self.head(h_in, tok, pos, mask, past=past, from_target=False)
-            self._tk, self._tv = torch.cat([self._tk, kk], 2), torch.cat([self._tv, vv], 2)
+            h = self._run_head(h_in, tok, pos, mask, from_target=False)
+            self._tree_pairs += k
             self._tree_h = torch.cat([self._tree_h, h[0]])
             self._depth = torch.cat([self._depth, depths])
             grown = torch.zeros(n_nodes + k, n_nodes + k, dtype=torch.bool, device=self._device)
