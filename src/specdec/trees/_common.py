@@ -152,21 +152,17 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     c = min(count, V)
     values, ids = torch.topk(q, c, dim=-1)  # [R, c]: exact values; which of the tokens tied at the cut, not trusted
     kth = values[:, -1:]  # [R, 1]
-    above = values > kth  # [R, c]: every token above the cut is here
-    n_above = above.sum(dim=-1, keepdim=True)  # [R, 1]
-    # the tokens above the cut, by (-q, id): sort by id, then stably by -q
-    ids, perm = torch.sort(torch.where(above, ids, V), dim=-1)
-    values, order = torch.sort(torch.where(above, values, -1.0).gather(-1, perm), dim=-1, descending=True, stable=True)
+    # order the c candidates by (-q, id): sort by id, then stably by -q; the tokens tied at the cut come last
+    ids, perm = torch.sort(ids, dim=-1)
+    values, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)
     ids = ids.gather(-1, order)
-    # the places left go to the tokens equal to the cut with the smallest ids: a top-c over V - id
-    desc_id = torch.arange(V, 0, -1, device=q.device)  # [V]: V - id
-    tied_key = torch.topk(torch.where((q == kth) & (kth > 0), desc_id, 0), c, dim=-1).values  # [R, c] ids ascending
+    # the places of the tied tokens go to the tokens equal to the cut with the smallest ids: a top-c over V - id
+    n_above = (values > kth).sum(dim=-1, keepdim=True)  # [R, 1]
+    tied_key = torch.topk(torch.where(q == kth, torch.arange(V, 0, -1, device=q.device), 0), c, dim=-1).values  # [R, c]
     slot = torch.arange(c, device=q.device)
     from_tied = slot >= n_above  # [R, c]
-    tied_at = tied_key.gather(-1, (slot - n_above).clamp_min(0))  # [R, c]
-    valid = torch.where(from_tied, tied_at > 0, True)
-    ids = torch.where(from_tied, V - tied_at, ids)
-    values = torch.where(from_tied, kth, values)
+    ids = torch.where(from_tied, V - tied_key.gather(-1, (slot - n_above).clamp_min(0)), ids)
+    valid = values > 0  # a token of probability 0 is never proposed (the tied ones included, when the cut is 0)
     return torch.where(valid, ids, -1), torch.where(valid, values, 0.0)
 
 

@@ -27,6 +27,7 @@ check that both give the identical tree for the same draws
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -183,26 +184,25 @@ def grow_levelwise(
     reduced = vocab_ids is not None
     q, bad = draft.root_distribution_flagged(sampling, proposal=reduced)  # [Vd], []
     q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, Vd]; a bad row proposes nothing
-    draft_bad = bad.reshape(1)  # [1] raised by the step's one read
     dev = q.device
     vocab = draft.vocab_size
-    if reduced:
-        vocab_ids = vocab_ids.to(dev)
+    if reduced:  # [Vd + 1]: draft id -> target id, and the padding id -1 -> -1 (one gather per map)
+        vocab_ids = _padded_map(vocab_ids, dev)
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)  # [1]
+    start = _root_constants(dev)
     # the created nodes, level by level (index 0 = the root); each list entry is one level, flat
     tok = [root]
-    par = [root.new_full((1,), -1)]
-    kind = [root.new_full((1,), int(NodeKind.ROOT))]
-    weight = [torch.ones(1, dtype=torch.float64, device=dev)]
-    score = [torch.zeros(1, dtype=torch.float64, device=dev)]
-    lvl = [root.new_zeros(1)]
+    kind = [start.kind]
+    weight = [start.weight]
+    score = [start.score]
     laws: list[LevelChildren] = []  # one per expansion, in expansion order
-    expanded = [root.new_zeros(1)]  # creation indices of the expanded nodes, in expansion order
-    parent_ci = root.new_zeros(1)  # [R] creation index of each expanded node
-    parent_score = score[0]  # [R]
+    expanded = [start.index]  # creation indices of the expanded nodes, in expansion order
+    parent_score = start.score  # [R]
+    level_sizes = [1]  # created nodes per level (Python ints: the shapes)
     first_ci = 1  # creation index of the newest level's first node
     rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
-    live = torch.ones(1, dtype=torch.bool, device=dev)  # [R] the expanded rows that are real nodes
+    live = start.live  # [R] the expanded rows that are real nodes
+    bad_rows = [bad.reshape(1)]  # per expansion: rows whose draft law was not a law (real rows only)
     for d in range(1, depth + 1):
         if compiled_level is None:
             lv = level(q, rng, live)
@@ -215,8 +215,7 @@ def grow_levelwise(
             lv = compiled_level(q, u, live)
         if reduced:  # draft ids -> target ids (padding -1 stays -1)
             lv = lv._replace(
-                tokens=torch.where(lv.tokens >= 0, vocab_ids[lv.tokens.clamp_min(0)], -1),
-                law_ids=torch.where(lv.law_ids >= 0, vocab_ids[lv.law_ids.clamp_min(0)], -1),
+                tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
             )
         R, C = lv.tokens.shape
         laws.append(lv)
@@ -226,8 +225,7 @@ def grow_levelwise(
         kind.append(lv.kinds.reshape(-1))
         weight.append(lv.weights.reshape(-1))
         score.append(lv_score)
-        lvl.append(torch.full_like(lv_tok, d))
-        par.append(parent_ci.repeat_interleave(C))
+        level_sizes.append(R * C)
         if d == depth:
             break
         width = min(beam_width, R * C)
@@ -239,18 +237,55 @@ def grow_levelwise(
             parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, proposal=reduced
         )  # [width, Vd]
         q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))
-        parent_ci = beam + first_ci  # [width]
         parent_score = lv_score[beam]
         live = parent_score > float("-inf")
-        draft_bad = draft_bad | (bad & live).any(dim=-1, keepdim=True)
-        expanded.append(parent_ci)
+        bad_rows.append(bad & live)
+        expanded.append(beam + first_ci)  # [width] creation indices of the new beam
         first_ci += R * C
         rows_first_id, next_id = next_id, next_id + width
+    all_expanded = torch.cat(expanded)  # [E]
+    # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
+    par = torch.cat([start.no_parent, all_expanded.repeat_interleave(C)])
+    draft_bad = torch.cat(bad_rows).any().reshape(1)  # [1] raised by the step's one read
     return _assemble(
-        torch.cat(tok), torch.cat(par), torch.cat(kind), torch.cat(weight), torch.cat(score), torch.cat(lvl),
-        torch.cat(expanded), laws, num_keep=num_keep, vocab=vocab,
+        torch.cat(tok), par, torch.cat(kind), torch.cat(weight), torch.cat(score), _levels(tuple(level_sizes), dev),
+        all_expanded, laws, num_keep=num_keep, vocab=vocab,
         children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
     )
+
+
+class _RootConstants(NamedTuple):
+    kind: torch.Tensor  # [1] NodeKind.ROOT
+    weight: torch.Tensor  # [1] float64 1
+    score: torch.Tensor  # [1] float64 0
+    index: torch.Tensor  # [1] int64 0: the root's creation index
+    no_parent: torch.Tensor  # [1] int64 -1
+    live: torch.Tensor  # [1] bool True
+
+
+@functools.lru_cache(maxsize=16)
+def _root_constants(device: torch.device) -> _RootConstants:
+    """The root's entries, made once per device (never written to: every use concatenates or compares)."""
+    return _RootConstants(
+        kind=torch.full((1,), int(NodeKind.ROOT), dtype=torch.int64, device=device),
+        weight=torch.ones(1, dtype=torch.float64, device=device),
+        score=torch.zeros(1, dtype=torch.float64, device=device),
+        index=torch.zeros(1, dtype=torch.int64, device=device),
+        no_parent=torch.full((1,), -1, dtype=torch.int64, device=device),
+        live=torch.ones(1, dtype=torch.bool, device=device),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _levels(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``[sum(sizes)]`` int64: the level of every created node (``sizes[d]`` nodes at level ``d``), once per shape."""
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+
+
+@functools.lru_cache(maxsize=16)
+def _padded_map(vocab_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``[Vd + 1]`` the draft's proposal ids with ``-1`` appended, so that the padding id ``-1`` maps to ``-1``."""
+    return torch.cat([vocab_ids.to(device), torch.full((1,), -1, dtype=vocab_ids.dtype, device=device)])
 
 
 def _assemble(
@@ -309,9 +344,10 @@ def _assemble(
     law_wor = has_law & all_wor[row_of.clamp_min(0)]
     # ancestor mask, grown one level at a time
     eye = torch.eye(n, dtype=torch.bool, device=dev)
+    up = torch.where(parents >= 0, parents, torch.arange(n, device=dev))  # [n]; the root and padding point to themselves
     anc = eye
     for _ in range(depth):
-        anc = eye | torch.where((parents >= 0).unsqueeze(-1), anc[parents.clamp_min(0)], False)
+        anc = eye | anc[up]
     return TreeBatch(
         tokens=tokens[None], parents=parents[None], depths=depths[None], kinds=kinds[None],
         draw_order=draw_order[None], weights=weights[None], num_nodes=live.sum().reshape(1),

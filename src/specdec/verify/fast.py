@@ -158,22 +158,19 @@ def decide_tree_batch(
     match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, n]
     first = torch.where(first < C, first, match_first)
     child = torch.where(first < C, table.gather(-1, first.clamp(max=C - 1).unsqueeze(-1)).squeeze(-1), -1)  # [B, n]
-    # follow the accepted children from the root
-    node = torch.zeros(B, dtype=torch.int64, device=dev)
-    path = []
-    attempted = torch.zeros(B, dtype=torch.int64, device=dev)
-    bad = torch.zeros(B, dtype=torch.bool, device=dev) if bad_rows is None else bad_rows[:, 0].clone()
+    # the accepted path, found for all nodes at once: node j is reached when every node on its path
+    # from the root (itself included) is its parent's accepted child (TreeBatch.ancestors)
+    node_ids = torch.arange(n, device=dev)  # [n]
+    picked = (child.gather(1, tree.parents.clamp_min(0)) == node_ids) | (node_ids == 0)  # [B, n]; the root counts
+    reached = ~(tree.ancestors & ~picked.unsqueeze(1)).any(dim=-1)  # [B, n]
+    depth_at = torch.where(reached, tree.depths, D + 1)  # [B, n]; D + 1: a discard column
+    by_depth = torch.full((B, D + 2), -1, dtype=torch.int64, device=dev).scatter_(1, depth_at, node_ids.expand(B, n))
+    accepted = by_depth[:, 1 : D + 1]  # [B, D]: one reached node per depth below the root
+    num_accepted = reached.sum(dim=-1) - 1  # [B]
+    node = torch.where(reached, tree.depths, -1).argmax(dim=-1)  # [B] the deepest reached node: where the walk stops
     has_kids = has.any(dim=-1)  # [B, n]
-    for _ in range(D):
-        nxt = child.gather(1, node.unsqueeze(-1)).squeeze(-1)  # [B]
-        attempted = attempted + (has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1) & (nxt >= 0))
-        path.append(nxt)
-        node = torch.where(nxt >= 0, nxt, node)
-        if bad_rows is not None:
-            bad = bad | (bad_rows.gather(1, node.unsqueeze(-1)).squeeze(-1))
-    accepted = torch.stack(path, dim=-1) if path else torch.empty(B, 0, dtype=torch.int64, device=dev)  # [B, D]
-    num_accepted = (accepted >= 0).sum(dim=-1)
-    attempted = attempted + has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1)  # the stop node's failed tests
+    attempted = num_accepted + has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1)  # the stop node's failed tests too
+    bad = (reached & bad_rows).any(dim=-1) if bad_rows is not None else torch.zeros(B, dtype=torch.bool, device=dev)
     # the bonus: the stop node's final residual over the vocabulary, inverse CDF with the node's next uniform
     rows = node.view(B, 1, 1)
     P = (p.gather(1, rows.expand(B, 1, V)).squeeze(1).to(work) / p_total.gather(1, rows).squeeze(-1))  # [B, V]
