@@ -42,8 +42,11 @@ nodes (``--vocab``, ``--sizes``):
    trees, eagle3 and rheo, step path vs Triton path: time split, host syncs
    (``StepCounter`` and ``torch.cuda.set_sync_debug_mode("warn")``), tau.
    Smoke-tested on the CPU with ``--device cpu --skip correctness timing kv
-   --step-vocab 1000 --step-hidden 128 --step-layers 2 --step-tokens 8``; a
-   ``device_map`` target across GPUs is not in it (not supported yet).
+   --step-vocab 1000 --step-hidden 128 --step-layers 2 --step-tokens 8``;
+5. a target split over two GPUs (``multi_gpu_check``, ``device_map`` through
+   accelerate): greedy tokens equal to the one-GPU run, one KV slab per
+   device, features on the head's device. Needs two GPUs (skipped otherwise,
+   and so never run yet: the lent machine has one).
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
 catches its own errors (recorded in the output, exit status 1 at the end) so
@@ -369,6 +372,65 @@ def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["step"] = rows
 
 
+def multi_gpu_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """A target split over two GPUs with ``device_map`` (issue 14, item 9):
+    the ``--step-*`` Llama with its first half of layers on cuda:0 and the rest
+    (with the final norm and the LM head) on cuda:1, through accelerate's
+    ``dispatch_model``; the EAGLE-3 head on cuda:0. Checks, at T=0: the tokens
+    equal those of the same model on one GPU, the KV cache has one slab per
+    device, the hidden features arrive on the head's device; reports tau and
+    the time per step. Skipped with fewer than two CUDA devices."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        report["multi_gpu"] = {"skipped": f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA device(s)"}
+        return
+    import transformers
+    from accelerate import dispatch_model
+
+    import specdec
+    from specdec.drafts.eagle import EagleConfig, EagleHead, make_draft
+    from specdec.targets.hf import HFTarget
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=args.step_vocab, hidden_size=args.step_hidden, intermediate_size=args.step_hidden * 11 // 4,
+        num_hidden_layers=args.step_layers, num_attention_heads=max(1, args.step_hidden // 64),
+        num_key_value_heads=max(1, args.step_hidden // 256), max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    half = args.step_layers // 2
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1}
+    device_map.update({f"model.layers.{i}": 0 if i < half else 1 for i in range(args.step_layers)})
+    head_cfg = EagleConfig.for_target(cfg, 3)
+    prompt = list(range(1, 65))
+    sampling = specdec.SamplingConfig(temperature=0.0)
+    results: dict[str, Any] = {"device_map": "layers 0-%d on cuda:0, %d-%d on cuda:1" % (half - 1, half, args.step_layers - 1)}
+    outputs = {}
+    for name in ("one_gpu", "two_gpus"):
+        if name == "one_gpu":
+            m = model.to("cuda:0")
+        else:
+            m = dispatch_model(model.to("cpu"), device_map=device_map)
+            m.hf_device_map = device_map
+        torch.manual_seed(1)
+        head = EagleHead(head_cfg, m.get_input_embeddings().weight.detach()).to("cuda:0", torch.bfloat16)
+        target = HFTarget(m, capture_layers=head_cfg.target_layers)
+        gen = specdec.SpeculativeGenerator(target=target, draft=make_draft(head), method="eagle3", kernel="torch")
+        gen.generate(prompt, 4, sampling=sampling, seed=0)  # warm-up
+        torch.cuda.synchronize()
+        out = gen.generate(prompt, args.step_tokens, sampling=sampling, seed=0)
+        outputs[name] = out.tokens
+        results[name] = {
+            "tau": out.stats.tau, "ms_per_step": 1000 * out.stats.time_total / max(out.stats.steps, 1),
+            "kv_slabs": sorted(str(sl.device) for sl in target._cache.slabs),
+            "hidden_device": str(target.hidden_states().device) if target.hidden_states() is not None else None,
+        }
+        if name == "one_gpu":
+            model = m.to("cpu")
+    results["tokens_equal"] = outputs["one_gpu"] == outputs["two_gpus"]
+    report["multi_gpu"] = results
+    print(f"[multi_gpu] {results}", flush=True)
+
+
 # -------------------------------------------------------------------- output
 def to_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
@@ -417,6 +479,8 @@ def to_markdown(report: dict[str, Any]) -> str:
                          f"{r['ms_target']:.2f} | {r['ms_verify']:.2f} | {r['ms_total']:.2f} | "
                          f"{r['syncs_per_step_outside_models']:.1f} | {r['syncs_per_step_inside_models']:.1f} | "
                          f"{r['cuda_sync_warnings_per_step']:.1f} |")
+    if report.get("multi_gpu"):
+        lines += ["", "## Target split over two GPUs (device_map), EAGLE-3, T=0", "", "```", json.dumps(report["multi_gpu"], indent=1), "```"]
     if report.get("skipped_for_time"):
         lines += ["", "Skipped for time: " + "; ".join(report["skipped_for_time"])]
     return "\n".join(lines) + "\n"
@@ -433,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096], help="kernel blocks timed")
     parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv", "step"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv", "step", "multi_gpu"])
     parser.add_argument("--step-vocab", type=int, default=128256)
     parser.add_argument("--step-hidden", type=int, default=2048)
     parser.add_argument("--step-layers", type=int, default=16, help="16 x 2048 with V=128256: about 1.1B parameters")
@@ -449,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = [("correctness", lambda: correctness(args, report)),
                 ("timing", lambda: timing(args, report, start + args.budget_s)),
                 ("kv", lambda: kv_check(args, report)),
-                ("step", lambda: step_check(args, report))]
+                ("step", lambda: step_check(args, report)),
+                ("multi_gpu", lambda: multi_gpu_check(args, report))]
     for name, run in sections:
         if name in args.skip or "error" in report:
             continue

@@ -332,3 +332,31 @@ def test_generation_reserves_the_kv_slabs_once(monkeypatch):
     slabs = [s.buf.data_ptr() for s in target._cache.slabs + draft._cache.slabs]
     gen.generate([8, 9], 20, specdec.SamplingConfig(temperature=1.0), seed=1)
     assert [s.buf.data_ptr() for s in target._cache.slabs + draft._cache.slabs] == slabs and grown == []
+
+
+def test_a_device_map_target_runs_through_the_hooks_with_one_slab_per_device():
+    """What of a ``device_map`` target runs on a CPU: accelerate's dispatch
+    hooks around every layer (here all on the CPU), ``hf_device_map`` read for
+    the slab's layer count, greedy tokens equal to the plain model's. The
+    split over two GPUs is in ``benchmarks/gpu_check.py`` (``multi_gpu``)."""
+    accelerate = pytest.importorskip("accelerate")
+    import specdec
+    from specdec.drafts.hf import HFDraft
+
+    layers = 3
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu"}
+    device_map.update({f"model.layers.{i}": "cpu" for i in range(layers)})
+    assert hf_common._layers_per_device(type("M", (), {"hf_device_map": device_map})()) == {"cpu": layers}
+    outs = []
+    for split in (False, True):
+        model = make_tiny_llama("sdpa", torch.float64, seed=0, layers=layers)
+        if split:
+            model = accelerate.dispatch_model(model, device_map=device_map)
+            model.hf_device_map = device_map
+        target = HFTarget(model, capture_layers=(1, 3))
+        draft = HFDraft(make_tiny_llama("sdpa", torch.float64, seed=1))
+        gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="specinfer")
+        outs.append(gen.generate([5, 6, 7], 16, specdec.SamplingConfig(temperature=0.0), seed=0).tokens)
+        assert len(target._cache.slabs) == 1 and target._cache.slabs[0].slots == layers
+        assert target.hidden_states().shape[1:] == (2, 64)
+    assert outs[0] == outs[1]

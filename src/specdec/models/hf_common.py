@@ -566,7 +566,9 @@ def forward_tokens(
     hidden = None
     if hidden_layers:
         states = out.hidden_states
-        hidden = torch.stack([states[i][0] for i in hidden_layers], dim=1)
+        # a model split over devices (device_map) has its layers' states on their devices: gather on the first's
+        home = states[hidden_layers[0]].device
+        hidden = torch.stack([states[i][0] if states[i].device == home else states[i][0].to(home) for i in hidden_layers], dim=1)
     if logits == "none":
         return None, hidden
     scores = out.logits[0]

@@ -284,7 +284,9 @@ class HFTarget(TargetModel):
         The caller has bounded the depth against the context
         (:class:`~specdec.generate.SpeculativeGenerator` checks
         ``prompt + max_new_tokens - 1 + max_depth`` before the first forward).
-        Logits stay on the model's device (``logits_device`` is not applied).
+        Logits stay on the device (``logits_device`` is not applied): the
+        model's, or for a model split over devices (``device_map``), the
+        tree's, where the verifier works.
         """
         if self._cache is None:
             raise RuntimeError("score_batch() called before prefill()")
@@ -307,6 +309,8 @@ class HFTarget(TargetModel):
             )
         assert logits is not None
         self._tree = tree
+        if logits.device != tree.device:  # a model split over devices: the verifier works beside the tree
+            logits = logits.to(tree.device)
         return (logits if logits.dtype == torch.float64 else logits.float()).unsqueeze(0)
 
     def accept(
