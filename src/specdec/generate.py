@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -36,6 +36,9 @@ from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier, VerifyResult
+
+if TYPE_CHECKING:
+    from specdec.batch import BatchOutput
 
 __all__ = [
     "GenerationOutput",
@@ -548,6 +551,65 @@ class SpeculativeGenerator:
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
                         sampling or SamplingConfig(), seed, eos_token_id, StepTally(), self.kernel, self.compiler,
                         self.random)
+
+    def stream_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        seeds: Sequence[int] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> Iterator[dict[int, list[int]]]:
+        """Decode every prompt at once (batched); yield ``{row: new tokens}``
+        after each step (:func:`specdec.batch.speculative_stream_batch`: the
+        requirements and the per-row guarantees)."""
+        from specdec.batch import speculative_stream_batch
+
+        self._check_batch_options()
+        yield from speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
+                                            max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        seeds: Sequence[int] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> "BatchOutput":
+        """:meth:`stream_batch`, collected: a :class:`~specdec.batch.BatchOutput`
+        (one tuple of new tokens per prompt, in order; per-row stop reasons;
+        steps, tau and throughput summed over the rows).
+
+        Each row's output law is the target's, and row ``b`` draws only from
+        ``seeds[b]`` (default ``0 .. B - 1``), so it equals the row's
+        :meth:`generate` with that seed wherever the models' logits agree
+        across batch sizes (at T = 0: token for token)."""
+        from specdec.batch import BatchOutput
+
+        start = time.perf_counter()
+        stats: dict[str, Any] = {}
+        from specdec.batch import speculative_stream_batch
+
+        self._check_batch_options()
+        tokens: list[list[int]] = [[] for _ in prompts]
+        for chunk in speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
+                                              max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id,
+                                              _stats=stats):
+            for r, new in chunk.items():
+                tokens[r].extend(new)
+        return BatchOutput(
+            tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]), steps=stats["steps"],
+            time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
+            tau=stats["tau_sum"] / stats["row_steps"] if stats["row_steps"] else 0.0,
+        )
+
+    def _check_batch_options(self) -> None:
+        if self.kernel == "triton" or self.compiler is not None or self.random != "torch":
+            raise InvalidConfigError(
+                "batched generation runs the torch step path with TorchRandom row streams: "
+                "kernel='triton', compile= and random='counter' are not supported with batches yet"
+            )
 
 
 def autoregressive_generate(

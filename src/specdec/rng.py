@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -25,6 +26,7 @@ __all__ = [
     "DOMAIN",
     "CounterRandom",
     "RandomSource",
+    "RowStreams",
     "TorchRandom",
     "UniformTable",
     "counter_uniform",
@@ -187,6 +189,65 @@ class TorchRandom(RandomSource):
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Batched inverse-CDF draws (:func:`inverse_cdf_rows`), one uniform per row (inactive rows too), no host read."""
         return inverse_cdf_rows(probs, self.uniforms((probs.shape[0],), device=probs.device), active)
+
+
+class RowStreams(RandomSource):
+    """One random source per row of a batch (batched generation): each row
+    draws from its own stream exactly what it would draw decoding alone.
+
+    A batched draw over ``B * R`` rows (the level-wise builders'
+    :meth:`categorical_rows` and :meth:`uniforms`, rows grouped by tree) takes
+    ``R`` consecutive rows from each source in turn; a verification table
+    ``[B, n, C + 1]`` takes one tree from each (:meth:`RandomSource.verify_uniforms`
+    of the row's source, so :class:`CounterRandom` rows stay keyed on their own
+    walks).
+
+    Args:
+        sources: one :class:`RandomSource` per row, in row order.
+
+    Example:
+        >>> import torch
+        >>> streams = RowStreams([TorchRandom.seeded(1), TorchRandom.seeded(2)])
+        >>> both = streams.uniforms((4,))
+        >>> torch.equal(both[2:], TorchRandom.seeded(2).uniforms((2,)))
+        True
+    """
+
+    def __init__(self, sources: Sequence[RandomSource]) -> None:
+        self.sources = list(sources)
+        if not self.sources:
+            raise ValueError("RowStreams needs at least one source")
+
+    def _per_row(self, rows: int) -> int:
+        B = len(self.sources)
+        if rows % B:
+            raise ValueError(f"a batched draw over {rows} rows does not split over {B} row streams")
+        return rows // B
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep the streams of rows ``rows`` (rows that left the batch stop drawing)."""
+        self.sources = [self.sources[int(r)] for r in rows]
+
+    def uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+        per = self._per_row(shape[0])
+        return torch.cat([s.uniforms((per, *shape[1:]), device=device) for s in self.sources])
+
+    def verify_uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+        per = self._per_row(shape[0])
+        return torch.cat([s.verify_uniforms((per, *shape[1:]), device=device) for s in self.sources])
+
+    def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        per = self._per_row(probs.shape[0])
+        return torch.cat([
+            s.categorical_rows(probs[b * per : (b + 1) * per], active[b * per : (b + 1) * per])
+            for b, s in enumerate(self.sources)
+        ])
+
+    def bernoulli(self, prob: float | torch.Tensor) -> bool:
+        raise NotImplementedError("RowStreams serves batched draws only (one stream per row)")
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        raise NotImplementedError("RowStreams serves batched draws only (one stream per row)")
 
 
 class UniformTable(RandomSource):

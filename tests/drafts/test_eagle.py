@@ -145,6 +145,69 @@ def test_kv_buffer_is_written_in_place_and_grows_exactly(target, version, monkey
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def _padded_features(fn, contexts):
+    """``[B, S, L, H]`` features of every row's tokens, zero padded."""
+    feats = [fn(c) if c else None for c in contexts]
+    width = max(1, *(f.shape[0] for f in feats if f is not None))
+    like = next(f for f in feats if f is not None)
+    out = torch.zeros(len(contexts), width, *like.shape[1:], dtype=like.dtype)
+    for b, f in enumerate(feats):
+        if f is not None:
+            out[b, : f.shape[0]] = f
+    return out
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_rows_mode_drafts_what_each_row_drafts_alone(target, version):
+    """Rows of different lengths in one buffer: root logits, each tree level,
+    a commit of different lengths per row and a row leaving the batch all give
+    what the row's own single-mode draft gives."""
+    prompts = [PROMPT, [7], [2, 9, 4]]
+    d = _draft(target, version)
+    fn = hf_feature_fn(target, d.target_layers)
+    d.begin_rows(prompts, _padded_features(fn, [p[:-1] for p in prompts]))
+    assert d.rows_mode and d.batch_size == 3
+    singles = []
+    for p in prompts:
+        one = _draft(target, version)
+        one.head.load_state_dict(d.head.state_dict())
+        one.begin(p)
+        singles.append(one)
+
+    def close(batched, wanted):
+        torch.testing.assert_close(batched, wanted, atol=1e-5, rtol=1e-5)
+
+    root = d.root_rows_logits()
+    lvl1 = d.tree_rows_logits(torch.tensor([[0, 0], [0, 0], [0, 0]]), torch.tensor([[30, 31], [5, 6], [7, 8]]))
+    lvl2 = d.tree_rows_logits(torch.tensor([[1, 2], [2, 2], [1, 1]]), torch.tensor([[32, 33], [9, 10], [11, 12]]))
+    for b, one in enumerate(singles):
+        close(root[b], one.root_logits())
+        close(lvl1[b], one.tree_logits([0, 0], [[30, 31], [5, 6], [7, 8]][b]))
+        close(lvl2[b], one.tree_logits([[1, 2], [2, 2], [1, 1]][b], [[32, 33], [9, 10], [11, 12]][b]))
+    if version == 3:
+        close(d.root_rows_logits(proposal=True)[0], singles[0].root_proposal_logits())
+    emitted = [[30, 32, 40], [6], [7, 11]]  # accepted + bonus, per row
+    accepted = [[30, 32], [], [7]]
+    contexts = [p + a for p, a in zip(prompts, accepted)]
+    feats = [fn(c)[len(p) - 1 :] for c, p in zip(contexts, prompts)]
+    hidden = torch.zeros(3, 3, *feats[0].shape[1:], dtype=feats[0].dtype)
+    for b, f in enumerate(feats):
+        hidden[b, : f.shape[0]] = f
+    d.commit_rows(emitted, hidden)
+    for b, one in enumerate(singles):
+        one.commit(emitted[b], target_hidden=feats[b])
+    root = d.root_rows_logits()
+    nxt = d.tree_rows_logits(torch.zeros(3, 1, dtype=torch.long), torch.tensor([[2], [3], [4]]))
+    for b, one in enumerate(singles):
+        assert one.committed_pairs == d._rpairs[b]
+        close(root[b], one.root_logits())
+        close(nxt[b], one.tree_logits([0], [[2], [3], [4]][b]))
+    d.keep_rows([2, 0])
+    root = d.root_rows_logits()
+    close(root[0], singles[2].root_logits())
+    close(root[1], singles[0].root_logits())
+
+
 def test_begin_accepts_features_of_whole_prompt_and_one_token_prompt(target):
     d = _draft(target, 2)
     fn = hf_feature_fn(target, d.target_layers)

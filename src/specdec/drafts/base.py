@@ -151,6 +151,46 @@ class DraftModel(ABC):
         logits = self._tree_logits_checked(parents, tokens, proposal)
         return process_logits(logits, sampling, check=False), row_is_bad(logits)
 
+    # ------------------------------------------------ rows (batch > 1)
+    @property
+    def rows_mode(self) -> bool:
+        """Whether the draft holds several rows (a batch mode such as
+        :meth:`~specdec.drafts.eagle.EagleDraft.begin_rows`); False by default."""
+        return False
+
+    def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: ``[B, V]`` (``proposal``: ``[B, Vd]``) logits after every row's committed context."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch mode")
+
+    def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: add ``k`` nodes to every row's tree (``parents``, ``tokens``
+        ``[B, k]``) and return their ``[B, k, V]`` (``[B, k, Vd]``) logits, in one forward."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch mode")
+
+    @final
+    def root_rows_flagged(self, sampling: SamplingConfig, *, proposal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The level-wise builders' root laws, one row per tree: ``(q [B, V], bad [B])``
+        (:meth:`root_distribution_flagged` as one row outside rows mode)."""
+        if not self.rows_mode:
+            q, bad = self.root_distribution_flagged(sampling, proposal=proposal)
+            return q.unsqueeze(0), bad.reshape(1)
+        with model_call():
+            logits = self._checked(self.root_rows_logits(proposal), 2, proposal)
+        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+
+    @final
+    def expand_rows_flagged(
+        self, parents: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig, *, proposal: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The level-wise builders' expansion of ``k`` nodes per tree (``[B, k]``):
+        ``(q [B, k, V], bad [B, k])`` (:meth:`expand_flagged` as one row outside rows mode)."""
+        if not self.rows_mode:
+            q, bad = self.expand_flagged(parents[0], tokens[0], sampling, proposal=proposal)
+            return q.unsqueeze(0), bad.unsqueeze(0)
+        with model_call():
+            logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal)
+        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+
     def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
@@ -165,6 +205,6 @@ class DraftModel(ABC):
             name, what = ("V", "V") if ids is None else ("Vd", "Vd (the proposal vocabulary)")
             raise VocabMismatchError(
                 f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)}; "
-                f"expected {'[' if dims == 1 else '[k, '}{name}] with {what} = {width}"
+                f"expected {['[', '[k, ', '[B, k, '][dims - 1]}{name}] with {what} = {width}"
             )
         return logits

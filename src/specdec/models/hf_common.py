@@ -47,6 +47,7 @@ __all__ = [
     "check_tokens",
     "check_transformers_version",
     "check_vocab_match",
+    "forward_rows",
     "forward_tokens",
     "model_max_length",
     "model_vocab_size",
@@ -282,6 +283,16 @@ def _slab_layer_class() -> type:
             if self.slab is None:
                 self.lazy_initialization(key_states, value_states)
             assert self.slab is not None
+            if self.pool._offsets is not None:  # rows of a batch, each at its own offset (KVCache.write_rows)
+                span = self.pool._span
+                if span > self.slab.capacity:
+                    self.slab.grow(span)
+                kv = self.slab.buf[self.slot]  # [2, B, H, capacity, D]
+                index = self.pool._row_index(key_states)  # [B, H, q, D]
+                kv[0].scatter_(2, index, key_states)
+                kv[1].scatter_(2, index, value_states)
+                self.length = span
+                return kv[0, :, :, :span], kv[1, :, :, :span]
             start, q = self.length, key_states.shape[-2]  # q new positions after the cached ones
             if start + q > self.slab.capacity:
                 self.slab.grow(start + q)
@@ -361,6 +372,9 @@ class KVCache:
             )
         self.capacity = max(int(capacity or 0), MIN_CAPACITY)
         self.slabs: list[KVSlab] = []
+        self._offsets: torch.Tensor | None = None  # [B] per-row write offsets of the current forward (write_rows)
+        self._span = 0
+        self._index: dict[tuple[Any, ...], torch.Tensor] = {}
         self._layers_on = _layers_per_device(model)
         self.preallocated = hasattr(self.obj, "layers")
         if self.preallocated:
@@ -376,6 +390,50 @@ class KVCache:
         for slab in self.slabs:
             if slab.capacity < positions:
                 slab.grow(int(positions))
+
+    # ----------------------------------------------------------- batch rows
+    def write_rows(self, offsets: torch.Tensor | None, span: int = 0) -> None:
+        """Set up the next forward of ``B`` rows: row ``b``'s ``q`` new
+        positions are written at ``offsets[b] .. offsets[b] + q - 1``
+        (``[B]`` int64 on the model's device) and attention spans the first
+        ``span`` positions of every row (the caller masks, per row, what lies
+        beyond its own length). ``None`` restores appending (one length for
+        all rows). Needs the preallocated layout."""
+        if offsets is not None and not self.preallocated:
+            raise NotImplementedError("ragged batch rows need the preallocated KV cache (transformers >= 4.56)")
+        self._offsets, self._span, self._index = offsets, int(span), {}
+
+    def _row_index(self, like: torch.Tensor) -> torch.Tensor:
+        """``[B, H, q, D]`` scatter index of the current forward's new positions (made once per forward and device)."""
+        b, h, q, d = like.shape
+        key = (like.device, h, q, d)
+        if key not in self._index:
+            assert self._offsets is not None
+            rows = self._offsets.to(like.device).unsqueeze(-1) + torch.arange(q, device=like.device)  # [B, q]
+            self._index[key] = rows[:, None, :, None].expand(b, h, q, d)
+        return self._index[key]
+
+    def move_rows(self, source: torch.Tensor, dest: torch.Tensor, span: int) -> None:
+        """Per-row compaction: in row ``b`` of every layer, position
+        ``source[b, j]`` moves to ``dest[b, j]`` (``[B, A]`` int64; entries
+        with ``source == dest`` stay; the ``dest`` of a row are distinct),
+        then attention spans ``span`` positions. One gather and one scatter
+        per slab (device), whatever the number of layers."""
+        with torch.inference_mode():
+            for slab in self.slabs:
+                slots, _, b, h, _, d = slab.buf.shape
+                a = source.shape[-1]
+                src = source.to(slab.device)[None, None, :, None, :, None].expand(slots, 2, b, h, a, d)
+                dst = dest.to(slab.device)[None, None, :, None, :, None].expand(slots, 2, b, h, a, d)
+                slab.buf.scatter_(-2, dst, slab.buf.gather(-2, src))
+        for layer in self.obj.layers:
+            layer.length = span
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (``[B']`` int64) of every slab, in that order."""
+        for slab in self.slabs:
+            slab.buf = slab.buf.index_select(2, rows.to(slab.device))
+            slab.shape = (int(rows.numel()), *slab.shape[1:])
 
     def _attach(self, layer: Any, like: torch.Tensor) -> None:
         """Give ``layer`` a slot in a slab of ``like``'s device, shape and dtype."""
@@ -544,11 +602,58 @@ def forward_tokens(
     else:
         input_ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
     position_ids = torch.as_tensor(positions, dtype=torch.int64).reshape(1, q).to(device)
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
+    mask = None
     if allowed is not None:
         if tuple(allowed.shape) != (q, past + q):
             raise ValueError(f"allowed must be [{q}, {past + q}], got {tuple(allowed.shape)}")
-        kwargs["attention_mask"] = additive_mask(allowed.to(device), _model_dtype(model))
+        mask = additive_mask(allowed.to(device), _model_dtype(model))
+    scores, hidden = _forward(model, cache, input_ids, position_ids, mask, logits, hidden_layers)
+    if scores is not None:
+        scores = scores[0, -1] if logits == "last" else scores[0]
+    return scores, None if hidden is None else hidden[0]
+
+
+def forward_rows(
+    model: Any,
+    cache: KVCache,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    allowed: torch.Tensor,
+    *,
+    logits: str = "all",
+    hidden_layers: Sequence[int] = (),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`forward_tokens` for ``B`` rows at once: ``tokens``, ``positions``
+    ``[B, q]`` int64 and ``allowed`` ``[B, q, K]`` bool (``K`` = the span of
+    keys: the cached positions and the new ones, as :meth:`KVCache.write_rows`
+    placed them). Returns ``logits [B, q, V]`` (``"last"``: ``[B, V]``, the
+    last column) and ``hidden [B, q, len(hidden_layers), H]``."""
+    device = _model_device(model)
+    b, q = tokens.shape
+    if allowed.dim() != 3 or tuple(allowed.shape[:2]) != (b, q):
+        raise ValueError(f"allowed must be [{b}, {q}, K], got {tuple(allowed.shape)}")
+    mask = additive_mask(allowed.to(device), _model_dtype(model))[0, 0].unsqueeze(1)  # [B, 1, q, K]
+    scores, hidden = _forward(model, cache, tokens.to(device), positions.to(device), mask, logits, hidden_layers)
+    if scores is not None and logits == "last":
+        scores = scores[:, -1]
+    return scores, hidden
+
+
+def _forward(
+    model: Any,
+    cache: KVCache,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    logits: str,
+    hidden_layers: Sequence[int],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The model call: ``input_ids``/``position_ids`` ``[B, q]``, ``mask`` ``[B or 1, 1, q, K]``
+    additive or None (causal). Returns ``logits [B, q, V]`` (``[B, 1, V]`` for ``"last"``) and
+    ``hidden [B, q, L, H]``."""
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
+    if mask is not None:
+        kwargs["attention_mask"] = mask
     if hidden_layers:
         kwargs["output_hidden_states"] = True
     if logits == "none":
@@ -568,11 +673,10 @@ def forward_tokens(
         states = out.hidden_states
         # a model split over devices (device_map) has its layers' states on their devices: gather on the first's
         home = states[hidden_layers[0]].device
-        hidden = torch.stack([states[i][0] if states[i].device == home else states[i][0].to(home) for i in hidden_layers], dim=1)
+        hidden = torch.stack([states[i] if states[i].device == home else states[i].to(home) for i in hidden_layers], dim=2)
     if logits == "none":
         return None, hidden
-    scores = out.logits[0]
-    return (scores[-1] if logits == "last" else scores), hidden
+    return out.logits, hidden
 
 
 # ------------------------------------------------------- truncated copies

@@ -25,6 +25,7 @@ from specdec.models.hf_common import (
     KVCache,
     KVCompactor,
     check_context,
+    forward_rows,
     check_prompt,
     check_tokens,
     forward_tokens,
@@ -156,6 +157,10 @@ class HFTarget(TargetModel):
         self._committed: list[int] = []
         self._tree: DraftTree | None = None
         self._hidden: torch.Tensor | None = None
+        # batch mode (prefill_batch): per row, the committed tokens and the cached positions
+        self._rows: list[list[int]] | None = None
+        self._row_cached: list[int] = []  # host copy of the cached positions per row
+        self._row_cached_dev: torch.Tensor | None = None  # [B] the same, on the model's device
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", **kwargs: Any) -> "HFTarget":
@@ -205,11 +210,12 @@ class HFTarget(TargetModel):
             ContextOverflowError: prompt longer than the model's context.
         """
         tokens = check_prompt(prompt_ids, self._vocab_size, self._max_length)
-        if self._cache is not None and self._cache.preallocated:  # reuse the slabs: no new allocation
+        if self._cache is not None and self._cache.preallocated and self._rows is None:  # reuse the one-row slabs
             self._cache.truncate(0)
             self._cache.reserve(max(self._reserved, len(tokens)))
         else:
             self._cache = KVCache(self.model, capacity=max(self._reserved, len(tokens)))
+        self._rows = None
         self._tree = None
         self._hidden = None
         self._committed = tokens
@@ -290,8 +296,12 @@ class HFTarget(TargetModel):
         """
         if self._cache is None:
             raise RuntimeError("score_batch() called before prefill()")
+        if self._rows is not None:
+            return self._score_rows(tree)
         if tree.batch_size != 1:
-            raise NotImplementedError(f"HFTarget scores one tree per step, got a batch of {tree.batch_size}")
+            raise ValueError(
+                f"a batch of {tree.batch_size} trees after prefill() of one prompt; use prefill_batch() for several rows"
+            )
         if tree.vocab_size != self._vocab_size:
             raise VocabMismatchError(f"tree over V = {tree.vocab_size}, target model has V = {self._vocab_size}")
         past = len(self._committed) - 1
@@ -357,6 +367,150 @@ class HFTarget(TargetModel):
             tokens = [int(tree.tokens[i]) for i in nodes]
         self._committed.extend(tokens)
         self._committed.append(bonus)
+        self._tree = None
+
+    # ------------------------------------------------------------ batch rows
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Start ``B`` sequences at once (batch mode): row ``b`` caches every
+        token of ``prompts[b]`` but the last, in one padded forward.
+
+        In batch mode the KV cache is one slab per device of ``B`` rows, each
+        with its own length: a tree forward writes row ``b``'s nodes right
+        after its cached positions (:meth:`KVCache.write_rows`), attention
+        spans the longest row and masks, per row, what lies beyond its own
+        length; after verification each row compacts its own accepted path
+        (:meth:`accept_rows`). Rows of different lengths cost the span of the
+        longest. :meth:`hidden_states` is then ``[B, q, L, H]``.
+
+        Raises:
+            ValueError: no prompt, an empty prompt or token ids outside the vocabulary.
+            ContextOverflowError: a prompt longer than the model's context.
+        """
+        if len(prompts) == 0:
+            raise ValueError("prefill_batch needs at least one prompt")
+        rows = [check_prompt(p, self._vocab_size, self._max_length) for p in prompts]
+        B = len(rows)
+        need = max(self._reserved, max(len(r) for r in rows))
+        self._cache = KVCache(self.model, capacity=need)
+        if not self._cache.preallocated:
+            raise NotImplementedError("batch rows need the preallocated KV cache (transformers >= 4.56)")
+        self._tree = None
+        self._rows = rows
+        self._row_cached = [len(r) - 1 for r in rows]
+        device = next(self.model.parameters()).device
+        self._row_cached_dev = torch.tensor(self._row_cached, dtype=torch.int64, device=device)  # once per batch
+        span = max(self._row_cached)
+        self._hidden = None
+        if span == 0:
+            if self.capture_layers:
+                self._hidden = self._empty_hidden().unsqueeze(0).expand(B, -1, -1, -1)
+            return
+        ids = torch.zeros(B, span, dtype=torch.int64)
+        for b, r in enumerate(rows):
+            ids[b, : len(r) - 1] = torch.tensor(r[:-1], dtype=torch.int64)
+        cols = torch.arange(span, device=device)
+        valid = cols < self._row_cached_dev.unsqueeze(-1)  # [B, span]
+        # causal among a row's own tokens; a padding position sees itself only (its output is dropped)
+        allowed = (cols.unsqueeze(0) <= cols.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)  # [B, span, span]
+        allowed = allowed | (torch.eye(span, dtype=torch.bool, device=device) & ~valid.unsqueeze(-1))
+        positions = cols.expand(B, span)
+        self._cache.write_rows(torch.zeros(B, dtype=torch.int64, device=device), span)
+        try:
+            _, self._hidden = forward_rows(
+                self.model, self._cache, ids.to(device), positions, allowed, logits="none", hidden_layers=self.capture_layers
+            )
+        finally:
+            self._cache.write_rows(None)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in batch mode (:meth:`prefill_batch`), else 1."""
+        return 1 if self._rows is None else len(self._rows)
+
+    @property
+    def committed_rows(self) -> tuple[tuple[int, ...], ...]:
+        """Batch mode: each row's committed context (its last token is the row's next root)."""
+        if self._rows is None:
+            return (tuple(self._committed),)
+        return tuple(tuple(r) for r in self._rows)
+
+    def _score_rows(self, tree: TreeBatch) -> torch.Tensor:
+        """``[B, n, V]`` logits of every row's tree, from one forward (batch mode)."""
+        assert self._rows is not None and self._row_cached_dev is not None and self._cache is not None
+        B, n = tree.tokens.shape
+        if B != len(self._rows):
+            raise ValueError(f"a batch of {B} trees for {len(self._rows)} rows")
+        if tree.vocab_size != self._vocab_size:
+            raise VocabMismatchError(f"tree over V = {tree.vocab_size}, target model has V = {self._vocab_size}")
+        device = next(self.model.parameters()).device
+        past = self._row_cached_dev  # [B] cached positions per row: the trees start there
+        span = max(self._row_cached) + n
+        cols = torch.arange(span, device=device)  # [K]
+        rel = cols - past.unsqueeze(-1)  # [B, K] key position relative to the row's root
+        in_tree = (rel >= 0) & (rel < n)
+        anc = tree.ancestors.to(device).gather(2, rel.clamp(0, n - 1).unsqueeze(1).expand(B, n, span))  # [B, n, K]
+        allowed = (rel < 0).unsqueeze(1) | (anc & in_tree.unsqueeze(1))  # [B, n, K]
+        self._cache.write_rows(past, span)
+        try:
+            logits, self._hidden = forward_rows(
+                self.model, self._cache, tree.tokens.to(device), past.unsqueeze(-1) + tree.depths.to(device), allowed,
+                logits="all", hidden_layers=self.capture_layers,
+            )
+        finally:
+            self._cache.write_rows(None)
+        assert logits is not None
+        self._tree = tree
+        if logits.device != tree.device:
+            logits = logits.to(tree.device)
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def accept_rows(
+        self, accepted: torch.Tensor, num_accepted: torch.Tensor, emitted: Sequence[Sequence[int]]
+    ) -> None:
+        """Batch mode: row ``b`` keeps its root and its accepted path in the
+        cache and appends ``emitted[b]`` (its accepted tokens and the bonus,
+        read by the caller) to its context.
+
+        Args:
+            accepted: ``[B, D]`` int64 accepted node slots of each row, top-down, ``-1`` padded (device).
+            num_accepted: ``[B]`` int64 the path lengths (device).
+            emitted: per row, ``num_accepted[b] + 1`` tokens (host).
+        """
+        if self._tree is None or self._rows is None or self._row_cached_dev is None or self._cache is None:
+            raise RuntimeError("accept_rows() called before a batch of trees was scored")
+        B, D = accepted.shape
+        if len(emitted) != B:
+            raise ValueError(f"{len(emitted)} rows of emitted tokens for a batch of {B}")
+        for b, tokens in enumerate(emitted):
+            check_tokens(tokens, self._vocab_size, f"row {b}'s emitted tokens")
+        device = self._row_cached_dev.device
+        past = self._row_cached_dev.unsqueeze(-1)  # [B, 1]
+        j = torch.arange(D, device=device)
+        dest = past + 1 + j  # [B, D]: the accepted nodes follow the root
+        source = torch.where(j < num_accepted.to(device).unsqueeze(-1), past + accepted.to(device), dest)
+        new_cached = [c + len(t) for c, t in zip(self._row_cached, emitted)]  # root + accepted path
+        self._cache.move_rows(source, dest, max(new_cached))
+        self._row_cached_dev = self._row_cached_dev + 1 + num_accepted.to(device)
+        self._row_cached = new_cached
+        for row, tokens in zip(self._rows, emitted):
+            row.extend(int(t) for t in tokens)
+        self._tree = None
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Batch mode: keep only the rows ``rows`` (finished rows leave the
+        batch and cost nothing more); the kept rows are renumbered in order."""
+        if self._rows is None or self._cache is None or self._row_cached_dev is None:
+            raise RuntimeError("keep_rows() outside batch mode")
+        keep = [int(r) for r in rows]
+        if not keep or any(not 0 <= r < len(self._rows) for r in keep) or len(set(keep)) != len(keep):
+            raise ValueError(f"keep_rows: {keep} is not a non-empty set of rows of a batch of {len(self._rows)}")
+        index = torch.tensor(keep, dtype=torch.int64, device=self._row_cached_dev.device)
+        self._cache.keep_rows(index)
+        self._rows = [self._rows[r] for r in keep]
+        self._row_cached = [self._row_cached[r] for r in keep]
+        self._row_cached_dev = self._row_cached_dev.index_select(0, index)
+        if self._hidden is not None:
+            self._hidden = self._hidden.index_select(0, index.to(self._hidden.device))
         self._tree = None
 
     def hidden_states(self) -> torch.Tensor | None:

@@ -182,74 +182,80 @@ def grow_levelwise(
     # the level's ids are mapped to the target's once, right after the level function
     vocab_ids = draft.proposal_ids  # [Vd] or None
     reduced = vocab_ids is not None
-    q, bad = draft.root_distribution_flagged(sampling, proposal=reduced)  # [Vd], []
-    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, Vd]; a bad row proposes nothing
+    q, bad = draft.root_rows_flagged(sampling, proposal=reduced)  # [B, Vd], [B]: one row per tree
+    q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True)).unsqueeze(1)  # [B, 1, Vd]
+    B = q.shape[0]
     dev = q.device
     vocab = draft.vocab_size
     if reduced:  # [Vd + 1]: draft id -> target id, and the padding id -1 -> -1 (one gather per map)
         vocab_ids = _padded_map(vocab_ids, dev)
-    root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)  # [1]
+    root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(B, 1)  # [B, 1]
     start = _root_constants(dev)
-    # the created nodes, level by level (index 0 = the root); each list entry is one level, flat
+    # the created nodes of every tree, level by level (column 0 = the root); each list entry is one level
     tok = [root]
-    kind = [start.kind]
-    weight = [start.weight]
-    score = [start.score]
-    laws: list[LevelChildren] = []  # one per expansion, in expansion order
-    expanded = [start.index]  # creation indices of the expanded nodes, in expansion order
-    parent_score = start.score  # [R]
-    level_sizes = [1]  # created nodes per level (Python ints: the shapes)
+    kind = [start.kind.expand(B, 1)]
+    weight = [start.weight.expand(B, 1)]
+    score = [start.score.expand(B, 1)]
+    laws: list[LevelChildren] = []  # one per expansion, in expansion order, fields [B, R, ...]
+    expanded = [start.index.expand(B, 1)]  # creation indices of the expanded nodes, in expansion order
+    parent_score = score[0]  # [B, R]
+    level_sizes = [1]  # created nodes per level and tree (Python ints: the shapes)
     first_ci = 1  # creation index of the newest level's first node
     rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
-    live = start.live  # [R] the expanded rows that are real nodes
-    bad_rows = [bad.reshape(1)]  # per expansion: rows whose draft law was not a law (real rows only)
+    live = start.live.expand(B, 1)  # [B, R] the expanded rows that are real nodes
+    bad_rows = [bad]  # per expansion: rows whose draft law was not a law (real rows only)
     for d in range(1, depth + 1):
+        R = q.shape[1]
+        flat_q, flat_live = q.reshape(B * R, -1), live.reshape(B * R)  # the level function sees B * R rows
         if compiled_level is None:
-            lv = level(q, rng, live)
+            lv = level(flat_q, rng, flat_live)
         else:
             u = (
-                rng.uniforms((q.shape[0], draws_per_node), device=q.device)
+                rng.uniforms((B * R, draws_per_node), device=dev)
                 if draws_per_node
-                else torch.empty(q.shape[0], 0, dtype=torch.float64, device=q.device)
-            )  # [R, draws]
-            lv = compiled_level(q, u, live)
+                else torch.empty(B * R, 0, dtype=torch.float64, device=dev)
+            )  # [B * R, draws]
+            lv = compiled_level(flat_q, u, flat_live)
         if reduced:  # draft ids -> target ids (padding -1 stays -1)
             lv = lv._replace(
                 tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
             )
-        R, C = lv.tokens.shape
-        laws.append(lv)
-        lv_tok = lv.tokens.reshape(-1)  # [R * C]
-        lv_score = (parent_score.unsqueeze(-1) + torch.log(lv.weights)).reshape(-1)  # [R * C]; unused: -inf
+        C = lv.tokens.shape[-1]
+        laws.append(lv._replace(  # the rerank reads the laws only, per tree
+            law_ids=lv.law_ids.reshape(B, R, lv.law_ids.shape[-1]), law_probs=lv.law_probs.reshape(B, R, lv.law_probs.shape[-1]),
+            law_wor=lv.law_wor.reshape(B, R),
+        ))
+        lv_tok = lv.tokens.reshape(B, R * C)  # [B, R * C]
+        lv_score = (parent_score.unsqueeze(-1) + torch.log(lv.weights).reshape(B, R, C)).reshape(B, R * C)  # unused: -inf
         tok.append(lv_tok)
-        kind.append(lv.kinds.reshape(-1))
-        weight.append(lv.weights.reshape(-1))
+        kind.append(lv.kinds.reshape(B, R * C))
+        weight.append(lv.weights.reshape(B, R * C))
         score.append(lv_score)
         level_sizes.append(R * C)
         if d == depth:
             break
         width = min(beam_width, R * C)
-        beam = torch.sort(lv_score, descending=True, stable=True).indices[:width]  # [width] (-score, creation index)
-        beam_tok = lv_tok[beam]
-        parent_draft = beam // C + rows_first_id  # [width] draft ids of the beam nodes' parents
+        beam = torch.sort(lv_score, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, width] (-score, creation index)
+        beam_tok = lv_tok.gather(1, beam)
+        parent_draft = beam // C + rows_first_id  # [B, width] draft ids of the beam nodes' parents
         # an unused slot in the beam (fewer than B real nodes) is expanded with the root's token; its children score -inf
-        q, bad = draft.expand_flagged(
+        q, bad = draft.expand_rows_flagged(
             parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, proposal=reduced
-        )  # [width, Vd]
+        )  # [B, width, Vd], [B, width]
         q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))
-        parent_score = lv_score[beam]
+        parent_score = lv_score.gather(1, beam)
         live = parent_score > float("-inf")
         bad_rows.append(bad & live)
-        expanded.append(beam + first_ci)  # [width] creation indices of the new beam
+        expanded.append(beam + first_ci)  # [B, width] creation indices of the new beam
         first_ci += R * C
         rows_first_id, next_id = next_id, next_id + width
-    all_expanded = torch.cat(expanded)  # [E]
+    all_expanded = torch.cat(expanded, dim=1)  # [B, E]
     # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
-    par = torch.cat([start.no_parent, all_expanded.repeat_interleave(C)])
-    draft_bad = torch.cat(bad_rows).any().reshape(1)  # [1] raised by the step's one read
+    par = torch.cat([start.no_parent.expand(B, 1), all_expanded.repeat_interleave(C, dim=1)], dim=1)
+    draft_bad = torch.cat([b.reshape(B, -1) for b in bad_rows], dim=1).any(dim=-1)  # [B] raised by the step's one read
     return _assemble(
-        torch.cat(tok), par, torch.cat(kind), torch.cat(weight), torch.cat(score), _levels(tuple(level_sizes), dev),
-        all_expanded, laws, num_keep=num_keep, vocab=vocab,
+        torch.cat(tok, dim=1), par, torch.cat(kind, dim=1), torch.cat(weight, dim=1), torch.cat(score, dim=1),
+        _levels(tuple(level_sizes), dev), all_expanded, laws, num_keep=num_keep, vocab=vocab,
         children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
     )
 
@@ -305,52 +311,55 @@ def _assemble(
     draft_bad: torch.Tensor,
     max_sampled: int,
 ) -> TreeBatch:
-    """The global rerank and the layout of the kept nodes (all ``[T]`` inputs are over created nodes)."""
-    T = tok.shape[0]
+    """The global rerank and the layout of the kept nodes of every tree (the
+    ``[B, T]`` inputs are over each tree's created nodes; ``lvl`` ``[T]`` is
+    shared; ``expanded`` ``[B, E]``)."""
+    B, T = tok.shape
     dev = tok.device
     keep = min(num_keep, T - 1)
-    best = torch.sort(score[1:], descending=True, stable=True).indices[:keep] + 1  # [keep] (-score, creation index)
-    valid = score[best] > float("-inf")
-    slots = torch.sort(torch.where(valid, best, best + T)).values  # valid first, creation order
-    slots = torch.cat([slots.new_zeros(1), torch.where(slots >= T, slots - T, slots)])  # [n]
-    n = slots.shape[0]
-    live = torch.cat([valid.new_ones(1), torch.arange(keep, device=dev) < valid.sum()])  # [n] valid slots come first
-    position = torch.full((T,), -1, dtype=torch.int64, device=dev).index_copy(0, slots, torch.arange(n, device=dev))
-    node_par = par[slots]
-    parents = torch.where(live & (node_par >= 0), position[node_par.clamp_min(0)], -1)  # [n]
-    kinds = torch.where(live, kind[slots], PAD)
-    tokens = torch.where(live, tok[slots], tok[0])
-    weights = torch.where(live, weight[slots], 0.0)
-    weights[0] = 1.0
+    best = torch.sort(score[:, 1:], dim=-1, descending=True, stable=True).indices[:, :keep] + 1  # [B, keep]
+    valid = score.gather(1, best) > float("-inf")  # (-score, creation index)
+    slots = torch.sort(torch.where(valid, best, best + T), dim=-1).values  # valid first, creation order
+    slots = torch.cat([slots.new_zeros(B, 1), torch.where(slots >= T, slots - T, slots)], dim=1)  # [B, n]
+    n = slots.shape[1]
+    node_ids = torch.arange(n, device=dev)  # [n]
+    live = torch.cat([valid.new_ones(B, 1), node_ids[:keep] < valid.sum(dim=-1, keepdim=True)], dim=1)  # [B, n]
+    position = torch.full((B, T), -1, dtype=torch.int64, device=dev).scatter(1, slots, node_ids.expand(B, n))
+    node_par = par.gather(1, slots)
+    parents = torch.where(live & (node_par >= 0), position.gather(1, node_par.clamp_min(0)), -1)  # [B, n]
+    kinds = torch.where(live, kind.gather(1, slots), PAD)
+    tokens = torch.where(live, tok.gather(1, slots), tok[:, :1])
+    weights = torch.where(live, weight.gather(1, slots), 0.0)
+    weights[:, 0] = 1.0
     depths = torch.where(live, lvl[slots], 0)
     # dense ranks among kept siblings of one kind, in creation order
-    same = (parents.unsqueeze(0) == parents.unsqueeze(1)) & (kinds.unsqueeze(0) == kinds.unsqueeze(1))  # [n, n]
+    same = (parents.unsqueeze(1) == parents.unsqueeze(2)) & (kinds.unsqueeze(1) == kinds.unsqueeze(2))  # [B, n, n]
     earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
-    draw_order = (same & earlier & live.unsqueeze(0)).sum(dim=-1) * live  # [n]
+    draw_order = (same & earlier & live.unsqueeze(1)).sum(dim=-1) * live  # [B, n]
     # laws: the expansion row of each kept node, kept where one of its sampled children survived
     L = max(lv.law_ids.shape[-1] for lv in laws)
-    all_ids = torch.cat([torch.nn.functional.pad(lv.law_ids, (0, L - lv.law_ids.shape[-1]), value=-1) for lv in laws])
-    all_probs = torch.cat([torch.nn.functional.pad(lv.law_probs, (0, L - lv.law_probs.shape[-1])) for lv in laws])
-    all_wor = torch.cat([lv.law_wor for lv in laws])  # [E]
-    row_of = torch.full((T,), -1, dtype=torch.int64, device=dev).index_copy(
-        0, expanded, torch.arange(expanded.shape[0], device=dev)
-    )[slots]  # [n]
-    sampled_kid = (parents.unsqueeze(0) == torch.arange(n, device=dev).unsqueeze(1)) & (
-        kinds == int(NodeKind.SAMPLED)
-    ).unsqueeze(0)  # [i, j]: j is a sampled child of i
-    has_law = sampled_kid.any(dim=-1) & (row_of >= 0)  # [n]
-    law_ids = torch.where(has_law.unsqueeze(-1), all_ids[row_of.clamp_min(0)], -1)  # [n, L]
-    law_probs = torch.where(has_law.unsqueeze(-1), all_probs[row_of.clamp_min(0)], 0.0)
-    law_wor = has_law & all_wor[row_of.clamp_min(0)]
+    all_ids = torch.cat([torch.nn.functional.pad(lv.law_ids, (0, L - lv.law_ids.shape[-1]), value=-1) for lv in laws], dim=1)
+    all_probs = torch.cat([torch.nn.functional.pad(lv.law_probs, (0, L - lv.law_probs.shape[-1])) for lv in laws], dim=1)
+    all_wor = torch.cat([lv.law_wor for lv in laws], dim=1)  # [B, E]
+    E = expanded.shape[1]
+    row_of = torch.full((B, T), -1, dtype=torch.int64, device=dev).scatter(
+        1, expanded, torch.arange(E, device=dev).expand(B, E)
+    ).gather(1, slots)  # [B, n]
+    sampled_kid = (parents.unsqueeze(1) == node_ids.view(1, n, 1)) & (kinds == int(NodeKind.SAMPLED)).unsqueeze(1)  # [B, i, j]
+    has_law = sampled_kid.any(dim=-1) & (row_of >= 0)  # [B, n]
+    row = row_of.clamp_min(0)
+    law_ids = torch.where(has_law.unsqueeze(-1), all_ids.gather(1, row.unsqueeze(-1).expand(B, n, L)), -1)  # [B, n, L]
+    law_probs = torch.where(has_law.unsqueeze(-1), all_probs.gather(1, row.unsqueeze(-1).expand(B, n, L)), 0.0)
+    law_wor = has_law & all_wor.gather(1, row)
     # ancestor mask, grown one level at a time
     eye = torch.eye(n, dtype=torch.bool, device=dev)
-    up = torch.where(parents >= 0, parents, torch.arange(n, device=dev))  # [n]; the root and padding point to themselves
-    anc = eye
+    up = torch.where(parents >= 0, parents, node_ids).unsqueeze(-1).expand(B, n, n)  # the root and padding point to themselves
+    anc = eye.expand(B, n, n)
     for _ in range(depth):
-        anc = eye | anc[up]
+        anc = eye | anc.gather(1, up)
     return TreeBatch(
-        tokens=tokens[None], parents=parents[None], depths=depths[None], kinds=kinds[None],
-        draw_order=draw_order[None], weights=weights[None], num_nodes=live.sum().reshape(1),
-        law_ids=law_ids[None], law_probs=law_probs[None], law_wor=law_wor[None], ancestors=anc[None],
+        tokens=tokens, parents=parents, depths=depths, kinds=kinds,
+        draw_order=draw_order, weights=weights, num_nodes=live.sum(dim=-1),
+        law_ids=law_ids, law_probs=law_probs, law_wor=law_wor, ancestors=anc,
         vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad, max_sampled=max_sampled,
     )

@@ -110,6 +110,7 @@ class EagleDraft(DraftModel):
             # [2, 1, nkv, capacity, d]: keys and values of the committed pairs, then this step's tree pairs
             self._kv = torch.zeros(2, 1, cfg.num_key_value_heads, MIN_CAPACITY, cfg.head_dim, device=self._device, dtype=self._dtype)
         self._pairs = 0  # committed pairs in _kv
+        self._rows: int | None = None  # rows mode (begin_rows): the batch size
         self._last_h: torch.Tensor | None = None
         self._drop_tree()
 
@@ -322,6 +323,190 @@ class EagleDraft(DraftModel):
         with torch.inference_mode():
             feats = self._features(target_hidden, len(tokens), "commit")
             self._append_pairs(feats, tokens, device_tokens)
+
+
+    # ------------------------------------------------------ rows (batch > 1)
+    @property
+    def rows_mode(self) -> bool:
+        return getattr(self, "_rows", None) is not None
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in rows mode (:meth:`begin_rows`), else 1."""
+        return 1 if not self.rows_mode else int(self._rows)
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor) -> None:
+        """Start ``B`` rows at once (rows mode, for batched generation).
+
+        Row ``b``'s committed pairs live in row ``b`` of one ``[2, B, H,
+        capacity, d]`` buffer with its own length; every forward writes each
+        row's new pairs right after its own (per-row offsets) and masks, per
+        row, what lies beyond. Each row drafts exactly what :meth:`begin` on
+        its prompt alone drafts (tested).
+
+        Args:
+            prompts: ``B`` non-empty prompts.
+            target_hidden: ``[B, S, L, H]`` the target's features of every row's
+                cached prompt tokens (``HFTarget.prefill_batch``; row ``b``'s
+                first ``len(prompts[b]) - 1`` positions are read).
+        """
+        rows = [[int(t) for t in p] for p in prompts]
+        if not rows or any(not r for r in rows):
+            raise InvalidConfigError("begin_rows needs non-empty prompts")
+        B = len(rows)
+        cfg = self.head.config
+        width = len(cfg.target_layers) * cfg.target_hidden_size
+        th = target_hidden
+        if th.dim() != 4 or th.shape[0] != B or tuple(th.shape[2:]) != (len(cfg.target_layers), cfg.target_hidden_size):
+            raise VocabMismatchError(
+                f"begin_rows: target_hidden has shape {tuple(th.shape)}; expected [{B}, S, "
+                f"{len(cfg.target_layers)}, {cfg.target_hidden_size}]"
+            )
+        self._reset()
+        self._rows = B
+        capacity = max(self._reserved, MIN_CAPACITY, max(len(r) for r in rows))
+        self._rkv = torch.zeros(2, B, cfg.num_key_value_heads, capacity, cfg.head_dim, device=self._device, dtype=self._dtype)
+        self._rpairs = [0] * B
+        self._rpairs_dev = torch.zeros(B, dtype=torch.int64, device=self._device)
+        # pairs (f_{i-1}, x_i), i = 1 .. m-1; a one-token prompt: one pair of a zero feature and x_0
+        counts = [max(len(r) - 1, 1) for r in rows]
+        T = max(counts)
+        feats = torch.zeros(B, T, width, device=self._device, dtype=self._dtype)
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, r in enumerate(rows):
+            if len(r) > 1:
+                feats[b, : len(r) - 1] = th[b, : len(r) - 1].reshape(len(r) - 1, width).to(self._device, self._dtype)
+                tokens[b, : len(r) - 1] = torch.tensor(r[1:])
+            else:
+                tokens[b, 0] = r[0]
+        with torch.inference_mode():
+            self._append_rows(feats, tokens.to(self._device), counts)
+        self._rdrop_tree()
+
+    def _rdrop_tree(self) -> None:
+        B, H = int(self._rows), self.head.config.hidden_size
+        self._rtree_pairs = 0
+        self._rtree_h = torch.zeros(B, 0, H, device=self._device, dtype=self._dtype)  # [B, n, H] nodes 1..n
+        self._rdepth = torch.zeros(B, 1, dtype=torch.long, device=self._device)  # [B, n + 1]
+        self._ranc = torch.zeros(B, 1, 1, dtype=torch.bool, device=self._device)  # [B, n + 1, n + 1]
+
+    def _run_rows(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                  offsets: torch.Tensor, span: int, from_target: bool) -> torch.Tensor:
+        """The head over ``T`` new pairs per row (``hidden [B, T, F]``, ``tokens``/``positions [B, T]``),
+        written at ``offsets [B] + 0 .. T - 1`` of each row; ``visible [B, T, span]``. Returns ``h [B, T, H]``."""
+        B, T = tokens.shape
+        if span > self._rkv.shape[-2]:
+            grown = self._rkv.new_zeros(*self._rkv.shape[:-2], max(span, 2 * self._rkv.shape[-2]), self._rkv.shape[-1])
+            grown[..., : self._rkv.shape[-2], :] = self._rkv
+            self._rkv = grown
+        x, emb = self.head.fuse(hidden, tokens, from_target)
+        q, k, v = self.head.qkv(x, emb, positions)  # q [B, nh, T, d]; k, v [B, nkv, T, d]
+        index = (offsets.unsqueeze(-1) + torch.arange(T, device=self._device))[:, None, :, None].expand_as(k)
+        self._rkv[0].scatter_(2, index, k)
+        self._rkv[1].scatter_(2, index, v)
+        mask = _additive(visible, self._dtype).unsqueeze(1)  # [B, 1, T, span]
+        return self.head.finish(x, attend(q, self._rkv[0, :, :, :span], self._rkv[1, :, :, :span], mask))
+
+    def _append_rows(self, feats: torch.Tensor, tokens: torch.Tensor, counts: Sequence[int]) -> None:
+        """Append ``counts[b]`` pairs ``(feats[b, i], tokens[b, i])`` to every row (``[B, T, F]``, ``[B, T]``)."""
+        B, T = tokens.shape
+        past = self._rpairs_dev  # [B]
+        span = max(p + T for p in self._rpairs)
+        if self.max_length is not None and max(p + c for p, c in zip(self._rpairs, counts)) > self.max_length:
+            raise SpecDecError(f"EAGLE draft context overflow: more than {self.max_length} pairs in a row")
+        cols = torch.arange(span, device=self._device)
+        rel = cols - past.unsqueeze(-1)  # [B, span]: key position relative to the row's first new pair
+        i = torch.arange(T, device=self._device)
+        count = torch.tensor(list(counts), device=self._device)  # [B]
+        # a pair sees the row's committed pairs and the new ones up to itself (a padding pair past the
+        # row's count sees real and padding pairs; its output is dropped, its keys are masked later)
+        visible = rel.unsqueeze(1) <= i.view(1, T, 1)  # [B, T, span]
+        positions = past.unsqueeze(-1) + i  # [B, T]
+        with model_call():
+            h = self._run_rows(feats, tokens, positions, visible, past, span, from_target=True)
+        last = (count - 1).clamp_min(0)
+        self._rlast_h = h.gather(1, last.view(B, 1, 1).expand(B, 1, h.shape[-1])).squeeze(1)  # [B, H]
+        self._rpairs = [p + c for p, c in zip(self._rpairs, counts)]
+        self._rpairs_dev = past + count
+
+    def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: ``[B, Vd]`` (``proposal``) or ``[B, V]`` root logits of every row."""
+        if not self.rows_mode:
+            raise RuntimeError("root_rows_logits() outside rows mode (begin_rows)")
+        self._rdrop_tree()
+        with torch.inference_mode():
+            if proposal:
+                return self.head.draft_logits(self._rlast_h).float()
+            return self.head.full_logits(self._rlast_h)
+
+    def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: one forward for ``k`` new tree nodes of every row (``parents``,
+        ``tokens`` ``[B, k]``, device tensors; node ids as in :meth:`tree_logits`)."""
+        if not self.rows_mode:
+            raise RuntimeError("tree_rows_logits() outside rows mode (begin_rows)")
+        B, k = tokens.shape
+        n_nodes = int(self._rdepth.shape[1])
+        H = self.head.config.hidden_size
+        with torch.inference_mode():
+            parent = parents.to(self._device, torch.long)  # [B, k]
+            outs = torch.cat([self._rlast_h.unsqueeze(1), self._rtree_h], dim=1)  # [B, n_nodes, H] root first
+            h_in = outs.gather(1, parent.unsqueeze(-1).expand(B, k, H))  # [B, k, H]
+            depths = self._rdepth.gather(1, parent) + 1  # [B, k]
+            P = self._rpairs_dev  # [B]
+            pos = depths + (P.unsqueeze(-1) - 1)  # the root's pair sits at P - 1, a node at depth d at P - 1 + d
+            anc = self._ranc.gather(1, parent.unsqueeze(-1).expand(B, k, n_nodes))  # [B, k, n_nodes]
+            n_tree = n_nodes - 1
+            span = max(self._rpairs) + n_tree + k
+            rel = torch.arange(span, device=self._device) - P.unsqueeze(-1)  # [B, span]
+            in_tree = (rel >= 0) & (rel < n_tree)
+            tree_col = anc.gather(2, (rel.clamp(0, max(n_tree - 1, 0)) + 1).clamp(max=n_nodes - 1).unsqueeze(1).expand(B, k, span))
+            own = rel.unsqueeze(1) == (n_tree + torch.arange(k, device=self._device)).view(1, k, 1)  # [B, k, span]
+            visible = (rel < 0).unsqueeze(1) | (tree_col & in_tree.unsqueeze(1)) | own
+            h = self._run_rows(h_in, tokens.to(self._device, torch.long), pos, visible, P + n_tree, span, from_target=False)
+            self._rtree_pairs += k
+            self._rtree_h = torch.cat([self._rtree_h, h], dim=1)
+            self._rdepth = torch.cat([self._rdepth, depths], dim=1)
+            grown = torch.zeros(B, n_nodes + k, n_nodes + k, dtype=torch.bool, device=self._device)
+            grown[:, :n_nodes, :n_nodes] = self._ranc
+            grown[:, n_nodes:, :n_nodes] = anc
+            grown[:, n_nodes:, n_nodes:] = torch.eye(k, dtype=torch.bool, device=self._device)
+            self._ranc = grown
+            return self.head.draft_logits(h).float() if proposal else self.head.full_logits(h)
+
+    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: torch.Tensor) -> None:
+        """Rows mode: append each row's emitted tokens (accepted + bonus) with
+        the target's features at its root and accepted nodes
+        (``target_hidden [B, A, L, H]``, row ``b``'s first ``len(emitted[b])``
+        read), as :meth:`commit` does for one row."""
+        if not self.rows_mode:
+            raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
+        B = int(self._rows)
+        if len(emitted) != B or any(len(e) == 0 for e in emitted):
+            raise ValueError(f"commit_rows: {len(emitted)} rows of emitted tokens (each non-empty) for {B} rows")
+        counts = [len(e) for e in emitted]
+        T = max(counts)
+        cfg = self.head.config
+        width = len(cfg.target_layers) * cfg.target_hidden_size
+        self._rdrop_tree()
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, e in enumerate(emitted):
+            tokens[b, : len(e)] = torch.tensor([int(t) for t in e])
+        with torch.inference_mode():
+            feats = target_hidden[:, :T].reshape(B, T, width).to(self._device, self._dtype)
+            self._append_rows(feats, tokens.to(self._device), counts)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Rows mode: keep only the rows ``rows``, renumbered in order."""
+        if not self.rows_mode:
+            raise RuntimeError("keep_rows() outside rows mode (begin_rows)")
+        keep = [int(r) for r in rows]
+        index = torch.tensor(keep, dtype=torch.int64, device=self._device)
+        self._rows = len(keep)
+        self._rkv = self._rkv.index_select(1, index)
+        self._rlast_h = self._rlast_h.index_select(0, index)
+        self._rpairs = [self._rpairs[r] for r in keep]
+        self._rpairs_dev = self._rpairs_dev.index_select(0, index)
+        self._rdrop_tree()
 
 
 @register("draft", "eagle2")

@@ -1,0 +1,362 @@
+"""Batched decoding: many prompts (*rows*) decoded together, one target forward per step (issue 15).
+
+Rows keep their own state: their committed context in the target's batch
+mode (:meth:`~specdec.targets.hf.HFTarget.prefill_batch`: one KV slab,
+ragged per-row lengths), their own random stream (one seed per row) and their
+own stops (EOS, length). A row that stops leaves the batch
+(:meth:`~specdec.targets.hf.HFTarget.keep_rows`) and costs nothing more.
+
+What is here: :func:`autoregressive_generate_batch` and
+:func:`autoregressive_stream_batch`, the batched baseline (plain decoding,
+every row a root-only tree per step, through the same tensor verification as
+the speculative step). Each row draws from ``TorchRandom.seeded(seeds[b])``
+exactly the uniforms its batch-1 decoding draws, so a row's tokens depend
+only on its prompt, its seed and the model: at temperature 0 they equal its
+batch-1 output token for token; at T > 0 wherever the model's logits are
+equal across batch sizes up to rounding that no uniform falls within (tested
+on float64 models, ``tests/test_batch.py``). Batched speculative generation
+(batched drafts and builders) is not built yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.rng import RowStreams, TorchRandom
+from specdec.sampling import SamplingConfig, process_logits, row_is_bad
+from specdec.tree import DraftTree, NodeKind
+from specdec.tree_batch import TreeBatch
+from specdec.verify.fast import TreeDecision, decide_tree_batch
+
+__all__ = [
+    "BatchOutput",
+    "autoregressive_generate_batch",
+    "autoregressive_stream_batch",
+    "speculative_stream_batch",
+]
+
+
+@attrs.frozen
+class BatchOutput:
+    """Result of a batched generation.
+
+    Attributes:
+        tokens: per row (in the order of the prompts), the new tokens.
+        stop_reasons: per row, ``"eos"`` or ``"length"``.
+        steps: target forwards (one per step for all the rows still running).
+        time_total: seconds, prefill included.
+        row_steps: steps summed over the rows (a row counts each step it ran).
+        tau: tokens emitted per row-step (accepted drafts + the bonus); 1 for plain decoding.
+    """
+
+    tokens: tuple[tuple[int, ...], ...]
+    stop_reasons: tuple[str, ...]
+    steps: int
+    time_total: float
+    row_steps: int = 0
+    tau: float = 1.0
+
+    @property
+    def new_tokens(self) -> int:
+        """New tokens summed over the rows."""
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Throughput: new tokens summed over the rows per second of total time."""
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+
+def _check_rows(
+    target: Any, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None, eos_token_id: Any, max_new_tokens: int
+) -> tuple[list[list[int]], list[int], set[int]]:
+    if not callable(getattr(target, "prefill_batch", None)):
+        raise InvalidConfigError(
+            f"{type(target).__name__} has no batch mode (prefill_batch / accept_rows / keep_rows): use HFTarget"
+        )
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise InvalidConfigError("prompts must be a non-empty list of token-id sequences")
+    rows = []
+    for b, prompt in enumerate(prompts):
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1:
+                raise InvalidConfigError(f"prompt {b}: a tensor of shape {tuple(prompt.shape)}; give one 1-D sequence per row")
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+            raise InvalidConfigError(f"prompt {b} must be a non-empty sequence of token ids")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+            raise InvalidConfigError(f"prompt {b} holds a value that is not an int token id")
+        rows.append([int(t) for t in prompt])
+    if seeds is None:
+        seeds = list(range(len(rows)))
+    seeds = list(seeds)
+    if len(seeds) != len(rows) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+        raise InvalidConfigError(f"seeds must be {len(rows)} ints, one per prompt, got {seeds!r}")
+    if eos_token_id is None:
+        eos: set[int] = set()
+    elif isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        eos = {eos_token_id}
+    elif isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, (str, bytes)) and all(
+        isinstance(e, int) and not isinstance(e, bool) for e in eos_token_id
+    ):
+        eos = set(eos_token_id)
+    else:
+        raise InvalidConfigError(f"eos_token_id must be an int or a sequence of ints, got {eos_token_id!r}")
+    return rows, seeds, eos
+
+
+def autoregressive_stream_batch(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    seeds: Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    *,
+    _stats: dict[str, Any] | None = None,
+) -> Iterator[dict[int, list[int]]]:
+    """Plain decoding of every prompt at once; yields ``{row: new tokens}``
+    after each step for the rows that produced one (``row`` = index into
+    ``prompts``). See the module docstring for the per-row guarantees.
+
+    Args:
+        target: an :class:`~specdec.targets.hf.HFTarget` (batch mode).
+        prompts: ``B`` non-empty sequences of token ids (lists or 1-D tensors), of any lengths.
+        max_new_tokens: per row.
+        sampling: shared by the rows (default: temperature 1).
+        seeds: one int per row (default ``0 .. B - 1``).
+        eos_token_id: an id or ids that stop a row (kept as its last token).
+
+    Raises:
+        InvalidConfigError: bad prompts, seeds, ``eos_token_id`` or a target without batch mode.
+        InvalidDistributionError: a row's target logits are NaN, +inf or all -inf.
+    """
+    from specdec.registry import get
+
+    sampling = sampling or SamplingConfig()
+    if not isinstance(sampling, SamplingConfig):
+        raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    rows, seeds, eos = _check_rows(target, prompts, seeds, eos_token_id, max_new_tokens)
+    vocab = target.vocab_size
+    rule = get("verifier", "match").__dict__["fused"]  # rule 2 with no children: the bonus is drawn from p
+    rngs = [TorchRandom.seeded(s) for s in seeds]
+    stats = _stats if _stats is not None else {}
+    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows))
+    target.reserve(max(len(r) for r in rows) + max_new_tokens + 1)
+    with torch.inference_mode():
+        target.prefill_batch(rows)
+    active = list(range(len(rows)))  # the original row of each batch row
+    roots = [r[-1] for r in rows]
+    produced = [0] * len(rows)
+    while active:
+        with torch.inference_mode():
+            trees = [_root_tree(roots[r], vocab) for r in active]
+            tree = TreeBatch.from_trees(trees, device=_device(target))
+            logits = target.score_batch(tree)  # [B, 1, V]
+            bad = row_is_bad(logits)  # [B, 1]
+            p = process_logits(logits, sampling, check=False)
+            u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=p.device)
+                           for r in active])  # [B, 1, C + 1]: each row from its own stream
+            accepted, num_accepted, tokens, bonus, _attempted, bad_visited, _stop = decide_tree_batch(rule, tree, p, u, bad)
+            read = torch.stack([bonus, bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
+        stats["steps"] += 1
+        stats["row_steps"] += len(active)
+        if any(flag for _, flag in read):
+            row = active[next(b for b, (_, flag) in enumerate(read) if flag)]
+            raise InvalidDistributionError(f"row {row}: the target's logits contain NaN or +inf, or are all -inf")
+        chunk: dict[int, list[int]] = {}
+        keep: list[int] = []
+        for b, r in enumerate(active):
+            token = int(read[b][0])
+            chunk[r] = [token]
+            produced[r] += 1
+            roots[r] = token
+            if token in eos:
+                stats["stop_reasons"][r] = "eos"
+            elif produced[r] < max_new_tokens:
+                keep.append(b)
+        yield chunk
+        if not keep:
+            return
+        with torch.inference_mode():
+            target.accept_rows(accepted, num_accepted, [chunk[r] for r in active])
+            if len(keep) < len(active):
+                target.keep_rows(keep)
+        active = [active[b] for b in keep]
+
+
+def autoregressive_generate_batch(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    seeds: Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> BatchOutput:
+    """:func:`autoregressive_stream_batch`, collected: the batched baseline.
+
+    Example:
+        >>> import torch, transformers
+        >>> from specdec.targets.hf import HFTarget
+        >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+        >>> target = HFTarget(transformers.LlamaForCausalLM(cfg).eval())
+        >>> out = autoregressive_generate_batch(target, [[1, 2, 3], [4]], 5, SamplingConfig(temperature=0.0))
+        >>> [len(t) for t in out.tokens], out.stop_reasons
+        ([5, 5], ('length', 'length'))
+    """
+    start = time.perf_counter()
+    stats: dict[str, Any] = {}
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for chunk in autoregressive_stream_batch(target, prompts, max_new_tokens, sampling, seeds, eos_token_id, _stats=stats):
+        for r, new in chunk.items():
+            tokens[r].extend(new)
+    return BatchOutput(
+        tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]),
+        steps=stats["steps"], time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
+    )
+
+
+def speculative_stream_batch(
+    target: Any,
+    draft: Any,
+    builder: Any,
+    verifier: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seeds: Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    *,
+    _stats: dict[str, Any] | None = None,
+) -> Iterator[dict[int, list[int]]]:
+    """Speculative decoding of every prompt at once; yields ``{row: new
+    tokens}`` after each step (the body of
+    :meth:`~specdec.generate.SpeculativeGenerator.stream_batch`).
+
+    One step for all running rows: the draft (rows mode) grows every row's
+    tree with the level-wise builder in one set of tensor ops per level, the
+    target scores all trees in one forward, the verifier's parallel rule
+    decides every node of every tree, and one read brings back every row's
+    accepted path and bonus. Row ``b`` draws from ``TorchRandom.seeded(seeds[b])``
+    (:class:`~specdec.rng.RowStreams`) exactly what its batch-1 generation
+    draws, so its tokens equal its batch-1 output wherever the models' logits
+    agree across batch sizes (at T = 0, token for token).
+
+    Needs: an ``HFTarget`` (batch mode), a draft with a rows mode
+    (:meth:`~specdec.drafts.eagle.EagleDraft.begin_rows`: the EAGLE heads), a
+    level-wise builder (eagle2/eagle3, rheo) and a verifier with a parallel
+    rule; anything else raises :class:`~specdec.errors.InvalidConfigError`.
+    """
+    from specdec.step import step_supported
+    from specdec.trees.dynamic import DynamicTreeBuilder
+
+    rows, seeds, eos = _check_rows(target, prompts, seeds, eos_token_id, max_new_tokens)
+    if not callable(getattr(draft, "begin_rows", None)):
+        raise InvalidConfigError(
+            f"batched speculative generation needs a draft with a rows mode (the EAGLE heads); {type(draft).__name__} has none yet"
+        )
+    if not isinstance(builder, DynamicTreeBuilder) or builder._level_fn_if_exact(sampling) is None:
+        raise InvalidConfigError(
+            f"batched speculative generation runs the level-wise tree builders (eagle2, eagle3, rheo); "
+            f"{type(builder).__name__} is not one (or has per-node hooks overridden)"
+        )
+    rng = RowStreams([TorchRandom.seeded(s) for s in seeds])
+    if not step_supported(verifier, rng):
+        raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule; batched verification needs one")
+    rule = type(verifier).__dict__["fused"]
+    stats = _stats if _stats is not None else {}
+    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0, accepted=0)
+    bound = max(len(r) for r in rows) + max_new_tokens + builder.max_nodes + builder.max_depth
+    if target.max_length is not None and max(len(r) for r in rows) + max_new_tokens - 1 + builder.max_depth >= target.max_length:
+        raise InvalidConfigError(
+            f"the longest prompt plus max_new_tokens and the tree depth exceed the target's context ({target.max_length})"
+        )
+    target.reserve(bound)
+    draft.reserve(bound)
+    with torch.inference_mode():
+        target.prefill_batch(rows)
+        draft.begin_rows(rows, target.hidden_states())
+    active = list(range(len(rows)))
+    produced = [0] * len(rows)
+    roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
+    first = True
+    while active:
+        with torch.inference_mode():
+            tree = builder.build_batch(roots, draft, sampling, rng)  # B trees, one set of tensor ops per level
+            logits = target.score_batch(tree)  # [B, n, V], one forward
+            if first:
+                verifier.check_batch(tree)
+                first = False
+            bad = row_is_bad(logits)  # [B, n]
+            p = process_logits(logits, sampling, check=False)
+            u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
+            decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
+            draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
+            read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
+        stats["steps"] += 1
+        stats["row_steps"] += len(active)
+        D = tree.max_depth
+        chunk: dict[int, list[int]] = {}
+        emitted: list[list[int]] = []
+        keep: list[int] = []
+        for b, r in enumerate(active):
+            num, _bonus, _attempted, bad_visited, stop = read[b][:5]
+            if read[b][-1]:
+                raise InvalidDistributionError(f"row {r}: the draft's logits contain NaN or +inf, or a row is all -inf")
+            if bad_visited:
+                raise InvalidDistributionError(
+                    f"row {r}: the target's logits at a node the verifier visited (the path ending at node {stop}) "
+                    "contain NaN or +inf, or are all -inf"
+                )
+            tokens = [int(t) for t in read[b][5 + D : 5 + D + num + 1]]
+            emitted.append(tokens)
+            stats["tau_sum"] += len(tokens)
+            stats["accepted"] += num
+            kept = tokens[: max_new_tokens - produced[r]]
+            for i, tok in enumerate(kept):
+                if tok in eos:
+                    kept = kept[: i + 1]
+                    stats["stop_reasons"][r] = "eos"
+                    break
+            produced[r] += len(kept)
+            chunk[r] = kept
+            if stats["stop_reasons"][r] != "eos" and produced[r] < max_new_tokens:
+                keep.append(b)
+        yield chunk
+        if not keep:
+            return
+        with torch.inference_mode():
+            target.accept_rows(decision.accepted, decision.num_accepted, emitted)
+            hidden = target.hidden_states()  # [B, n, L, H]
+            path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
+            feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
+            draft.commit_rows(emitted, feats)  # [B, D + 1, L, H]: features at the root and the accepted nodes
+            roots = decision.tokens.gather(1, decision.num_accepted.unsqueeze(-1)).squeeze(-1)  # [B] the bonus tokens
+            if len(keep) < len(active):
+                index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
+                target.keep_rows(keep)
+                draft.keep_rows(keep)
+                rng.keep(keep)
+                roots = roots.index_select(0, index)
+        active = [active[b] for b in keep]
+
+
+def _root_tree(root: int, vocab: int) -> DraftTree:
+    return DraftTree(
+        tokens=[root], parents=[-1], kinds=[int(NodeKind.ROOT)], draw_order=[0],
+        weights=[1.0], law_index=[-1], laws=(), vocab_size=vocab,
+    )
+
+
+def _device(target: Any) -> torch.device:
+    model = getattr(target, "model", None)
+    return next(model.parameters()).device if model is not None else torch.device("cpu")

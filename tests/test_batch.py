@@ -1,0 +1,171 @@
+"""Batched plain decoding (specdec.batch): per-row equality with batch-1 decoding, stops, streams, bad input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "models"))
+from hf_model_helpers import VOCAB, make_tiny_llama  # noqa: E402
+
+import specdec  # noqa: E402
+from specdec.batch import autoregressive_generate_batch, autoregressive_stream_batch  # noqa: E402
+from specdec.errors import InvalidConfigError  # noqa: E402
+from specdec.targets.hf import HFTarget  # noqa: E402
+
+PROMPTS = [[3, 4], [5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_llama("sdpa", torch.float64, seed=3)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_row_equals_its_batch_one_decoding(model, temperature):
+    """Ragged prompts, one seed per row: each row emits what plain batch-1
+    decoding emits for its prompt and seed (float64: the logits agree across
+    batch sizes to rounding, and no uniform falls within it here)."""
+    sampling = specdec.SamplingConfig(temperature=temperature)
+    seeds = [7, 8, 9, 10]
+    out = autoregressive_generate_batch(HFTarget(model), PROMPTS, 12, sampling, seeds)
+    for b, prompt in enumerate(PROMPTS):
+        ref = specdec.autoregressive_generate(HFTarget(model), prompt, 12, sampling, seed=seeds[b])
+        assert list(out.tokens[b]) == ref.tokens
+    assert out.steps == 12 and out.new_tokens == 48 and out.stop_reasons == ("length",) * 4
+
+
+def test_rows_depend_on_their_own_seed_only(model):
+    """Swapping two rows' seeds swaps their outputs (a row's stream is its own);
+    the outputs of the other rows do not change."""
+    sampling = specdec.SamplingConfig(temperature=1.0)
+    a = autoregressive_generate_batch(HFTarget(model), [PROMPTS[0]] * 3, 16, sampling, [1, 2, 3])
+    b = autoregressive_generate_batch(HFTarget(model), [PROMPTS[0]] * 3, 16, sampling, [3, 2, 1])
+    assert a.tokens[0] == b.tokens[2] and a.tokens[2] == b.tokens[0] and a.tokens[1] == b.tokens[1]
+    assert a.tokens[0] != a.tokens[2]
+
+
+def test_rows_stop_on_their_own_eos_and_leave_the_batch(model, monkeypatch):
+    sampling = specdec.SamplingConfig(temperature=0.0)
+    free = autoregressive_generate_batch(HFTarget(model), PROMPTS, 10, sampling)
+    eos = free.tokens[1][3]  # row 1 stops at its 4th token (or earlier, if it came before)
+    target = HFTarget(model)
+    kept = []
+    original = HFTarget.keep_rows
+    monkeypatch.setattr(HFTarget, "keep_rows", lambda self, rows: (kept.append(list(rows)), original(self, rows)))
+    out = autoregressive_generate_batch(target, PROMPTS, 10, sampling, eos_token_id=[eos])
+    for b in range(len(PROMPTS)):
+        cut = next((i + 1 for i, t in enumerate(free.tokens[b]) if t == eos), None)
+        assert list(out.tokens[b]) == list(free.tokens[b][:cut])
+        assert out.stop_reasons[b] == ("eos" if cut is not None and cut <= 10 else "length")
+    assert out.stop_reasons[1] == "eos" and kept  # a finished row left the batch
+    chunks = list(autoregressive_stream_batch(HFTarget(model), PROMPTS, 3, sampling))
+    assert len(chunks) == 3 and all(sorted(c) == [0, 1, 2, 3] for c in chunks)
+    assert [sum((c[b] for c in chunks), []) for b in range(4)] == [list(t[:3]) for t in free.tokens]
+
+
+def test_bad_input_is_refused_clearly(model):
+    target = HFTarget(model)
+    S = specdec.SamplingConfig()
+    for prompts, match in [([], "non-empty list"), ("12", "non-empty list"), ([[1], []], "prompt 1"),
+                           ([[1, 2.5]], "not an int"), ([torch.ones(2, 2, dtype=torch.long)], "1-D")]:
+        with pytest.raises(InvalidConfigError, match=match):
+            autoregressive_generate_batch(target, prompts, 4, S)
+    with pytest.raises(InvalidConfigError, match="one per prompt"):
+        autoregressive_generate_batch(target, [[1], [2]], 4, S, seeds=[1])
+    with pytest.raises(InvalidConfigError, match="eos_token_id"):
+        autoregressive_generate_batch(target, [[1]], 4, S, eos_token_id="13")
+    with pytest.raises(InvalidConfigError, match="max_new_tokens"):
+        autoregressive_generate_batch(target, [[1]], 0, S)
+    with pytest.raises(ValueError, match="outside"):
+        autoregressive_generate_batch(target, [[VOCAB]], 4, S)
+    from specdec.testing import MarkovLM
+
+    with pytest.raises(InvalidConfigError, match="no batch mode"):
+        autoregressive_generate_batch(MarkovLM(torch.zeros(5, 5)), [[1]], 4, S)
+
+
+# ----------------------------------------------------------- speculative rows
+def _eagle_pair(version: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.drafts.eagle import make_draft
+    from specdec.train.trainer import new_head
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=61, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).double().eval()
+    vocab = torch.arange(1, 61, 2) if version == 3 else None
+    head = new_head(model, version, draft_vocab=vocab, seed=version)
+    with torch.no_grad():  # random, non-trivial weights everywhere
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    head = head.double()
+    return model, head
+
+
+def _eagle_generator(model, head, method):
+    from specdec.drafts.eagle import make_draft
+
+    draft = make_draft(head)
+    target = HFTarget(model, capture_layers=draft.target_layers)
+    return specdec.SpeculativeGenerator(target=target, draft=draft, method=method)
+
+
+ROW_PROMPTS = [[3, 4, 5], [7], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+
+
+@pytest.mark.parametrize("method,version", [("eagle3", 3), ("eagle2", 2), ("rheo", 3)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_speculative_rows_equal_their_batch_one_generation(method, version, temperature):
+    """Every row of a batched speculative generation (ragged prompts, rows
+    finishing at different steps) equals its batch-1 generation with its seed,
+    token for token (float64 models: the logits agree across batch sizes)."""
+    model, head = _eagle_pair(version)
+    sampling = specdec.SamplingConfig(temperature=temperature)
+    seeds = [11, 12, 13, 14]
+    gen = _eagle_generator(model, head, method)
+    out = gen.generate_batch(ROW_PROMPTS, 14, sampling, seeds)
+    single = _eagle_generator(model, head, method)
+    for b, prompt in enumerate(ROW_PROMPTS):
+        ref = single.generate(prompt, 14, sampling, seed=seeds[b])
+        assert list(out.tokens[b]) == ref.tokens, f"row {b}"
+    assert out.tau > 1.0 and out.row_steps >= out.steps
+
+
+def test_speculative_rows_stop_leave_and_stream():
+    model, head = _eagle_pair(3)
+    sampling = specdec.SamplingConfig(temperature=0.0)
+    gen = _eagle_generator(model, head, "eagle3")
+    free = gen.generate_batch(ROW_PROMPTS, 12, sampling)
+    eos = free.tokens[2][2]
+    out = gen.generate_batch(ROW_PROMPTS, 12, sampling, eos_token_id=eos)
+    for b in range(len(ROW_PROMPTS)):
+        cut = next((i + 1 for i, t in enumerate(free.tokens[b]) if t == eos), None)
+        assert list(out.tokens[b]) == list(free.tokens[b][:cut])
+    assert out.stop_reasons[2] == "eos"
+    streamed = [[] for _ in ROW_PROMPTS]
+    for chunk in gen.stream_batch(ROW_PROMPTS, 12, sampling):
+        for r, new in chunk.items():
+            streamed[r].extend(new)
+    assert [tuple(s) for s in streamed] == list(free.tokens)
+
+
+def test_speculative_rows_refuse_what_they_cannot_run():
+    model, head = _eagle_pair(3)
+    gen = _eagle_generator(model, head, "eagle3")
+    with pytest.raises(InvalidConfigError, match="one per prompt"):
+        gen.generate_batch([[1], [2]], 4, seeds=[1])
+    from specdec.drafts.hf import HFDraft
+
+    lm = specdec.SpeculativeGenerator(target=HFTarget(model), draft=HFDraft(model), method="sd")
+    with pytest.raises(InvalidConfigError, match="rows mode"):
+        lm.generate_batch([[1], [2]], 4)
+    with pytest.raises(InvalidConfigError, match="not supported with batches"):
+        specdec.SpeculativeGenerator(target=HFTarget(model, capture_layers=head.config.target_layers),
+                                     draft=__import__("specdec.drafts.eagle", fromlist=["make_draft"]).make_draft(head),
+                                     method="eagle3", random="counter").generate_batch([[1]], 4)
