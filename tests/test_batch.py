@@ -92,7 +92,6 @@ def test_bad_input_is_refused_clearly(model):
 def _eagle_pair(version: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specdec.drafts.eagle import make_draft
     from specdec.train.trainer import new_head
 
     torch.manual_seed(seed)
@@ -165,7 +164,8 @@ def test_speculative_rows_refuse_what_they_cannot_run():
     lm = specdec.SpeculativeGenerator(target=HFTarget(model), draft=HFDraft(model), method="sd")
     with pytest.raises(InvalidConfigError, match="rows mode"):
         lm.generate_batch([[1], [2]], 4)
+    from specdec.drafts.eagle import make_draft
+
     with pytest.raises(InvalidConfigError, match="not supported with batches"):
         specdec.SpeculativeGenerator(target=HFTarget(model, capture_layers=head.config.target_layers),
-                                     draft=__import__("specdec.drafts.eagle", fromlist=["make_draft"]).make_draft(head),
-                                     method="eagle3", random="counter").generate_batch([[1]], 4)
+                                     draft=make_draft(head), method="eagle3", random="counter").generate_batch([[1]], 4)
