@@ -82,10 +82,13 @@ def test_bad_input_is_refused_clearly(model):
         autoregressive_generate_batch(target, [[1]], 0, S)
     with pytest.raises(ValueError, match="outside"):
         autoregressive_generate_batch(target, [[VOCAB]], 4, S)
-    from specdec.testing import MarkovLM
+    with pytest.raises(InvalidConfigError, match="row 1: 250 prompt tokens"):  # the tiny model has 256 positions
+        autoregressive_generate_batch(target, [[1, 2], [3] * 250], 8, S)
+    class OneRow:  # a target without prefill_batch / accept_rows / keep_rows
+        vocab_size = VOCAB
 
     with pytest.raises(InvalidConfigError, match="no batch mode"):
-        autoregressive_generate_batch(MarkovLM(torch.zeros(5, 5)), [[1]], 4, S)
+        autoregressive_generate_batch(OneRow(), [[1]], 4, S)
 
 
 # ----------------------------------------------------------- speculative rows
@@ -169,3 +172,11 @@ def test_speculative_rows_refuse_what_they_cannot_run():
     with pytest.raises(InvalidConfigError, match="not supported with batches"):
         specdec.SpeculativeGenerator(target=HFTarget(model, capture_layers=head.config.target_layers),
                                      draft=make_draft(head), method="eagle3", random="counter").generate_batch([[1]], 4)
+
+
+def test_per_row_counts_add_up():
+    model, head = _eagle_pair(3)
+    out = _eagle_generator(model, head, "eagle3").generate_batch(ROW_PROMPTS, 10, specdec.SamplingConfig(temperature=1.0))
+    assert sum(out.steps_by_row) == out.row_steps and max(out.steps_by_row) == out.steps
+    assert abs(sum(out.emitted_by_row) / out.row_steps - out.tau) < 1e-12
+    assert all(e >= len(t) for e, t in zip(out.emitted_by_row, out.tokens))

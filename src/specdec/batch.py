@@ -53,6 +53,8 @@ class BatchOutput:
         time_total: seconds, prefill included.
         row_steps: steps summed over the rows (a row counts each step it ran).
         tau: tokens emitted per row-step (accepted drafts + the bonus); 1 for plain decoding.
+        steps_by_row: per row, the steps it ran.
+        emitted_by_row: per row, the tokens the verifier emitted (before EOS / length truncation).
     """
 
     tokens: tuple[tuple[int, ...], ...]
@@ -61,6 +63,8 @@ class BatchOutput:
     time_total: float
     row_steps: int = 0
     tau: float = 1.0
+    steps_by_row: tuple[int, ...] = ()
+    emitted_by_row: tuple[int, ...] = ()
 
     @property
     def new_tokens(self) -> int:
@@ -149,7 +153,9 @@ def autoregressive_stream_batch(
     rule = get("verifier", "match").__dict__["fused"]  # rule 2 with no children: the bonus is drawn from p
     rngs = [TorchRandom.seeded(s) for s in seeds]
     stats = _stats if _stats is not None else {}
-    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows))
+    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), steps_by_row=[0] * len(rows),
+                 emitted_by_row=[0] * len(rows))
+    _check_context(target, rows, max_new_tokens, 0)
     target.reserve(max(len(r) for r in rows) + max_new_tokens + 1)
     with torch.inference_mode():
         target.prefill_batch(rows)
@@ -169,6 +175,8 @@ def autoregressive_stream_batch(
             read = torch.stack([bonus, bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
         stats["steps"] += 1
         stats["row_steps"] += len(active)
+        for r in active:
+            stats["steps_by_row"][r] += 1
         if any(flag for _, flag in read):
             row = active[next(b for b, (_, flag) in enumerate(read) if flag)]
             raise InvalidDistributionError(f"row {row}: the target's logits contain NaN or +inf, or are all -inf")
@@ -177,6 +185,7 @@ def autoregressive_stream_batch(
         for b, r in enumerate(active):
             token = int(read[b][0])
             chunk[r] = [token]
+            stats["emitted_by_row"][r] += 1
             produced[r] += 1
             roots[r] = token
             if token in eos:
@@ -222,6 +231,7 @@ def autoregressive_generate_batch(
     return BatchOutput(
         tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]),
         steps=stats["steps"], time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
+        steps_by_row=tuple(stats["steps_by_row"]), emitted_by_row=tuple(stats["emitted_by_row"]),
     )
 
 
@@ -251,8 +261,9 @@ def speculative_stream_batch(
     draws, so its tokens equal its batch-1 output wherever the models' logits
     agree across batch sizes (at T = 0, token for token).
 
-    Needs: an ``HFTarget`` (batch mode), a draft with a rows mode
-    (:meth:`~specdec.drafts.eagle.EagleDraft.begin_rows`: the EAGLE heads), a
+    Needs: a target with a batch mode (``HFTarget``, ``CallableLM``), a draft
+    with a rows mode (:meth:`~specdec.drafts.eagle.EagleDraft.begin_rows`: the
+    EAGLE heads; ``CallableLM``), a
     level-wise builder (eagle2/eagle3, rheo) and a verifier with a parallel
     rule; anything else raises :class:`~specdec.errors.InvalidConfigError`.
     """
@@ -274,17 +285,15 @@ def speculative_stream_batch(
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule; batched verification needs one")
     rule = type(verifier).__dict__["fused"]
     stats = _stats if _stats is not None else {}
-    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0, accepted=0)
+    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0, accepted=0,
+                 steps_by_row=[0] * len(rows), emitted_by_row=[0] * len(rows))
     bound = max(len(r) for r in rows) + max_new_tokens + builder.max_nodes + builder.max_depth
-    if target.max_length is not None and max(len(r) for r in rows) + max_new_tokens - 1 + builder.max_depth >= target.max_length:
-        raise InvalidConfigError(
-            f"the longest prompt plus max_new_tokens and the tree depth exceed the target's context ({target.max_length})"
-        )
+    _check_context(target, rows, max_new_tokens, builder.max_depth)
     target.reserve(bound)
     draft.reserve(bound)
     with torch.inference_mode():
         target.prefill_batch(rows)
-        draft.begin_rows(rows, target.hidden_states())
+        draft.begin_rows(rows, target.hidden_states() if draft.needs_target_hidden else None)
     active = list(range(len(rows)))
     produced = [0] * len(rows)
     roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
@@ -304,6 +313,8 @@ def speculative_stream_batch(
             read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
         stats["steps"] += 1
         stats["row_steps"] += len(active)
+        for r in active:
+            stats["steps_by_row"][r] += 1
         D = tree.max_depth
         chunk: dict[int, list[int]] = {}
         emitted: list[list[int]] = []
@@ -320,6 +331,7 @@ def speculative_stream_batch(
             tokens = [int(t) for t in read[b][5 + D : 5 + D + num + 1]]
             emitted.append(tokens)
             stats["tau_sum"] += len(tokens)
+            stats["emitted_by_row"][r] += len(tokens)
             stats["accepted"] += num
             kept = tokens[: max_new_tokens - produced[r]]
             for i, tok in enumerate(kept):
@@ -336,18 +348,36 @@ def speculative_stream_batch(
             return
         with torch.inference_mode():
             target.accept_rows(decision.accepted, decision.num_accepted, emitted)
-            hidden = target.hidden_states()  # [B, n, L, H]
-            path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
-            feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
-            draft.commit_rows(emitted, feats)  # [B, D + 1, L, H]: features at the root and the accepted nodes
+            feats = None
+            if draft.needs_target_hidden:  # [B, D + 1, L, H]: the target's features at the root and the accepted nodes
+                hidden = target.hidden_states()  # [B, n, L, H]
+                path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
+                feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
+            draft.commit_rows(emitted, feats)
             roots = decision.tokens.gather(1, decision.num_accepted.unsqueeze(-1)).squeeze(-1)  # [B] the bonus tokens
             if len(keep) < len(active):
                 index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
                 target.keep_rows(keep)
-                draft.keep_rows(keep)
+                if draft is not target:  # one object in both roles keeps both roles' rows in one call
+                    draft.keep_rows(keep)
                 rng.keep(keep)
                 roots = roots.index_select(0, index)
         active = [active[b] for b in keep]
+
+
+def _check_context(target: Any, rows: list[list[int]], max_new_tokens: int, depth: int) -> None:
+    """Before any forward: the last step of every row (its prompt, its new tokens but the last, and
+    the deepest tree node) must fit the target's context; the row that does not is named."""
+    limit = getattr(target, "max_length", None)
+    if limit is None:
+        return
+    for b, r in enumerate(rows):
+        if len(r) + max_new_tokens - 1 + depth >= limit:
+            raise InvalidConfigError(
+                f"row {b}: {len(r)} prompt tokens + {max_new_tokens} new tokens"
+                + (f" + a tree of depth {depth}" if depth else "")
+                + f" exceed the target's context of {limit} positions"
+            )
 
 
 def _root_tree(root: int, vocab: int) -> DraftTree:

@@ -602,6 +602,7 @@ class SpeculativeGenerator:
             tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]), steps=stats["steps"],
             time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
             tau=stats["tau_sum"] / stats["row_steps"] if stats["row_steps"] else 0.0,
+            steps_by_row=tuple(stats["steps_by_row"]), emitted_by_row=tuple(stats["emitted_by_row"]),
         )
 
     def _check_batch_options(self) -> None:

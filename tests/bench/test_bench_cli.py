@@ -45,6 +45,11 @@ def no_work(monkeypatch):
         (["--budget", "0"], "--budget"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--eagle3-head", "/nonexistent/head"], "does not exist"),
+        (["--batch-size", "0"], "--batch-size must be"),
+        (["--batch-size", "2", "--budget", "auto"], "--budget auto chooses"),
+        (["--batch-size", "2", "--budget", "4", "--methods", "sd,eagle3"], "sd: its tree builder (chain) does not grow batches"),
+        (["--batch-size", "2", "--budget", "4", "--methods", "rheo@lm"], "the lm draft has no rows mode"),
+        (["--batch-size", "2", "--budget", "4", "--methods", "hf-assisted"], "one sequence at a time"),
     ],
 )
 def test_bad_input_fails_before_any_work(capsys, no_work, args, message):
@@ -146,3 +151,36 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     assert len(goal) == 1 and "(goal >= 1.10: " in goal[0] and goal[0].endswith(")")  # one unbroken line
     assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
     assert not (out / "tau.png").exists()
+
+
+def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dirs, tmp_path):
+    """--batch-size 2: the preset's rows that cannot batch are left out (the log
+    names them), eagle3 and rheo run batched against the batched baseline, each
+    prompt's T=0 tokens equal the baseline's where the method is exact, and
+    result rows carry batch_size."""
+    from bench_helpers import make_model
+    from specdec.drafts.eagle.checkpoints import save_head
+    from specdec.train.trainer import new_head
+
+    target = make_model(0, layers=2)
+    save_head(new_head(target, 3, seed=3), tmp_path / "head3")
+    out = tmp_path / "batched"
+    code, stdout, err = _run(
+        capsys, "--target", tiny_dirs["target"], "--eagle3-head", tmp_path / "head3", "--prompts", tiny_dirs["prompts"],
+        "--temperatures", "0,1", "--num-prompts", "3", "--max-new-tokens", "6", "--budget", "4", "--depth", "2",
+        "--batch-size", "2", "--ignore-eos", "--out", out, "--no-plots",
+    )
+    assert code == 0, err
+    assert "left out with --batch-size 2: sd: its tree builder (chain)" in err
+    records = json.loads((out / "results.json").read_text())
+    names = {r["method"] for r in records}
+    assert {"autoregressive", "eagle3", "rheo"} <= names and "sd" not in names
+    assert all(r["batch_size"] == 2 for r in records)
+    for r in records:
+        assert r["new_tokens"] == 3 * 6 * (1 if r["temperature"] == 0 else r["runs"] // 3)
+        if r["temperature"] == 0:
+            assert r["matches_autoregressive"] == 1.0  # greedy rows equal the batched greedy baseline
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["batch_size"] == 2
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["prompt_index"] for r in runs} == {0, 1, 2}

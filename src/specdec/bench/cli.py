@@ -102,6 +102,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="with --out, skip the PNG plots")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's default)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--batch-size", type=int, default=1, metavar="B",
+                   help="decode B prompts together (batched speculative and autoregressive decoding; default 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, metavar="N",
                    help="skip prompts longer than this after the chat template (default 512)")
     p.set_defaults(func=bench_main)
@@ -121,6 +123,7 @@ class BenchSettings:
     num_prompts: int | None
     profile_prompts: int
     profile_steps: int
+    batch_size: int = 1
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -186,8 +189,13 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         raise InvalidConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.max_prompt_tokens < 1:
         raise InvalidConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    batch = getattr(args, "batch_size", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidConfigError(f"--batch-size must be an int >= 1, got {batch!r}")
+    if batch > 1 and budget == "auto":
+        raise InvalidConfigError("--budget auto chooses the tree for batch size 1 only; give --budget N with --batch-size > 1")
     return BenchSettings(args.preset, args.methods or pre.methods, temps, seeds, max_new, budget, num,
-                         pre.profile_prompts, pre.profile_steps)
+                         pre.profile_prompts, pre.profile_steps, batch)
 
 
 def _available_kinds(args: argparse.Namespace) -> list[str]:
@@ -250,6 +258,17 @@ def _bench(args: argparse.Namespace) -> int:
     # ---- 1. everything that needs no model
     settings = resolve_settings(args)
     rows = parse_rows(settings.methods, _available_kinds(args))
+    if settings.batch_size > 1:
+        from specdec.bench.runner import batch_refusal
+
+        refused = [(r, batch_refusal(r)) for r in rows if batch_refusal(r) is not None]
+        if refused and args.methods:  # asked for by name: an error, before any model loads
+            raise InvalidConfigError(f"--batch-size {settings.batch_size}: " + "; ".join(w for _, w in refused))
+        for _, why in refused:  # the preset's list: the rows that cannot batch are left out, and the log says so
+            log(f"left out with --batch-size {settings.batch_size}: {why}")
+        rows = [r for r in rows if all(r is not x for x, _ in refused)]
+        if not any(r.kind == "speculative" for r in rows):
+            raise InvalidConfigError(f"--batch-size {settings.batch_size}: no method of the list can run batched")
     prompts_all = load_prompts(args.prompts)
     prompts = select_prompts(prompts_all, settings.num_prompts)
     out_dir = check_out_dir(args.out) if args.out else None
@@ -312,13 +331,13 @@ def _bench(args: argparse.Namespace) -> int:
         budget = settings.budget
     log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
-                         ignore_eos=args.ignore_eos)
+                         ignore_eos=args.ignore_eos, batch_size=settings.batch_size)
     options = row_options(config, sequoia_acc)
 
     # ---- 4. the benchmark
     from specdec.bench.runner import bench_units
 
-    total = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)
+    total = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)  # one record per prompt
     progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=log_console)
     with progress:
@@ -327,11 +346,11 @@ def _bench(args: argparse.Namespace) -> int:
                          on_start=lambda s: progress.update(task, description=s),
                          on_run=lambda r: progress.advance(task))
     records = aggregate(runs, rows, config.temperatures, budget=budget, options=options,
-                        descriptions=models.descriptions)
+                        descriptions=models.descriptions, batch_size=config.batch_size)
     elapsed = time.perf_counter() - started
 
     title = (f"specdec bench --preset {settings.preset}: {len(rendered)} prompts x {settings.max_new_tokens} new "
-             f"tokens, budget {budget}")
+             f"tokens, budget {budget}" + (f", batch size {config.batch_size}" if config.batch_size > 1 else ""))
     out_console.print(results_table(records, title=title))
     say(f"target: {models.descriptions['target']}")
     for kind in ("lm", "eagle2", "eagle3"):
@@ -355,6 +374,7 @@ def _bench(args: argparse.Namespace) -> int:
             "seeds": list(config.seeds),
             "max_new_tokens": config.max_new_tokens,
             "ignore_eos": config.ignore_eos,
+            "batch_size": config.batch_size,
             "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
             "auto_budget": auto_info,
             "sequoia_acceptance": {f"{k}@T={t:g}": list(v) for (k, t), v in sequoia_acc.items()},

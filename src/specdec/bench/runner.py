@@ -37,9 +37,10 @@ from typing import Any
 import attrs
 import torch
 
-from specdec.bench.budget import Budget, method_options, supports_budget
+from specdec.bench.budget import Budget, method_options, method_tree, supports_budget
 from specdec.bench.models import BenchModels
 from specdec.errors import InvalidConfigError, UnknownNameError
+from specdec.registry import get
 from specdec.sampling import SamplingConfig
 
 __all__ = [
@@ -170,6 +171,8 @@ class BenchConfig:
         budget: the tree budget of every speculative row.
         ignore_eos: generate ``max_new_tokens`` even past EOS.
         warmup: run every row once (8 tokens, last temperature), untimed, before measuring.
+        batch_size: prompts decoded together (``generate_batch`` and the batched
+            autoregressive baseline at the same size); 1 = one prompt per call.
     """
 
     rows: tuple[RowSpec, ...] = attrs.field(converter=tuple)
@@ -179,6 +182,7 @@ class BenchConfig:
     budget: Budget
     ignore_eos: bool = False
     warmup: bool = True
+    batch_size: int = 1
 
 
 @attrs.frozen
@@ -344,6 +348,26 @@ def row_options(
     return out
 
 
+def batch_refusal(row: RowSpec) -> str | None:
+    """Why ``row`` cannot run with ``--batch-size`` > 1 (None when it can): batched
+    speculative generation needs a level-wise tree builder and an EAGLE head."""
+    from specdec.trees.dynamic import DynamicTreeBuilder
+
+    if row.kind == "autoregressive":
+        return None
+    if row.kind == "peer":
+        return f"{row.name}: transformers' assisted generation decodes one sequence at a time"
+    cls = get("tree", method_tree(row.method))  # type: ignore[arg-type]
+    levelwise = isinstance(cls, type) and issubclass(cls, DynamicTreeBuilder) and next(
+        c for c in cls.__mro__ if "level_fn" in c.__dict__
+    ) is not DynamicTreeBuilder
+    if not levelwise:
+        return f"{row.name}: its tree builder ({method_tree(row.method)}) does not grow batches of trees yet"  # type: ignore[arg-type]
+    if row.draft not in ("eagle2", "eagle3"):
+        return f"{row.name}: the {row.draft} draft has no rows mode yet (only the EAGLE heads)"
+    return None
+
+
 def check_rows(models: BenchModels, config: BenchConfig) -> None:
     """Build every generator once (bad options, vocabularies or budgets fail here,
     before any timing) and check the peer row has Hugging Face models."""
@@ -407,6 +431,8 @@ def run_bench(
                     time_total=s.time_total, time_prefill=s.time_prefill, time_draft=s.time_draft,
                     time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens))
 
+    if config.batch_size > 1:
+        return _run_batched(models, config, prompts, gens, eos, on_run, on_start)
     if config.warmup:
         if on_start:
             on_start("warm-up")
@@ -426,6 +452,82 @@ def run_bench(
     return records
 
 
+def batch_chunks(num_prompts: int, temperatures: Sequence[float], seeds: Sequence[int], batch_size: int
+                 ) -> list[tuple[tuple[int, ...], float, int]]:
+    """The batched runs' units: ``(prompt indices, temperature, seed)``, in run order.
+
+    Example:
+        >>> batch_chunks(3, [0.0, 1.0], [5, 6], 2)
+        [((0, 1), 0.0, 5), ((0, 1), 1.0, 5), ((0, 1), 1.0, 6), ((2,), 0.0, 5), ((2,), 1.0, 5), ((2,), 1.0, 6)]
+    """
+    out = []
+    for start in range(0, num_prompts, batch_size):
+        chunk = tuple(range(start, min(start + batch_size, num_prompts)))
+        for t in temperatures:
+            for s in (seeds[:1] if t == 0 else seeds):
+                out.append((chunk, float(t), int(s)))
+    return out
+
+
+def _run_batched(
+    models: BenchModels,
+    config: BenchConfig,
+    prompts: Sequence[Sequence[int]],
+    gens: Mapping[tuple[str, float], Any],
+    eos: Any,
+    on_run: Callable[[RunRecord], None] | None,
+    on_start: Callable[[str], None] | None,
+) -> list[RunRecord]:
+    """:func:`run_bench` with ``batch_size`` > 1: each chunk of prompts is decoded
+    together by every row (rows rotated per chunk). One :class:`RunRecord` per
+    prompt: its tokens, its own steps and emitted tokens, and an equal share of
+    the batched call's time (so that summed times give the batch's throughput;
+    the time split and the acceptance by depth are not recorded). Every row of
+    a chunk uses the unit's seed, so a prompt's tokens are those of its
+    batch-1 run (at T = 0 token for token)."""
+    from specdec.batch import autoregressive_generate_batch
+
+    for row in config.rows:
+        why = batch_refusal(row)
+        if why is not None:
+            raise InvalidConfigError(f"--batch-size {config.batch_size}: {why}")
+    unit_of = {u: i for i, u in enumerate(bench_units(len(prompts), config.temperatures, config.seeds))}
+
+    def call(row: RowSpec, chunk: Sequence[int], t: float, seed: int, n: int) -> Any:
+        sampling = SamplingConfig(temperature=t)
+        batch = [prompts[i] for i in chunk]
+        seeds = [seed] * len(batch)
+        if row.kind == "autoregressive":
+            return autoregressive_generate_batch(models.target, batch, n, sampling, seeds, eos)
+        return gens[(row.name, t)].generate_batch(batch, n, sampling, seeds, eos)
+
+    if config.warmup:
+        if on_start:
+            on_start("warm-up")
+        first = tuple(range(min(config.batch_size, len(prompts))))
+        for row in config.rows:
+            call(row, first, config.temperatures[-1], config.seeds[0], min(8, config.max_new_tokens))
+    records: list[RunRecord] = []
+    nan = float("nan")
+    for c, (chunk, t, seed) in enumerate(batch_chunks(len(prompts), config.temperatures, config.seeds, config.batch_size)):
+        for row in unit_order(config.rows, c):
+            if on_start:
+                on_start(f"{row.name} T={t:g} prompts {chunk[0] + 1}-{chunk[-1] + 1}/{len(prompts)}")
+            out = call(row, chunk, t, seed, config.max_new_tokens)
+            for j, pi in enumerate(chunk):
+                rec = RunRecord(
+                    sequence=len(records), unit=unit_of[(pi, t, seed)], prompt_index=pi, temperature=t, seed=seed,
+                    row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
+                    emitted=out.emitted_by_row[j], depth_attempted=(), depth_accepted=(),
+                    time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
+                    time_verify=nan, tokens=tuple(out.tokens[j]),
+                )
+                records.append(rec)
+                if on_run:
+                    on_run(rec)
+    return records
+
+
 def _stderr(values: Sequence[float]) -> float:
     n = len(values)
     if n < 2:
@@ -442,6 +544,7 @@ def aggregate(
     budget: Budget | None = None,
     options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
     descriptions: Mapping[str, str] | None = None,
+    batch_size: int = 1,
 ) -> list[dict[str, Any]]:
     """One result record per (row, temperature) (the ``results.json`` schema, docs/bench.md).
 
@@ -508,6 +611,7 @@ def aggregate(
                 "time_target": tsum("time_target"),
                 "time_verify": tsum("time_verify"),
                 "matches_autoregressive": matches,
+                "batch_size": batch_size,
                 "budget_nodes": budget.nodes if budget and row.kind == "speculative" else None,
                 "budget_depth": budget.depth if budget and row.kind == "speculative" else None,
                 "options": _jsonable(dict((options or {}).get((row.name, t), {}))) if row.kind == "speculative" else None,

@@ -7,6 +7,7 @@ it for models whose sequence law is known exactly (Markov tables).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -57,6 +58,10 @@ class CallableLM(TargetModel, DraftModel):
         self._draft_paths: list[list[int]] = [[]]
         self._last_tree: DraftTree | list[int] | None = None
         self.calls = 0
+        # rows (batch > 1): the target role's contexts (prefill_batch) and the draft role's (begin_rows)
+        self.target_rows: list[list[int]] | None = None
+        self.draft_rows: list[list[int]] | None = None
+        self._row_paths: list[list[list[int]]] = []
 
     @property
     def vocab_size(self) -> int:
@@ -88,6 +93,7 @@ class CallableLM(TargetModel, DraftModel):
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.draft_context = self._prompt(prompt_ids)
         self._draft_paths = [[]]
+        self.draft_rows = None
 
     def root_logits(self) -> torch.Tensor:
         self._draft_paths = [[]]
@@ -115,6 +121,7 @@ class CallableLM(TargetModel, DraftModel):
     def prefill(self, prompt_ids: Sequence[int]) -> None:
         self.target_context = self._prompt(prompt_ids)
         self._last_tree = None
+        self.target_rows = None
 
     def score_tree(self, tree: DraftTree) -> torch.Tensor:
         if int(tree.tokens[0]) != self.target_context[-1]:
@@ -126,8 +133,12 @@ class CallableLM(TargetModel, DraftModel):
     def score_batch(self, tree: TreeBatch) -> torch.Tensor:
         """``[1, n, V]`` logits of a one-tree batch: tokens and parents read in
         one host copy (this model computes on the host), padding slots get row 0."""
+        if self.target_rows is not None:
+            return self._score_rows(tree)
         if tree.batch_size != 1:
-            raise NotImplementedError(f"{type(self).__name__} scores one tree per step, got a batch of {tree.batch_size}")
+            raise ValueError(
+                f"a batch of {tree.batch_size} trees after prefill() of one prompt; use prefill_batch() for several rows"
+            )
         tokens, parents = torch.stack([tree.tokens[0], tree.parents[0]]).tolist()
         k = int(tree.num_nodes[0])
         if tokens[0] != self.target_context[-1]:
@@ -149,3 +160,97 @@ class CallableLM(TargetModel, DraftModel):
         self.target_context.extend(int(tokens[int(i)]) for i in accepted_nodes)
         self.target_context.append(int(bonus_token))
         self._last_tree = None
+
+    # ------------------------------------------------------ rows (batch > 1)
+    # The target role (prefill_batch, score_batch, accept_rows) and the draft
+    # role (begin_rows, root_rows_logits, tree_rows_logits, commit_rows) keep
+    # separate rows; keep_rows applies to both (one call, even when the same
+    # object plays both roles).
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Target role: start ``B`` rows (batched generation)."""
+        if len(prompts) == 0:
+            raise ValueError("prefill_batch needs at least one prompt")
+        self.target_rows = [self._prompt(p) for p in prompts]
+        self._last_tree = None
+
+    def _rows_contexts(self, b: int) -> list[int]:
+        """The target-role context of row ``b`` (a hook for the tests' mutants)."""
+        assert self.target_rows is not None
+        return self.target_rows[b]
+
+    def _score_rows(self, tree: TreeBatch) -> torch.Tensor:
+        assert self.target_rows is not None
+        B = tree.batch_size
+        if B != len(self.target_rows):
+            raise ValueError(f"a batch of {B} trees for {len(self.target_rows)} rows")
+        tokens, parents = torch.stack([tree.tokens, tree.parents]).tolist()  # one host read, [2, B, n]
+        counts = tree.num_nodes.tolist()
+        prefixes = []
+        for b in range(B):
+            if tokens[b][0] != self.target_rows[b][-1]:
+                raise ValueError(f"row {b}: the tree's root must be the row's last committed token")
+            paths: list[list[int]] = [[]]
+            for i in range(1, int(counts[b])):
+                paths.append(paths[parents[b][i]] + [tokens[b][i]])
+            prefixes += [self._rows_contexts(b) + path for path in paths]
+        logits = self._logits(prefixes)  # [sum k_b, V]
+        out = torch.empty(B, tree.node_slots, self._vocab_size, dtype=logits.dtype)
+        start = 0
+        for b in range(B):
+            k = int(counts[b])
+            out[b, :k] = logits[start : start + k]
+            out[b, k:] = logits[start]  # padding slots: a copy of the root's row
+            start += k
+        self._last_tree = tokens
+        return out
+
+    def accept_rows(self, accepted: torch.Tensor, num_accepted: torch.Tensor, emitted: Sequence[Sequence[int]]) -> None:
+        """Target role: append each row's emitted tokens (accepted + bonus)."""
+        if self.target_rows is None or self._last_tree is None:
+            raise RuntimeError("accept_rows() called before a batch of trees was scored")
+        if len(emitted) != len(self.target_rows):
+            raise ValueError(f"{len(emitted)} rows of emitted tokens for a batch of {len(self.target_rows)}")
+        for row, tokens in zip(self.target_rows, emitted):
+            row.extend(int(t) for t in tokens)
+        self._last_tree = None
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only the rows ``rows`` of both roles' batches."""
+        keep = [int(r) for r in rows]
+        if self.target_rows is not None:
+            self.target_rows = [self.target_rows[r] for r in keep]
+        if self.draft_rows is not None:
+            self.draft_rows = [self.draft_rows[r] for r in keep]
+            self._row_paths = [[[]] for _ in keep]
+
+    @property
+    def rows_mode(self) -> bool:
+        return self.draft_rows is not None
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
+        """Draft role: start ``B`` rows (batched generation)."""
+        self.draft_rows = [self._prompt(p) for p in prompts]
+        self._row_paths = [[[]] for _ in prompts]
+
+    def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
+        assert self.draft_rows is not None, "root_rows_logits() outside rows mode"
+        self._row_paths = [[[]] for _ in self.draft_rows]
+        return self._logits([list(r) for r in self.draft_rows])
+
+    def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
+        assert self.draft_rows is not None, "tree_rows_logits() outside rows mode"
+        B, k = tokens.shape
+        par, tok = torch.stack([parents, tokens.to(parents.dtype)]).tolist()  # one host read, [2, B, k]
+        prefixes = []
+        for b in range(B):
+            for parent, token in zip(par[b], tok[b]):
+                path = self._row_paths[b][parent] + [int(token)]
+                self._row_paths[b].append(path)
+                prefixes.append(self.draft_rows[b] + path)
+        return self._logits(prefixes).reshape(B, k, self._vocab_size)
+
+    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
+        assert self.draft_rows is not None, "commit_rows() outside rows mode"
+        for row, tokens in zip(self.draft_rows, emitted):
+            row.extend(int(t) for t in tokens)
+        self._row_paths = [[[]] for _ in self.draft_rows]
