@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.inputs import as_eos_ids, as_token_ids
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import DraftTree, NodeKind
@@ -90,30 +91,16 @@ def _check_rows(
         raise InvalidConfigError("prompts must be a non-empty list of token-id sequences")
     rows = []
     for b, prompt in enumerate(prompts):
-        if isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1:
-                raise InvalidConfigError(f"prompt {b}: a tensor of shape {tuple(prompt.shape)}; give one 1-D sequence per row")
-            prompt = prompt.tolist()
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+        row = as_token_ids(prompt, f"prompt {b}")
+        if not row:
             raise InvalidConfigError(f"prompt {b} must be a non-empty sequence of token ids")
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
-            raise InvalidConfigError(f"prompt {b} holds a value that is not an int token id")
-        rows.append([int(t) for t in prompt])
+        rows.append(row)
     if seeds is None:
         seeds = list(range(len(rows)))
     seeds = list(seeds)
     if len(seeds) != len(rows) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise InvalidConfigError(f"seeds must be {len(rows)} ints, one per prompt, got {seeds!r}")
-    if eos_token_id is None:
-        eos: set[int] = set()
-    elif isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
-        eos = {eos_token_id}
-    elif isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, (str, bytes)) and all(
-        isinstance(e, int) and not isinstance(e, bool) for e in eos_token_id
-    ):
-        eos = set(eos_token_id)
-    else:
-        raise InvalidConfigError(f"eos_token_id must be an int or a sequence of ints, got {eos_token_id!r}")
+    eos = as_eos_ids(eos_token_id)
     return rows, seeds, eos
 
 

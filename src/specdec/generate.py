@@ -26,6 +26,7 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError, InvalidDistributionError, VocabMismatchError
+from specdec.inputs import as_eos_ids, as_token_ids
 from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
 from specdec.regions import model_call
@@ -220,9 +221,7 @@ class RootOnlyBuilder(TreeBuilder):
 
 
 def _check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
-    if isinstance(prompt_ids, torch.Tensor):
-        prompt_ids = prompt_ids.flatten().tolist()
-    prompt = [int(t) for t in prompt_ids]
+    prompt = as_token_ids(prompt_ids)  # one flat sequence of integer ids, or a clear error (specdec.inputs)
     if not prompt:
         raise InvalidConfigError("the prompt is empty: give at least one token id")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
@@ -271,9 +270,7 @@ def _run(
     _check_length(len(prompt), max_new_tokens, builder.max_depth, target.max_length, "target")
     if draft is not None:
         _check_length(len(prompt), max_new_tokens, builder.max_depth, getattr(draft, "max_length", None), "draft")
-    eos: set[int] = set()
-    if eos_token_id is not None:
-        eos = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+    eos: set[int] = as_eos_ids(eos_token_id)
     if verifier.requires_greedy and not sampling.greedy:
         raise InvalidDistributionError(
             f"verifier {verifier.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
