@@ -21,7 +21,7 @@ on float64 models, ``tests/test_batch.py``). Batched speculative generation
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -39,6 +39,7 @@ __all__ = [
     "BatchOutput",
     "autoregressive_generate_batch",
     "autoregressive_stream_batch",
+    "collect_batch",
     "speculative_stream_batch",
 ]
 
@@ -209,15 +210,27 @@ def autoregressive_generate_batch(
         >>> [len(t) for t in out.tokens], out.stop_reasons
         ([5, 5], ('length', 'length'))
     """
+    return collect_batch(
+        lambda stats: autoregressive_stream_batch(target, prompts, max_new_tokens, sampling, seeds, eos_token_id,
+                                                  _stats=stats),
+        len(prompts),
+    )
+
+
+def collect_batch(run: Callable[[dict[str, Any]], Iterator[dict[int, list[int]]]], num_rows: int) -> BatchOutput:
+    """Run a batched stream (``run(stats)`` yields ``{row: new tokens}`` and fills ``stats``) to its
+    end and collect a :class:`BatchOutput`, timed from the first call."""
     start = time.perf_counter()
     stats: dict[str, Any] = {}
-    tokens: list[list[int]] = [[] for _ in prompts]
-    for chunk in autoregressive_stream_batch(target, prompts, max_new_tokens, sampling, seeds, eos_token_id, _stats=stats):
+    tokens: list[list[int]] = [[] for _ in range(num_rows)]
+    for chunk in run(stats):
         for r, new in chunk.items():
             tokens[r].extend(new)
+    row_steps = stats["row_steps"]
     return BatchOutput(
-        tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]),
-        steps=stats["steps"], time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
+        tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]), steps=stats["steps"],
+        time_total=time.perf_counter() - start, row_steps=row_steps,
+        tau=stats["tau_sum"] / row_steps if "tau_sum" in stats and row_steps else 1.0,
         steps_by_row=tuple(stats["steps_by_row"]), emitted_by_row=tuple(stats["emitted_by_row"]),
     )
 

@@ -582,24 +582,14 @@ class SpeculativeGenerator:
         ``seeds[b]`` (default ``0 .. B - 1``), so it equals the row's
         :meth:`generate` with that seed wherever the models' logits agree
         across batch sizes (at T = 0: token for token)."""
-        from specdec.batch import BatchOutput
-
-        start = time.perf_counter()
-        stats: dict[str, Any] = {}
-        from specdec.batch import speculative_stream_batch
+        from specdec.batch import collect_batch, speculative_stream_batch
 
         self._check_batch_options()
-        tokens: list[list[int]] = [[] for _ in prompts]
-        for chunk in speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                              max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id,
-                                              _stats=stats):
-            for r, new in chunk.items():
-                tokens[r].extend(new)
-        return BatchOutput(
-            tokens=tuple(tuple(t) for t in tokens), stop_reasons=tuple(stats["stop_reasons"]), steps=stats["steps"],
-            time_total=time.perf_counter() - start, row_steps=stats["row_steps"],
-            tau=stats["tau_sum"] / stats["row_steps"] if stats["row_steps"] else 0.0,
-            steps_by_row=tuple(stats["steps_by_row"]), emitted_by_row=tuple(stats["emitted_by_row"]),
+        return collect_batch(
+            lambda stats: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
+                                                   max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id,
+                                                   _stats=stats),
+            len(prompts),
         )
 
     def _check_batch_options(self) -> None:
