@@ -180,3 +180,23 @@ def test_per_row_counts_add_up():
     assert sum(out.steps_by_row) == out.row_steps and max(out.steps_by_row) == out.steps
     assert abs(sum(out.emitted_by_row) / out.row_steps - out.tau) < 1e-12
     assert all(e >= len(t) for e, t in zip(out.emitted_by_row, out.tokens))
+
+
+def test_a_batched_step_makes_one_host_read_and_copies_nothing_to_the_device():
+    """Counted with StepCounter (hardware-free): over a batched generation the
+    only host-sync site that fires every step is the step's one read; the rest
+    (prefill, rows leaving the batch) happen a few times per generation."""
+    from specdec.testing.counter import StepCounter
+
+    model, head = _eagle_pair(3)
+    for run in (
+        lambda: _eagle_generator(model, head, "rheo").generate_batch(ROW_PROMPTS, 20, specdec.SamplingConfig(temperature=1.0)),
+        lambda: autoregressive_generate_batch(HFTarget(model), ROW_PROMPTS, 20, specdec.SamplingConfig(temperature=1.0)),
+    ):
+        run()
+        with StepCounter(ops=False) as counter:
+            out = run()
+        sites = counter.sync_sites["step"]
+        every_step = [(kind, site) for (kind, site), n in sites.items() if n >= out.steps]
+        assert len(every_step) == 1 and every_step[0][0] == "read", sites
+        assert sum(n for key, n in sites.items() if key not in every_step) <= 15, sites

@@ -14,8 +14,10 @@ exactly the uniforms its batch-1 decoding draws, so a row's tokens depend
 only on its prompt, its seed and the model: at temperature 0 they equal its
 batch-1 output token for token; at T > 0 wherever the model's logits are
 equal across batch sizes up to rounding that no uniform falls within (tested
-on float64 models, ``tests/test_batch.py``). Batched speculative generation
-(batched drafts and builders) is not built yet.
+on float64 models, ``tests/test_batch.py``). :func:`speculative_stream_batch`
+is the speculative form (``SpeculativeGenerator.generate_batch``), with the
+same guarantees; each step of either makes one host read and builds nothing
+on the host for the device.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.inputs import as_eos_ids, as_token_ids
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
-from specdec.tree import DraftTree, NodeKind
+from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.fast import TreeDecision, decide_tree_batch
 
@@ -148,12 +150,11 @@ def autoregressive_stream_batch(
     with torch.inference_mode():
         target.prefill_batch(rows)
     active = list(range(len(rows)))  # the original row of each batch row
-    roots = [r[-1] for r in rows]
+    roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
     produced = [0] * len(rows)
     while active:
         with torch.inference_mode():
-            trees = [_root_tree(roots[r], vocab) for r in active]
-            tree = TreeBatch.from_trees(trees, device=_device(target))
+            tree = _root_batch(roots, vocab)  # every row a root-only tree, built on the device
             logits = target.score_batch(tree)  # [B, 1, V]
             bad = row_is_bad(logits)  # [B, 1]
             p = process_logits(logits, sampling, check=False)
@@ -175,7 +176,6 @@ def autoregressive_stream_batch(
             chunk[r] = [token]
             stats["emitted_by_row"][r] += 1
             produced[r] += 1
-            roots[r] = token
             if token in eos:
                 stats["stop_reasons"][r] = "eos"
             elif produced[r] < max_new_tokens:
@@ -185,8 +185,10 @@ def autoregressive_stream_batch(
             return
         with torch.inference_mode():
             target.accept_rows(accepted, num_accepted, [chunk[r] for r in active])
+            roots = bonus  # [B] the next roots, on the device
             if len(keep) < len(active):
                 target.keep_rows(keep)
+                roots = roots.index_select(0, torch.tensor(keep, dtype=torch.int64, device=roots.device))
         active = [active[b] for b in keep]
 
 
@@ -267,7 +269,7 @@ def speculative_stream_batch(
     level-wise builder (eagle2/eagle3, rheo) and a verifier with a parallel
     rule; anything else raises :class:`~specdec.errors.InvalidConfigError`.
     """
-    from specdec.step import step_supported
+    from specdec.step import _takes, step_supported
     from specdec.trees.dynamic import DynamicTreeBuilder
 
     rows, seeds, eos = _check_rows(target, prompts, seeds, eos_token_id, max_new_tokens)
@@ -285,7 +287,7 @@ def speculative_stream_batch(
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule; batched verification needs one")
     rule = type(verifier).__dict__["fused"]
     stats = _stats if _stats is not None else {}
-    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0, accepted=0,
+    stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0,
                  steps_by_row=[0] * len(rows), emitted_by_row=[0] * len(rows))
     bound = max(len(r) for r in rows) + max_new_tokens + builder.max_nodes + builder.max_depth
     _check_context(target, rows, max_new_tokens, builder.max_depth)
@@ -332,7 +334,6 @@ def speculative_stream_batch(
             emitted.append(tokens)
             stats["tau_sum"] += len(tokens)
             stats["emitted_by_row"][r] += len(tokens)
-            stats["accepted"] += num
             kept = tokens[: max_new_tokens - produced[r]]
             for i, tok in enumerate(kept):
                 if tok in eos:
@@ -353,7 +354,10 @@ def speculative_stream_batch(
                 hidden = target.hidden_states()  # [B, n, L, H]
                 path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
                 feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
-            draft.commit_rows(emitted, feats)
+            if _takes(type(draft).commit_rows, "device_tokens"):  # the emitted tokens as the verifier left them
+                draft.commit_rows(emitted, feats, device_tokens=decision.tokens, device_counts=decision.num_accepted + 1)
+            else:
+                draft.commit_rows(emitted, feats)
             roots = decision.tokens.gather(1, decision.num_accepted.unsqueeze(-1)).squeeze(-1)  # [B] the bonus tokens
             if len(keep) < len(active):
                 index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
@@ -380,10 +384,19 @@ def _check_context(target: Any, rows: list[list[int]], max_new_tokens: int, dept
             )
 
 
-def _root_tree(root: int, vocab: int) -> DraftTree:
-    return DraftTree(
-        tokens=[root], parents=[-1], kinds=[int(NodeKind.ROOT)], draw_order=[0],
-        weights=[1.0], law_index=[-1], laws=(), vocab_size=vocab,
+def _root_batch(roots: torch.Tensor, vocab: int) -> TreeBatch:
+    """``B`` root-only trees (``roots [B]``), made on the roots' device: the same batch as
+    ``TreeBatch.from_trees`` of root-only trees (``max_children`` 1, ``max_depth`` 0), with no host work."""
+    B, dev = roots.shape[0], roots.device
+    zeros = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # [B, 1]
+    return TreeBatch(
+        tokens=roots.reshape(B, 1), parents=zeros - 1, depths=zeros, kinds=torch.full_like(zeros, int(NodeKind.ROOT)),
+        draw_order=zeros, weights=torch.ones(B, 1, dtype=torch.float64, device=dev),
+        num_nodes=torch.ones(B, dtype=torch.int64, device=dev),
+        law_ids=torch.empty(B, 1, 0, dtype=torch.int64, device=dev),
+        law_probs=torch.empty(B, 1, 0, dtype=torch.float64, device=dev),
+        law_wor=torch.zeros(B, 1, dtype=torch.bool, device=dev), ancestors=torch.ones(B, 1, 1, dtype=torch.bool, device=dev),
+        vocab_size=vocab, max_children=1, max_depth=0, max_sampled=0,
     )
 
 

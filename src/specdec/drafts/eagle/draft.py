@@ -407,8 +407,11 @@ class EagleDraft(DraftModel):
         mask = _additive(visible, self._dtype).unsqueeze(1)  # [B, 1, T, span]
         return self.head.finish(x, attend(q, self._rkv[0, :, :, :span], self._rkv[1, :, :, :span], mask))
 
-    def _append_rows(self, feats: torch.Tensor, tokens: torch.Tensor, counts: Sequence[int]) -> None:
-        """Append ``counts[b]`` pairs ``(feats[b, i], tokens[b, i])`` to every row (``[B, T, F]``, ``[B, T]``)."""
+    def _append_rows(
+        self, feats: torch.Tensor, tokens: torch.Tensor, counts: Sequence[int], count: torch.Tensor | None = None
+    ) -> None:
+        """Append ``counts[b]`` pairs ``(feats[b, i], tokens[b, i])`` to every row (``[B, T, F]``, ``[B, T]``);
+        ``count``: the same counts as a ``[B]`` device tensor, when the caller has it."""
         B, T = tokens.shape
         past = self._rpairs_dev  # [B]
         span = max(p + T for p in self._rpairs)
@@ -417,7 +420,9 @@ class EagleDraft(DraftModel):
         cols = torch.arange(span, device=self._device)
         rel = cols - past.unsqueeze(-1)  # [B, span]: key position relative to the row's first new pair
         i = torch.arange(T, device=self._device)
-        count = torch.tensor(list(counts), device=self._device)  # [B]
+        if count is None:
+            count = torch.tensor(list(counts), device=self._device)  # [B]
+        count = count.to(self._device)
         # a pair sees the row's committed pairs and the new ones up to itself (a padding pair past the
         # row's count sees real and padding pairs; its output is dropped, its keys are masked later)
         visible = rel.unsqueeze(1) <= i.view(1, T, 1)  # [B, T, span]
@@ -473,11 +478,19 @@ class EagleDraft(DraftModel):
             self._ranc = grown
             return self.head.draft_logits(h).float() if proposal else self.head.full_logits(h)
 
-    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: torch.Tensor) -> None:
+    def commit_rows(
+        self,
+        emitted: Sequence[Sequence[int]],
+        target_hidden: torch.Tensor,
+        device_tokens: torch.Tensor | None = None,
+        device_counts: torch.Tensor | None = None,
+    ) -> None:
         """Rows mode: append each row's emitted tokens (accepted + bonus) with
         the target's features at its root and accepted nodes
         (``target_hidden [B, A, L, H]``, row ``b``'s first ``len(emitted[b])``
-        read), as :meth:`commit` does for one row."""
+        read), as :meth:`commit` does for one row. ``device_tokens`` ``[B, >= A]``
+        (``-1`` padded) and ``device_counts`` ``[B]``: the same tokens and counts
+        on the device (the batched step's), so that nothing is copied to it."""
         if not self.rows_mode:
             raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
         B = int(self._rows)
@@ -488,12 +501,16 @@ class EagleDraft(DraftModel):
         cfg = self.head.config
         width = len(cfg.target_layers) * cfg.target_hidden_size
         self._rdrop_tree()
-        tokens = torch.zeros(B, T, dtype=torch.long)
-        for b, e in enumerate(emitted):
-            tokens[b, : len(e)] = torch.tensor([int(t) for t in e])
+        if device_tokens is not None:
+            tokens = device_tokens[:, :T].clamp_min(0).to(self._device, torch.long)  # padding is masked
+        else:
+            tokens = torch.zeros(B, T, dtype=torch.long)
+            for b, e in enumerate(emitted):
+                tokens[b, : len(e)] = torch.tensor([int(t) for t in e])
+            tokens = tokens.to(self._device)
         with torch.inference_mode():
             feats = target_hidden[:, :T].reshape(B, T, width).to(self._device, self._dtype)
-            self._append_rows(feats, tokens.to(self._device), counts)
+            self._append_rows(feats, tokens, counts, device_counts)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Rows mode: keep only the rows ``rows``, renumbered in order."""
