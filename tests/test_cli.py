@@ -166,6 +166,30 @@ def test_demo_nothing_matching_exits_1(capsys):
     assert "no registered method" in err and "no registered verifier" in err
 
 
+@pytest.mark.parametrize(("flag", "role"), [("--methods", "method"), ("--verifiers", "verifier")])
+@pytest.mark.parametrize("pattern", ["zzz*", ""])
+def test_demo_pattern_matching_nothing_is_an_error(capsys, flag, role, pattern):
+    """Issue 16, defect 4c: one part's pattern matching nothing used to skip that part and exit 0."""
+    code, out, err = run(capsys, "demo", flag, pattern, "--trees", "5", "--vocab", "4", "--max-new-tokens", "4")
+    assert code == 1
+    assert out == ""  # refused before either part runs
+    assert f"no registered {role} matches {pattern!r}" in err and f"{flag} none" in err
+    for name in list_registered(role):
+        assert name in err  # the message lists what is registered
+
+
+def test_demo_none_skips_a_part(capsys):
+    code, out, err = run(capsys, "demo", "--methods", "none", "--trees", "5", "--vocab", "4", "--depth", "1")
+    assert code == 0, err
+    assert "Part 1" not in out and "Part 2" in out
+    code, out, err = run(capsys, "demo", "--verifiers", "none", "--methods", "sd", "--vocab", "4",
+                         "--max-new-tokens", "4")
+    assert code == 0, err
+    assert "Part 1" in out and "Part 2" not in out
+    code, _, err = run(capsys, "demo", "--verifiers", "none", "--methods", "none")
+    assert code == 1 and "nothing to run" in err
+
+
 def test_demo_statistics_separate_lossless_from_lossy(toy_verifiers):
     rows = {r.verifier: r for r in cli.run_demo(trees=1500, vocab=6, depth=2, verifiers="zz-test-*")}
     good, bad = rows["zz-test-match"], rows["zz-test-lossy"]

@@ -30,7 +30,8 @@ import attrs
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError
-from specdec.inputs import as_eos_ids, as_token_ids
+from specdec.inputs import as_eos_ids, as_seed, as_token_ids
+from specdec.lease import hold
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import NodeKind
@@ -81,6 +82,14 @@ class BatchOutput:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
 
+def check_prompts(prompts: Any) -> None:
+    """``prompts`` must be a non-empty sequence (of token-id sequences, checked row by row later)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise InvalidConfigError(
+            f"prompts must be a non-empty list of token-id sequences, got {type(prompts).__name__} {prompts!r:.60}"
+        )
+
+
 def _check_rows(
     target: Any, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None, eos_token_id: Any, max_new_tokens: int
 ) -> tuple[list[list[int]], list[int], set[int]]:
@@ -90,8 +99,7 @@ def _check_rows(
         )
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
         raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise InvalidConfigError("prompts must be a non-empty list of token-id sequences")
+    check_prompts(prompts)
     rows = []
     for b, prompt in enumerate(prompts):
         row = as_token_ids(prompt, f"prompt {b}")
@@ -100,9 +108,14 @@ def _check_rows(
         rows.append(row)
     if seeds is None:
         seeds = list(range(len(rows)))
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise InvalidConfigError(f"seeds must be a sequence of {len(rows)} ints, one per prompt, got {seeds!r}")
     seeds = list(seeds)
-    if len(seeds) != len(rows) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
-        raise InvalidConfigError(f"seeds must be {len(rows)} ints, one per prompt, got {seeds!r}")
+    if len(seeds) != len(rows):
+        raise InvalidConfigError(f"seeds must be {len(rows)} ints, one per prompt, got {len(seeds)}: {seeds!r}")
+    seeds = [as_seed(s, f"seeds[{b}]") for b, s in enumerate(seeds)]
+    if any(s is None for s in seeds):
+        raise InvalidConfigError(f"seeds must be ints (a row's tokens depend only on its seed), got {seeds!r}")
     eos = as_eos_ids(eos_token_id)
     return rows, seeds, eos
 
@@ -135,7 +148,7 @@ def autoregressive_stream_batch(
     """
     from specdec.registry import get
 
-    sampling = sampling or SamplingConfig()
+    sampling = (SamplingConfig() if sampling is None else sampling)
     if not isinstance(sampling, SamplingConfig):
         raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     rows, seeds, eos = _check_rows(target, prompts, seeds, eos_token_id, max_new_tokens)
@@ -146,50 +159,51 @@ def autoregressive_stream_batch(
     stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), steps_by_row=[0] * len(rows),
                  emitted_by_row=[0] * len(rows))
     _check_context(target, rows, max_new_tokens, 0)
-    target.reserve(max(len(r) for r in rows) + max_new_tokens + 1)
-    with torch.inference_mode():
-        target.prefill_batch(rows)
-    active = list(range(len(rows)))  # the original row of each batch row
-    roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
-    produced = [0] * len(rows)
-    while active:
+    with hold("autoregressive_generate_batch", target=target):  # one generation per model at a time (specdec.lease)
+        target.reserve(max(len(r) for r in rows) + max_new_tokens + 1)
         with torch.inference_mode():
-            tree = _root_batch(roots, vocab)  # every row a root-only tree, built on the device
-            logits = target.score_batch(tree)  # [B, 1, V]
-            bad = row_is_bad(logits)  # [B, 1]
-            p = process_logits(logits, sampling, check=False)
-            u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=p.device)
-                           for r in active])  # [B, 1, C + 1]: each row from its own stream
-            accepted, num_accepted, tokens, bonus, _attempted, bad_visited, _stop = decide_tree_batch(rule, tree, p, u, bad)
-            read = torch.stack([bonus, bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
-        stats["steps"] += 1
-        stats["row_steps"] += len(active)
-        for r in active:
-            stats["steps_by_row"][r] += 1
-        if any(flag for _, flag in read):
-            row = active[next(b for b, (_, flag) in enumerate(read) if flag)]
-            raise InvalidDistributionError(f"row {row}: the target's logits contain NaN or +inf, or are all -inf")
-        chunk: dict[int, list[int]] = {}
-        keep: list[int] = []
-        for b, r in enumerate(active):
-            token = int(read[b][0])
-            chunk[r] = [token]
-            stats["emitted_by_row"][r] += 1
-            produced[r] += 1
-            if token in eos:
-                stats["stop_reasons"][r] = "eos"
-            elif produced[r] < max_new_tokens:
-                keep.append(b)
-        yield chunk
-        if not keep:
-            return
-        with torch.inference_mode():
-            target.accept_rows(accepted, num_accepted, [chunk[r] for r in active])
-            roots = bonus  # [B] the next roots, on the device
-            if len(keep) < len(active):
-                target.keep_rows(keep)
-                roots = roots.index_select(0, torch.tensor(keep, dtype=torch.int64, device=roots.device))
-        active = [active[b] for b in keep]
+            target.prefill_batch(rows)
+        active = list(range(len(rows)))  # the original row of each batch row
+        roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
+        produced = [0] * len(rows)
+        while active:
+            with torch.inference_mode():
+                tree = _root_batch(roots, vocab)  # every row a root-only tree, built on the device
+                logits = target.score_batch(tree)  # [B, 1, V]
+                bad = row_is_bad(logits)  # [B, 1]
+                p = process_logits(logits, sampling, check=False)
+                u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=p.device)
+                               for r in active])  # [B, 1, C + 1]: each row from its own stream
+                accepted, num_accepted, tokens, bonus, _attempted, bad_visited, _stop = decide_tree_batch(rule, tree, p, u, bad)
+                read = torch.stack([bonus, bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
+            stats["steps"] += 1
+            stats["row_steps"] += len(active)
+            for r in active:
+                stats["steps_by_row"][r] += 1
+            if any(flag for _, flag in read):
+                row = active[next(b for b, (_, flag) in enumerate(read) if flag)]
+                raise InvalidDistributionError(f"row {row}: the target's logits contain NaN or +inf, or are all -inf")
+            chunk: dict[int, list[int]] = {}
+            keep: list[int] = []
+            for b, r in enumerate(active):
+                token = int(read[b][0])
+                chunk[r] = [token]
+                stats["emitted_by_row"][r] += 1
+                produced[r] += 1
+                if token in eos:
+                    stats["stop_reasons"][r] = "eos"
+                elif produced[r] < max_new_tokens:
+                    keep.append(b)
+            yield chunk
+            if not keep:
+                return
+            with torch.inference_mode():
+                target.accept_rows(accepted, num_accepted, [chunk[r] for r in active])
+                roots = bonus  # [B] the next roots, on the device
+                if len(keep) < len(active):
+                    target.keep_rows(keep)
+                    roots = roots.index_select(0, torch.tensor(keep, dtype=torch.int64, device=roots.device))
+            active = [active[b] for b in keep]
 
 
 def autoregressive_generate_batch(
@@ -212,6 +226,7 @@ def autoregressive_generate_batch(
         >>> [len(t) for t in out.tokens], out.stop_reasons
         ([5, 5], ('length', 'length'))
     """
+    check_prompts(prompts)
     return collect_batch(
         lambda stats: autoregressive_stream_batch(target, prompts, max_new_tokens, sampling, seeds, eos_token_id,
                                                   _stats=stats),
@@ -272,7 +287,10 @@ def speculative_stream_batch(
     from specdec.step import _takes, step_supported
     from specdec.trees.dynamic import DynamicTreeBuilder
 
+    if not isinstance(sampling, SamplingConfig):
+        raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     rows, seeds, eos = _check_rows(target, prompts, seeds, eos_token_id, max_new_tokens)
+    verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
     if not callable(getattr(draft, "begin_rows", None)):
         raise InvalidConfigError(
             f"batched speculative generation needs a draft with a rows mode (the EAGLE heads); {type(draft).__name__} has none yet"
@@ -291,82 +309,83 @@ def speculative_stream_batch(
                  steps_by_row=[0] * len(rows), emitted_by_row=[0] * len(rows))
     bound = max(len(r) for r in rows) + max_new_tokens + builder.max_nodes + builder.max_depth
     _check_context(target, rows, max_new_tokens, builder.max_depth)
-    target.reserve(bound)
-    draft.reserve(bound)
-    with torch.inference_mode():
-        target.prefill_batch(rows)
-        draft.begin_rows(rows, target.hidden_states() if draft.needs_target_hidden else None)
-    active = list(range(len(rows)))
-    produced = [0] * len(rows)
-    roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
-    first = True
-    while active:
+    with hold("SpeculativeGenerator.generate_batch", target=target, draft=draft):  # one generation per model at a time (specdec.lease)
+        target.reserve(bound)
+        draft.reserve(bound)
         with torch.inference_mode():
-            tree = builder.build_batch(roots, draft, sampling, rng)  # B trees, one set of tensor ops per level
-            logits = target.score_batch(tree)  # [B, n, V], one forward
-            if first:
-                verifier.check_batch(tree)
-                first = False
-            bad = row_is_bad(logits)  # [B, n]
-            p = process_logits(logits, sampling, check=False)
-            u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
-            decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
-            draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
-            read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
-        stats["steps"] += 1
-        stats["row_steps"] += len(active)
-        for r in active:
-            stats["steps_by_row"][r] += 1
-        D = tree.max_depth
-        chunk: dict[int, list[int]] = {}
-        emitted: list[list[int]] = []
-        keep: list[int] = []
-        for b, r in enumerate(active):
-            num, _bonus, _attempted, bad_visited, stop = read[b][:5]
-            if read[b][-1]:
-                raise InvalidDistributionError(f"row {r}: the draft's logits contain NaN or +inf, or a row is all -inf")
-            if bad_visited:
-                raise InvalidDistributionError(
-                    f"row {r}: the target's logits at a node the verifier visited (the path ending at node {stop}) "
-                    "contain NaN or +inf, or are all -inf"
-                )
-            tokens = [int(t) for t in read[b][5 + D : 5 + D + num + 1]]
-            emitted.append(tokens)
-            stats["tau_sum"] += len(tokens)
-            stats["emitted_by_row"][r] += len(tokens)
-            kept = tokens[: max_new_tokens - produced[r]]
-            for i, tok in enumerate(kept):
-                if tok in eos:
-                    kept = kept[: i + 1]
-                    stats["stop_reasons"][r] = "eos"
-                    break
-            produced[r] += len(kept)
-            chunk[r] = kept
-            if stats["stop_reasons"][r] != "eos" and produced[r] < max_new_tokens:
-                keep.append(b)
-        yield chunk
-        if not keep:
-            return
-        with torch.inference_mode():
-            target.accept_rows(decision.accepted, decision.num_accepted, emitted)
-            feats = None
-            if draft.needs_target_hidden:  # [B, D + 1, L, H]: the target's features at the root and the accepted nodes
-                hidden = target.hidden_states()  # [B, n, L, H]
-                path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
-                feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
-            if _takes(type(draft).commit_rows, "device_tokens"):  # the emitted tokens as the verifier left them
-                draft.commit_rows(emitted, feats, device_tokens=decision.tokens, device_counts=decision.num_accepted + 1)
-            else:
-                draft.commit_rows(emitted, feats)
-            roots = decision.tokens.gather(1, decision.num_accepted.unsqueeze(-1)).squeeze(-1)  # [B] the bonus tokens
-            if len(keep) < len(active):
-                index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
-                target.keep_rows(keep)
-                if draft is not target:  # one object in both roles keeps both roles' rows in one call
-                    draft.keep_rows(keep)
-                rng.keep(keep)
-                roots = roots.index_select(0, index)
-        active = [active[b] for b in keep]
+            target.prefill_batch(rows)
+            draft.begin_rows(rows, target.hidden_states() if draft.needs_target_hidden else None)
+        active = list(range(len(rows)))
+        produced = [0] * len(rows)
+        roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=_device(target))  # [B], once
+        first = True
+        while active:
+            with torch.inference_mode():
+                tree = builder.build_batch(roots, draft, sampling, rng)  # B trees, one set of tensor ops per level
+                logits = target.score_batch(tree)  # [B, n, V], one forward
+                if first:
+                    verifier.check_batch(tree)
+                    first = False
+                bad = row_is_bad(logits)  # [B, n]
+                p = process_logits(logits, sampling, check=False)
+                u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
+                decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
+                draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
+                read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
+            stats["steps"] += 1
+            stats["row_steps"] += len(active)
+            for r in active:
+                stats["steps_by_row"][r] += 1
+            D = tree.max_depth
+            chunk: dict[int, list[int]] = {}
+            emitted: list[list[int]] = []
+            keep: list[int] = []
+            for b, r in enumerate(active):
+                num, _bonus, _attempted, bad_visited, stop = read[b][:5]
+                if read[b][-1]:
+                    raise InvalidDistributionError(f"row {r}: the draft's logits contain NaN or +inf, or a row is all -inf")
+                if bad_visited:
+                    raise InvalidDistributionError(
+                        f"row {r}: the target's logits at a node the verifier visited (the path ending at node {stop}) "
+                        "contain NaN or +inf, or are all -inf"
+                    )
+                tokens = [int(t) for t in read[b][5 + D : 5 + D + num + 1]]
+                emitted.append(tokens)
+                stats["tau_sum"] += len(tokens)
+                stats["emitted_by_row"][r] += len(tokens)
+                kept = tokens[: max_new_tokens - produced[r]]
+                for i, tok in enumerate(kept):
+                    if tok in eos:
+                        kept = kept[: i + 1]
+                        stats["stop_reasons"][r] = "eos"
+                        break
+                produced[r] += len(kept)
+                chunk[r] = kept
+                if stats["stop_reasons"][r] != "eos" and produced[r] < max_new_tokens:
+                    keep.append(b)
+            yield chunk
+            if not keep:
+                return
+            with torch.inference_mode():
+                target.accept_rows(decision.accepted, decision.num_accepted, emitted)
+                feats = None
+                if draft.needs_target_hidden:  # [B, D + 1, L, H]: the target's features at the root and the accepted nodes
+                    hidden = target.hidden_states()  # [B, n, L, H]
+                    path = torch.cat([decision.accepted.new_zeros(len(active), 1), decision.accepted.clamp_min(0)], dim=1)
+                    feats = hidden.gather(1, path.to(hidden.device)[..., None, None].expand(-1, -1, *hidden.shape[2:]))
+                if _takes(type(draft).commit_rows, "device_tokens"):  # the emitted tokens as the verifier left them
+                    draft.commit_rows(emitted, feats, device_tokens=decision.tokens, device_counts=decision.num_accepted + 1)
+                else:
+                    draft.commit_rows(emitted, feats)
+                roots = decision.tokens.gather(1, decision.num_accepted.unsqueeze(-1)).squeeze(-1)  # [B] the bonus tokens
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, dtype=torch.int64, device=roots.device)
+                    target.keep_rows(keep)
+                    if draft is not target:  # one object in both roles keeps both roles' rows in one call
+                        draft.keep_rows(keep)
+                    rng.keep(keep)
+                    roots = roots.index_select(0, index)
+            active = [active[b] for b in keep]
 
 
 def _check_context(target: Any, rows: list[list[int]], max_new_tokens: int, depth: int) -> None:

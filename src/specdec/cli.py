@@ -25,7 +25,9 @@ the verifier draws from the target at the end of a step; *tau* = tokens
 emitted per target forward = accepted + 1 (the bonus is counted).
 
 ``list`` and ``demo`` exit with status 0 on success, 1 when there is nothing
-to show (a pattern that matches no name) or when the demo finds a method that
+to show (a pattern that matches no name: for the demo, a ``--methods`` or
+``--verifiers`` glob that matches no registered name, checked before anything
+runs; ``none`` skips that part on purpose) or when the demo finds a method that
 fails or is not greedy-exact, and 2 on bad input, with a one-line message on
 stderr.
 """
@@ -114,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sampling temperature; verifiers that need T=0 always run at 0 (default: 1.0)")
     p_demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p_demo.add_argument("--verifiers", default="*", metavar="GLOB",
-                        help="only verifiers matching this glob (default: *)")
+                        help="only verifiers matching this glob (default: *); 'none' skips part 2; a glob that "
+                             "matches no verifier is an error (exit 1)")
     p_demo.add_argument("--methods", default="*", metavar="GLOB",
-                        help="only methods matching this glob (default: *)")
+                        help="only methods matching this glob (default: *); 'none' skips part 1; a glob that "
+                             "matches no method is an error (exit 1)")
     p_demo.add_argument("--max-new-tokens", type=_positive_int, default=48,
                         help="tokens generated per method in part 1 (default: 48)")
     p_demo.set_defaults(func=_cmd_demo)
@@ -469,16 +473,35 @@ def run_method_demo(
     return rows
 
 
+SKIP = "none"
+"""``specdec demo --methods none`` / ``--verifiers none`` skips that part of the demo."""
+
+
+def _unmatched_patterns(args: argparse.Namespace) -> list[str]:
+    """One phrase per demo glob (``--methods``, ``--verifiers``) that matches no registered name (``none`` aside)."""
+    out = []
+    for flag, role, pattern in (("--methods", "method", args.methods), ("--verifiers", "verifier", args.verifiers)):
+        if pattern != SKIP and not list_registered(role, pattern):
+            out.append(f"no registered {role} matches {pattern!r} (registered {role}s: "
+                       f"{', '.join(list_registered(role)) or 'none'}; {flag} {SKIP} skips that part)")
+    return out
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    # a glob that matches nothing would silently skip its part: refuse it before anything runs
+    unmatched = _unmatched_patterns(args)
+    if unmatched:
+        print(f"specdec demo: {' and '.join(unmatched)}", file=sys.stderr)
+        return 1
+    if args.methods == SKIP and args.verifiers == SKIP:
+        print(f"specdec demo: nothing to run (--methods {SKIP} and --verifiers {SKIP})", file=sys.stderr)
+        return 1
     # the toy models use tiny tensors: extra threads only add hand-off latency
     torch.set_num_threads(1)
-    method_rows = run_method_demo(args.max_new_tokens, args.vocab, args.temperature, args.seed, args.methods)
-    rows = run_demo(args.trees, args.vocab, args.depth, args.width, args.temperature, args.seed, args.verifiers)
-    if not rows and not method_rows:
-        print(f"specdec demo: no registered method matches {args.methods!r} and no registered verifier "
-              f"matches {args.verifiers!r} (registered methods: {', '.join(list_registered('method')) or 'none'}; "
-              f"verifiers: {', '.join(list_registered('verifier')) or 'none'})", file=sys.stderr)
-        return 1
+    method_rows = (run_method_demo(args.max_new_tokens, args.vocab, args.temperature, args.seed, args.methods)
+                   if args.methods != SKIP else [])
+    rows = (run_demo(args.trees, args.vocab, args.depth, args.width, args.temperature, args.seed, args.verifiers)
+            if args.verifiers != SKIP else [])
     print(f"specdec demo: a toy bigram target and a noisy copy of it as draft, V={args.vocab}, seed {args.seed}.")
     print("The toy models cost nothing to run, so times here say nothing about real speedups: see tau.")
     print("tau = tokens emitted per target forward (accepted drafts + 1 bonus).")

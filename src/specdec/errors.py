@@ -47,5 +47,13 @@ class RegistryConflictError(SpecDecError, ValueError):
     """A name was registered twice without ``override=True``."""
 
 
+class ModelBusyError(SpecDecError, RuntimeError):
+    """A model is already in use by another generation (an open stream, or
+    another thread). A target's and a draft's caches hold one sequence at a
+    time, so specdec refuses the second call rather than let the two corrupt
+    each other (finish or ``close()`` the stream first, or decode the requests
+    together with ``generate_batch``)."""
+
+
 class ContextOverflowError(SpecDecError, ValueError):
     """Prompt, new tokens and draft tree do not fit in the model's context."""

@@ -25,10 +25,11 @@ import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import ContextOverflowError, InvalidConfigError, InvalidDistributionError, VocabMismatchError
-from specdec.inputs import as_eos_ids, as_token_ids
+from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.inputs import as_eos_ids, as_seed, as_token_ids
 from specdec.kernels.select import triton_available
 from specdec.kernels.verify_fused import StepVerifier
+from specdec.lease import hold
 from specdec.regions import model_call
 from specdec.rng import CounterRandom, RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
@@ -257,8 +258,10 @@ def _run(
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
     random: str = "torch",
+    what: str = "a generation",
 ) -> Iterator[list[int]]:
-    """The step loop; yields the tokens kept at each step."""
+    """The step loop; yields the tokens kept at each step. ``what`` names the
+    call in a :class:`~specdec.errors.ModelBusyError` of a later caller."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
         raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingConfig):
@@ -271,10 +274,8 @@ def _run(
     if draft is not None:
         _check_length(len(prompt), max_new_tokens, builder.max_depth, getattr(draft, "max_length", None), "draft")
     eos: set[int] = as_eos_ids(eos_token_id)
-    if verifier.requires_greedy and not sampling.greedy:
-        raise InvalidDistributionError(
-            f"verifier {verifier.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
-        )
+    seed = as_seed(seed)
+    verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
     rng: RandomSource = TorchRandom.seeded(seed) if random == "torch" else CounterRandom.seeded(seed)
     # the step (specdec.step: the verifier's parallel rule, or its walk for a verifier without one),
     # or, with kernel="triton" (or "auto" on CUDA with Triton), the fused Triton kernel (specdec.kernels)
@@ -286,62 +287,65 @@ def _run(
     tally.clock = clock_kind
     clock = time.perf_counter
     t0 = clock()
-    # size the preallocated KV caches once (HFTarget, HFDraft, EAGLE heads): the committed context
-    # plus one step's tree nodes (the target's forward caches all of them before compaction)
-    positions = len(prompt) + max_new_tokens + builder.max_nodes + builder.max_depth
-    target.reserve(positions)
-    if draft is not None:
-        draft.reserve(positions)
-    with torch.inference_mode():
-        target.prefill(prompt)
-        if draft is not None and draft.needs_target_hidden:
-            # feature-level drafts (EAGLE) start from the target's prompt features
-            draft.begin(prompt, target_hidden=target.hidden_states())
-        elif draft is not None:
-            draft.begin(prompt)
-    tally.time_prefill += clock() - t0
-    root = prompt[-1]
-    produced = 0
-    while produced < max_new_tokens:
-        # inference mode per step, never across a yield (the caller's code runs between yields)
+    # one generation per model at a time (specdec.lease): a second call while this one is open
+    # (an unfinished stream, another thread) gets a ModelBusyError instead of corrupting the caches
+    with hold(what, target=target, draft=draft):
+        # size the preallocated KV caches once (HFTarget, HFDraft, EAGLE heads): the committed context
+        # plus one step's tree nodes (the target's forward caches all of them before compaction)
+        positions = len(prompt) + max_new_tokens + builder.max_nodes + builder.max_depth
+        target.reserve(positions)
+        if draft is not None:
+            draft.reserve(positions)
         with torch.inference_mode():
+            target.prefill(prompt)
+            if draft is not None and draft.needs_target_hidden:
+                # feature-level drafts (EAGLE) start from the target's prompt features
+                draft.begin(prompt, target_hidden=target.hidden_states())
+            elif draft is not None:
+                draft.begin(prompt)
+        tally.time_prefill += clock() - t0
+        root = prompt[-1]
+        produced = 0
+        while produced < max_new_tokens:
+            # inference mode per step, never across a yield (the caller's code runs between yields)
+            with torch.inference_mode():
+                t0 = clock()
+                if tensor_step:
+                    outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
+                                                  check_tree=tally.steps == 0, clock_kind=clock_kind)
+                    result, num_nodes = outcome.result, outcome.tree_nodes
+                    t1 = t0 + outcome.time_draft
+                    t2 = t1 + outcome.time_target
+                    t3 = t2 + outcome.time_verify
+                else:
+                    tree = builder.build(root, draft, sampling, rng)
+                    t1 = clock()
+                    with model_call():
+                        logits = target.score_tree(tree)
+                    t2 = clock()
+                    result = step_verifier(tree, logits, rng)
+                    t3 = clock()
+                    num_nodes = tree.num_nodes
+            tally.record(result, num_nodes, t1 - t0, t2 - t1, t3 - t2)
+            tally.kernel_path = "torch" if tensor_step else step_verifier.path_label
+            kept = list(result.tokens[: max_new_tokens - produced])
+            stop = False
+            for i, tok in enumerate(kept):
+                if tok in eos:
+                    kept = kept[: i + 1]
+                    stop = True
+                    tally.stop_reason = "eos"
+                    break
+            produced += len(kept)
+            yield kept
+            if stop or produced >= max_new_tokens:
+                return
             t0 = clock()
-            if tensor_step:
-                outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
-                                              check_tree=tally.steps == 0, clock_kind=clock_kind)
-                result, num_nodes = outcome.result, outcome.tree_nodes
-                t1 = t0 + outcome.time_draft
-                t2 = t1 + outcome.time_target
-                t3 = t2 + outcome.time_verify
-            else:
-                tree = builder.build(root, draft, sampling, rng)
-                t1 = clock()
-                with model_call():
-                    logits = target.score_tree(tree)
-                t2 = clock()
-                result = step_verifier(tree, logits, rng)
-                t3 = clock()
-                num_nodes = tree.num_nodes
-        tally.record(result, num_nodes, t1 - t0, t2 - t1, t3 - t2)
-        tally.kernel_path = "torch" if tensor_step else step_verifier.path_label
-        kept = list(result.tokens[: max_new_tokens - produced])
-        stop = False
-        for i, tok in enumerate(kept):
-            if tok in eos:
-                kept = kept[: i + 1]
-                stop = True
-                tally.stop_reason = "eos"
-                break
-        produced += len(kept)
-        yield kept
-        if stop or produced >= max_new_tokens:
-            return
-        t0 = clock()
-        with torch.inference_mode():
-            commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
-        tally.time_draft += clock() - t0
-        # the next root: on the device for the tensor builders (no host-to-device copy), else the int
-        root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
+            with torch.inference_mode():
+                commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
+            tally.time_draft += clock() - t0
+            # the next root: on the device for the tensor builders (no host-to-device copy), else the int
+            root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
 
 
 def _on_cuda(target: TargetModel) -> bool:
@@ -367,12 +371,13 @@ def _generate(
     kernel: str = "auto",
     compiler: StepCompiler | None = None,
     random: str = "torch",
+    what: str = "a generation",
 ) -> GenerationOutput:
     tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, tally, kernel, compiler, random):
+                      eos_token_id, tally, kernel, compiler, random, what):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -499,6 +504,9 @@ class SpeculativeGenerator:
             raise VocabMismatchError(
                 f"the draft's vocabulary ({self.draft.vocab_size}) differs from the target's ({self.target.vocab_size})"
             )
+        for name, value in (("method", method), ("tree", tree), ("verifier", verifier)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidConfigError(f"{name} must be a registered name (a str) or None, got {type(value).__name__} {value!r}")
         if method is None:
             if tree is None or verifier is None:
                 raise InvalidConfigError("give a method name, or both tree= and verifier= to compose one")
@@ -533,8 +541,8 @@ class SpeculativeGenerator:
             callback: called with each step's new tokens as they are emitted.
         """
         return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         sampling or SamplingConfig(), seed, eos_token_id, callback, self.kernel, self.compiler,
-                         self.random)
+                         (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, callback, self.kernel, self.compiler,
+                         self.random, "SpeculativeGenerator.generate")
 
     def stream(
         self,
@@ -546,8 +554,8 @@ class SpeculativeGenerator:
     ) -> Iterator[list[int]]:
         """Yield each step's new tokens as soon as they are verified."""
         yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        sampling or SamplingConfig(), seed, eos_token_id, StepTally(), self.kernel, self.compiler,
-                        self.random)
+                        (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, StepTally(), self.kernel, self.compiler,
+                        self.random, "SpeculativeGenerator.stream")
 
     def stream_batch(
         self,
@@ -564,7 +572,7 @@ class SpeculativeGenerator:
 
         self._check_batch_options()
         yield from speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                            max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id)
+                                            max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id)
 
     def generate_batch(
         self,
@@ -582,12 +590,13 @@ class SpeculativeGenerator:
         ``seeds[b]`` (default ``0 .. B - 1``), so it equals the row's
         :meth:`generate` with that seed wherever the models' logits agree
         across batch sizes (at T = 0: token for token)."""
-        from specdec.batch import collect_batch, speculative_stream_batch
+        from specdec.batch import check_prompts, collect_batch, speculative_stream_batch
 
         self._check_batch_options()
+        check_prompts(prompts)
         return collect_batch(
             lambda stats: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                                   max_new_tokens, sampling or SamplingConfig(), seeds, eos_token_id,
+                                                   max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
                                                    _stats=stats),
             len(prompts),
         )
@@ -619,4 +628,4 @@ def autoregressive_generate(
     model = _as_target(target)
     verifier = get("verifier", "match")()  # with no children: the bonus is drawn from p itself
     return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,
-                     sampling or SamplingConfig(), seed, eos_token_id, callback)
+                     (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, callback, what="autoregressive_generate")

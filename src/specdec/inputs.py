@@ -1,5 +1,9 @@
 """Checks of the token ids users pass in: prompts and EOS ids (issue 16, defects 5 and 6).
 
+Seeds too (defect 10): ``None`` or an integer of any integer type in
+:data:`SEED_RANGE` (what ``torch.Generator.manual_seed`` takes); ``1.5`` is not
+truncated to 1 and ``2**70`` is not a raw overflow.
+
 One rule for every entry point (``SpeculativeGenerator.generate`` / ``stream``,
 ``autoregressive_generate``, the batched forms): a prompt is *one* sequence
 of integer token ids (a list or tuple, a 1-D integer tensor or numpy array);
@@ -19,7 +23,7 @@ import torch
 
 from specdec.errors import InvalidConfigError
 
-__all__ = ["as_token_ids", "as_eos_ids"]
+__all__ = ["SEED_RANGE", "as_eos_ids", "as_seed", "as_token_ids"]
 
 
 def _is_integer(x: Any) -> bool:
@@ -103,3 +107,25 @@ def as_eos_ids(eos_token_id: Any) -> set[int]:
     if bad:
         raise InvalidConfigError(f"eos_token_id holds {bad[0]!r} ({type(bad[0]).__name__}), not an integer id")
     return {int(e) for e in items}
+
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""The seeds accepted, inclusive: what ``torch.Generator.manual_seed`` takes."""
+
+
+def as_seed(seed: Any, what: str = "seed") -> int | None:
+    """``seed`` as a Python int (or None: seeded from entropy), or a clear error.
+
+    Example:
+        >>> as_seed(7), as_seed(None)
+        (7, None)
+    """
+    if seed is None:
+        return None
+    if not _is_integer(seed):
+        raise InvalidConfigError(f"{what} must be an int or None, got {type(seed).__name__} {seed!r}")
+    value = int(seed)
+    low, high = SEED_RANGE
+    if not low <= value <= high:
+        raise InvalidConfigError(f"{what} must lie in [-2**63, 2**64 - 1], got {value}")
+    return value

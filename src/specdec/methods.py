@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from specdec.errors import InvalidConfigError, UnsupportedTreeError
-from specdec.registry import get, register
+from specdec.registry import get, list_registered, register
 
 if TYPE_CHECKING:  # the builder modules import this one to register their methods
     from specdec.trees.base import TreeBuilder
@@ -78,6 +78,18 @@ def compose(tree: str, verifier: str, options: Mapping[str, Any], context: str =
     if missing:
         raise UnsupportedTreeError(
             f"tree builder {tree!r} emits children that verifier {verifier!r} cannot verify losslessly{where}"
+        )
+    modes = builder.sibling_modes  # None: undeclared, checked on every tree (Verifier.check_tree)
+    bad_modes = set(modes or ()) - set(verifier_obj.supported_modes)
+    if bad_modes:
+        drawn = ", ".join(sorted(repr(m.value) for m in bad_modes))
+        fits = sorted(name for name in list_registered("verifier")
+                      if set(modes or ()) <= set(get("verifier", name).supported_modes)
+                      and {int(k) for k in builder.produces} <= {int(k) for k in get("verifier", name).supported_kinds})
+        raise UnsupportedTreeError(
+            f"tree builder {tree!r}{where} draws several sampled children of one node {drawn}, "
+            f"which verifier {verifier!r} cannot verify losslessly (it supports modes "
+            f"{sorted(m.value for m in verifier_obj.supported_modes)}); verifiers that fit: {', '.join(fits) or 'none'}"
         )
     return builder, verifier_obj
 

@@ -21,7 +21,7 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from specdec.errors import RegistryConflictError, UnknownNameError
+from specdec.errors import InvalidConfigError, RegistryConflictError, UnknownNameError
 
 __all__ = ["ROLES", "register", "get", "list_registered", "unregister"]
 
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 
 def _check_role(role: str) -> dict[str, Any]:
-    if role not in _REGISTRY:
+    if not isinstance(role, str) or role not in _REGISTRY:
         raise UnknownNameError(f"unknown registry role {role!r}; roles are: {', '.join(ROLES)}")
     return _REGISTRY[role]
 
@@ -91,6 +91,10 @@ def get(role: str, name: str) -> Any:
     """
     _ensure_builtins_loaded()
     table = _check_role(role)
+    if not isinstance(name, str):
+        raise InvalidConfigError(
+            f"a {role} is named by a str (one of: {', '.join(sorted(table))}), got {type(name).__name__} {name!r}"
+        )
     try:
         return table[name]
     except KeyError:
@@ -106,6 +110,8 @@ def list_registered(role: str, pattern: str = "*") -> list[str]:
     """
     _ensure_builtins_loaded()
     table = _check_role(role)
+    if not isinstance(pattern, str):
+        raise InvalidConfigError(f"pattern must be a glob str, got {type(pattern).__name__} {pattern!r}")
     return sorted(n for n in table if fnmatch.fnmatchcase(n, pattern))
 
 

@@ -102,19 +102,20 @@ def construction_config(sampling: SamplingConfig) -> SamplingConfig:
     return UNTEMPERED if sampling.greedy else sampling
 
 
-def _check_logits(logits: torch.Tensor) -> None:
+def _check_logits(logits: torch.Tensor, source: str | None = None) -> None:
+    whose = f"the logits of {source}" if source else "logits"
     if not isinstance(logits, torch.Tensor):
-        raise InvalidDistributionError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        raise InvalidDistributionError(f"{whose} must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() < 1 or logits.shape[-1] == 0:
-        raise InvalidDistributionError(f"logits must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+        raise InvalidDistributionError(f"{whose} must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     if not torch.is_floating_point(logits):
-        raise InvalidDistributionError(f"logits must be floating point, got {logits.dtype}")
+        raise InvalidDistributionError(f"{whose} must be floating point, got {logits.dtype}")
     if torch.isnan(logits).any():
-        raise InvalidDistributionError("logits contain NaN")
+        raise InvalidDistributionError(f"{whose} contain NaN")
     if torch.isposinf(logits).any():
-        raise InvalidDistributionError("logits contain +inf")
+        raise InvalidDistributionError(f"{whose} contain +inf")
     if torch.isneginf(logits).all(dim=-1).any():
-        raise InvalidDistributionError("a row of logits is entirely -inf: no token can be produced")
+        raise InvalidDistributionError(f"a row of {whose} is entirely -inf: no token can be produced")
 
 
 def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
@@ -124,7 +125,9 @@ def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(logits.amax(dim=-1))  # one pass: NaN and +inf propagate to the max, all -inf stays -inf
 
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool = True) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor, config: SamplingConfig, *, check: bool = True, source: str | None = None
+) -> torch.Tensor:
     """Turn raw logits into the processed next-token distribution.
 
     This is the single definition of ``p`` and ``q`` in specdec
@@ -139,6 +142,8 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool 
             step path passes False and flags such rows itself
             (:func:`row_is_bad`), raising only where the
             verifier visits them.
+        source: who produced ``logits`` (``"the draft"``, ``"the target"``),
+            named in the errors.
 
     Returns:
         ``[..., V]`` probabilities in the dtype of ``logits`` (float16/bfloat16
@@ -152,7 +157,7 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, *, check: bool 
         [0.7311, 0.2689, 0.0]
     """
     if check:
-        _check_logits(logits)
+        _check_logits(logits, source)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if config.greedy:

@@ -156,3 +156,47 @@ def test_profile_at_temperature_one_matches_the_exact_law():
         profile_positional_acceptance(lm(), lm(), [[0]], SamplingConfig(), 2, children="iid")
     with pytest.raises(InvalidConfigError):
         profile_positional_acceptance(lm(), lm(), [], SamplingConfig(), 2)
+
+
+# ------------------------------------------------ issue 15: the budget per batch size
+def test_forward_and_level_times_of_b_rows_use_the_batch_modes():
+    from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
+
+    calls = {"rows": [], "trees": 0}
+
+    def fn(prefixes):
+        calls["rows"].append(len(prefixes))
+        return torch.zeros(len(prefixes), 5)
+
+    lm = CallableLM(fn, vocab_size=5)
+    times = measure_forward_times(lm, [1, 2], [1, 3], repeats=2, warmup=0, batch_size=4)
+    assert set(times) == {1, 3} and all(t >= 0 for t in times.values())
+    assert 4 * 3 in calls["rows"]  # one call scoring 4 trees of 3 nodes
+    calls["rows"].clear()
+    assert measure_draft_level_time(lm, [1, 2], 2, repeats=2, batch_size=3) >= 0
+    assert 3 * 2 in calls["rows"]  # one call expanding 2 nodes of each of 3 rows
+    with pytest.raises(InvalidConfigError, match="no batch mode"):
+        measure_forward_times(_NoBatch(), [1], [1], batch_size=2)
+
+
+class _NoBatch(CallableLM):
+    def __init__(self):
+        super().__init__(lambda p: torch.zeros(len(p), 5), vocab_size=5)
+
+    def __getattribute__(self, name):
+        if name == "prefill_batch":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_the_chosen_tree_shrinks_when_forwards_cost_grows_with_the_rows():
+    """Sequoia's hardware-aware rule with B-row costs: where a forward's cost
+    grows with the tokens it carries (B x tree size, as on this CPU), the best
+    tree for B = 16 is no larger than for B = 1, and smaller here."""
+    acceptance = {"eagle3@T=0": ("eagle3", (0.6, 0.15, 0.05))}
+    chosen = {}
+    for b in (1, 4, 16):
+        forward = lambda tokens, b=b: 0.05 + 0.002 * b * tokens  # noqa: E731 - a cost model
+        level = {"eagle3": lambda width, b=b: 0.002 + 0.0002 * b * width}
+        chosen[b] = choose_budget(forward, level, acceptance).budget.nodes
+    assert chosen[16] <= chosen[4] <= chosen[1] and chosen[16] < chosen[1]

@@ -46,10 +46,15 @@ def no_work(monkeypatch):
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--eagle3-head", "/nonexistent/head"], "does not exist"),
         (["--batch-size", "0"], "--batch-size must be"),
-        (["--batch-size", "2", "--budget", "auto"], "--budget auto chooses"),
         (["--batch-size", "2", "--budget", "4", "--methods", "sd,eagle3"], "sd: its tree builder (chain) does not grow batches"),
         (["--batch-size", "2", "--budget", "4", "--methods", "rheo@lm"], "the lm draft has no rows mode"),
         (["--batch-size", "2", "--budget", "4", "--methods", "hf-assisted"], "one sequence at a time"),
+        # issue 16, defect 4b/4c: an empty list or a glob is an error, never the preset's methods
+        (["--methods", ""], "--methods is empty"),
+        (["--methods", " , ,"], "--methods is empty"),
+        (["--methods", "zzz*"], "unknown method 'zzz*' in --methods"),
+        (["--methods", "sd,eagle*"], "--methods takes method names, not glob patterns"),
+        (["--out", ""], "--out is empty"),
     ],
 )
 def test_bad_input_fails_before_any_work(capsys, no_work, args, message):
@@ -184,3 +189,85 @@ def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dir
     assert meta["batch_size"] == 2
     runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert {r["prompt_index"] for r in runs} == {0, 1, 2}
+
+
+def test_auto_budget_per_batch_size(capsys, tiny_dirs, tmp_path):
+    """--budget auto with --batch-size 2 times B-row forwards and B-row draft
+    levels (issue 15), and the run uses the budget it chose."""
+    from bench_helpers import make_model
+    from specdec.drafts.eagle.checkpoints import save_head
+    from specdec.train.trainer import new_head
+
+    target = make_model(0, layers=2)
+    save_head(new_head(target, 3, seed=3), tmp_path / "head3")
+    out = tmp_path / "auto2"
+    code, _, err = _run(
+        capsys, "--target", tiny_dirs["target"], "--eagle3-head", tmp_path / "head3", "--prompts", tiny_dirs["prompts"],
+        "--methods", "eagle3,rheo", "--temperatures", "0", "--num-prompts", "2", "--max-new-tokens", "4",
+        "--budget", "auto", "--batch-size", "2", "--ignore-eos", "--out", out, "--no-plots",
+    )
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    auto = meta["auto_budget"]
+    assert auto["batch_size"] == 2 and meta["budget"]["auto"]
+    best = max(auto["table"], key=auto["table"].get)
+    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"
+    assert auto["autoregressive_tokens_per_s"] == pytest.approx(2 / auto["forward_time_s"]["1"])  # rows summed
+    assert any("auto budget for 2 rows:" in line for line in err.splitlines())
+    records = json.loads((out / "results.json").read_text())
+    assert all(r["batch_size"] == 2 for r in records)
+    assert {r["budget_nodes"] for r in records if r["kind"] == "speculative"} == {meta["budget"]["nodes"]}
+
+
+# ------------------------------------------------ issue 16: --out with earlier results, bad --prompts JSON
+def _earlier_results(folder):
+    folder.mkdir()
+    for name in ("results.json", "meta.json", "tau.png"):
+        (folder / name).write_text("earlier run")
+    return folder
+
+
+def test_out_with_earlier_results_is_refused_before_any_work(capsys, no_work, tmp_path):
+    out = _earlier_results(tmp_path / "out")
+    code, _, err = _run(capsys, "--out", out)
+    assert code == 2 and err.startswith("specdec bench: error:")
+    assert str(out) in err and "meta.json, results.json, tau.png" in err and "--overwrite" in err
+    assert all((out / n).read_text() == "earlier run" for n in ("results.json", "meta.json", "tau.png"))
+
+
+def test_out_with_only_other_files_and_overwrite_pass_validation(capsys, no_work, tmp_path):
+    """An empty folder, one holding other files, and --overwrite reach model loading (the `no_work` stub)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    for argv in (["--out", tmp_path / "new"], ["--out", other], ["--out", _earlier_results(tmp_path / "old"), "--overwrite"]):
+        with pytest.raises(AssertionError, match="long work started"):
+            _run(capsys, *argv)
+
+
+def test_overwrite_replaces_earlier_results_and_removes_stale_files(capsys, tiny_dirs, tmp_path):
+    out = _earlier_results(tmp_path / "out")
+    code, stdout, err = _run(
+        capsys, "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+        "--methods", "sd", "--budget", "2", "--num-prompts", "1", "--max-new-tokens", "3", "--temperatures", "0",
+        "--out", out, "--no-plots", "--overwrite",
+    )
+    assert code == 0, err
+    assert {r["method"] for r in json.loads((out / "results.json").read_text())} == {"autoregressive", "sd"}
+    assert json.loads((out / "meta.json").read_text())["methods"] == ["autoregressive", "sd"]
+    assert not (out / "tau.png").exists()  # a plot of the earlier run would not match the new results
+    assert "removed tau.png" in stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('["a prompt",\n "another" "x"]', "p.json:2:12: invalid JSON"),
+        ('{"turns": ["a"]}', "expected a JSON list"),
+    ],
+)
+def test_broken_json_prompt_file_fails_before_any_work(capsys, no_work, tmp_path, content, message):
+    bad = tmp_path / "p.json"
+    bad.write_text(content)
+    code, _, err = _run(capsys, "--prompts", bad)
+    assert code == 2 and err.startswith("specdec bench: error:") and message in err

@@ -144,3 +144,51 @@ def test_sharegpt_heldout_prompts():
     ids = set(read_heldout_ids())
     for p in got:
         assert p.question_id in ids and is_heldout(p.question_id) and p.category == "sharegpt" and p.text.strip()
+
+
+# ------------------------------------------------------------ .json prompt files (issue 16, defect 4a)
+def test_json_files_are_parsed_as_json(tmp_path):
+    strings = tmp_path / "p.json"
+    strings.write_text(json.dumps(["first prompt", "second\nprompt"], indent=2))
+    got = load_prompts(str(strings))
+    assert [p.text for p in got] == ["first prompt", "second\nprompt"]
+    assert [p.question_id for p in got] == [1, 2] and {p.category for p in got} == {"text"}
+    assert {p.source for p in got} == {str(strings)}
+
+    # a JSON list of question objects: the same layout, checks and result as a .jsonl file
+    questions = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+                 {"question_id": "rag-1", "category": "rag", "turns": ["Context: ..."], "reference": ["x"]}]
+    as_json, as_jsonl = tmp_path / "Q.JSON", tmp_path / "q.jsonl"
+    as_json.write_text(json.dumps(questions))
+    as_jsonl.write_text("\n".join(json.dumps(q) for q in questions) + "\n")
+    got = load_prompts(str(as_json))
+    assert [(p.question_id, p.category, p.turns) for p in got] == [
+        (p.question_id, p.category, p.turns) for p in load_prompts(str(as_jsonl))]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('["a",\n  "b"\n  "c"]\n', "q.json:3:3: invalid JSON (Expecting ',' delimiter at line 3, column 3)"),
+        ('{"question_id": 1, "category": "x", "turns": ["a"]}\n{"question_id": 2}\n', "q.json:2:1: invalid JSON"),
+        ('{"question_id": 1, "category": "x", "turns": ["a"]}\n{"question_id": 2}\n', "name the file .jsonl"),
+        ("", "q.json:1:1: invalid JSON"),
+        ('{"question_id": 1, "category": "x", "turns": ["a"]}', "expected a JSON list"),
+        ('"just a string"', "expected a JSON list"),
+        ("[]", "no prompt found"),
+        ('["a", ""]', "q.json: item 2: a prompt must be a non-empty string"),
+        ('["a", 3]', "q.json: item 2: expected a prompt string or a question object"),
+        ('["a", {"question_id": 1, "category": "x", "turns": ["b"]}]', "mixes prompt strings and question objects"),
+        ('[{"question_id": 1, "category": "x", "turns": ["a"]}, {"question_id": 2, "category": "x"}]',
+         "q.json: item 2: missing turns"),
+        ('[{"question_id": 1, "category": "x", "turns": ["a"]}, {"question_id": 1, "category": "y", "turns": ["b"]}]',
+         "q.json: item 2: duplicate question_id 1"),
+    ],
+)
+def test_bad_json_prompt_files(tmp_path, content, message):
+    path = tmp_path / "q.json"
+    path.write_text(content)
+    with pytest.raises(InvalidConfigError) as exc:
+        load_prompts(str(path))
+    assert message in str(exc.value)
+    assert str(path) in str(exc.value)

@@ -86,13 +86,26 @@ def test_host_syncs_per_step_outside_the_models(method):
     assert counter.syncs <= steps + accepted + 2, counter.report()
 
 
-def test_a_mode_the_verifier_cannot_verify_fails_on_the_first_step():
+def test_a_mode_the_verifier_cannot_verify_fails_when_composed_or_on_the_first_step():
     from specdec.errors import UnsupportedTreeError
+    from specdec.trees.static import StaticTreeBuilder
+    from specdec.verify.rejection import RejectionIIDVerifier
 
-    gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method=None, tree="static",
-                                       verifier="rejection-iid", expansion=(2, 1), mode="wor")
-    with pytest.raises(UnsupportedTreeError):
-        gen.generate([0, 1], 5, specdec.SamplingConfig(), seed=0)
+    with pytest.raises(UnsupportedTreeError, match="several sampled children of one node 'wor'"):
+        specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method=None, tree="static",
+                                     verifier="rejection-iid", expansion=(2, 1), mode="wor")
+
+    class Undeclared(StaticTreeBuilder):  # declares no sibling modes: the step checks the first tree
+        @property
+        def sibling_modes(self):
+            return None
+
+    from specdec.generate import _generate
+
+    builder = Undeclared(expansion=(2, 1), mode="wor")
+    with pytest.raises(UnsupportedTreeError, match="cannot verify several children drawn 'wor'"):
+        _generate(uniform_draft, uniform_draft, builder, RejectionIIDVerifier(), [0, 1], 5, specdec.SamplingConfig(),
+                  0, None, None, "torch")
 
 
 def test_validate_mode_catches_a_malformed_tree_batch():

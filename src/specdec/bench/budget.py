@@ -392,6 +392,7 @@ def profile_positional_acceptance(
         >>> profile_positional_acceptance(lm, flip, [[0]], SamplingConfig(temperature=0), 2)  # T=0: ranked by softmax
         (0.0, 1.0)
     """
+    from specdec.lease import hold
     from specdec.trees.static import StaticTreeBuilder
 
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
@@ -410,24 +411,25 @@ def profile_positional_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    for prompt in prompts:
-        prompt = [int(t) for t in prompt]
-        for model in (target, draft):
-            limit = getattr(model, "max_length", None)
-            if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max + 1 > limit:
-                raise ContextOverflowError(f"a {len(prompt)}-token prompt leaves no room to profile (max_length {limit})")
-        with torch.inference_mode():
-            target.prefill(prompt)
-            draft.begin(prompt)
-            root = prompt[-1]
-            for _ in range(steps_per_prompt):
-                outcome, tree = speculative_step(target, draft, builder, verifier, sampling, rng, root,
-                                                 check_tree=trials == 0)
-                result = outcome.result
-                trials += 1
-                if result.accepted_nodes:
-                    first = result.accepted_nodes[0]
-                    counts[int(tree.draw_order[0, first])] += 1  # draw position (wor) or rank (topk)
-                commit_step(target, draft, outcome)
-                root = result.bonus_token
+    with hold("profile_positional_acceptance", target=target, draft=draft):  # one generation per model at a time
+        for prompt in prompts:
+            prompt = [int(t) for t in prompt]
+            for model in (target, draft):
+                limit = getattr(model, "max_length", None)
+                if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max + 1 > limit:
+                    raise ContextOverflowError(f"a {len(prompt)}-token prompt leaves no room to profile (max_length {limit})")
+            with torch.inference_mode():
+                target.prefill(prompt)
+                draft.begin(prompt)
+                root = prompt[-1]
+                for _ in range(steps_per_prompt):
+                    outcome, tree = speculative_step(target, draft, builder, verifier, sampling, rng, root,
+                                                     check_tree=trials == 0)
+                    result = outcome.result
+                    trials += 1
+                    if result.accepted_nodes:
+                        first = result.accepted_nodes[0]
+                        counts[int(tree.draw_order[0, first])] += 1  # draw position (wor) or rank (topk)
+                    commit_step(target, draft, outcome)
+                    root = result.bonus_token
     return tuple(c / trials for c in counts)

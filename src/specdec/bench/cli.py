@@ -3,7 +3,9 @@
 Wiring: ``specdec.cli`` calls :func:`add_bench_parser` on its sub-parsers; the
 sub-command's ``func`` is :func:`bench_main`. Everything the user gives is
 validated (methods, preset, temperatures, seeds, budget, prompt file, output
-folder, model vocabularies) before any measurement starts; bad input raises a
+folder, model vocabularies) before any measurement starts, and everything
+that needs no model (an output folder holding an earlier run's results
+without ``--overwrite`` included) before any model loads; bad input raises a
 :class:`~specdec.errors.SpecDecError`, which ``specdec.cli.main`` prints as one
 line and turns into exit status 2.
 """
@@ -84,8 +86,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tree size in draft nodes for every method, or auto (measured on this machine)")
     p.add_argument("--depth", type=int, metavar="D", help="depth bound with --budget N (default min(N, 6))")
     p.add_argument("--prompts", metavar="PATH", default="shipped",
-                   help="a question.jsonl file (MT-bench / Spec-Bench layout), a text file (one prompt per line, "
-                        "or blank-line separated blocks), 'shipped' (default) or 'sharegpt' (held-out slice)")
+                   help="a question.jsonl file (MT-bench / Spec-Bench layout: one JSON object per line with "
+                        "question_id, category, turns), a .json file (one JSON list of prompt strings, or of "
+                        "objects in the question.jsonl layout), a text file (one prompt per line, or blank-line "
+                        "separated blocks), 'shipped' (default) or 'sharegpt' (held-out slice)")
     p.add_argument("--num-prompts", type=int, metavar="N", help="prompts used, spread over categories (0 = all)")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens per generation")
     p.add_argument("--seeds", metavar="S1,S2", help="seeds of the sampled runs (T > 0); T = 0 uses the first")
@@ -98,7 +102,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="EAGLE-2 head (default: the shipped head for SmolLM2)")
     p.add_argument("--eagle3-head", default="auto", metavar="PATH|auto|none",
                    help="EAGLE-3 head (default: the shipped head for SmolLM2)")
-    p.add_argument("--out", metavar="DIR", help="write results.json, meta.json, runs.jsonl and PNG plots here")
+    p.add_argument("--out", metavar="DIR",
+                   help="write results.json, meta.json, runs.jsonl and PNG plots here; a folder that already "
+                        "holds any of them is refused (before any model loads) unless --overwrite is given")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --out, replace the results of an earlier run in DIR (and delete its files this "
+                        "run does not write, such as its plots with --no-plots)")
     p.add_argument("--no-plots", action="store_true", help="with --out, skip the PNG plots")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's default)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
@@ -192,9 +201,9 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     batch = getattr(args, "batch_size", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidConfigError(f"--batch-size must be an int >= 1, got {batch!r}")
-    if batch > 1 and budget == "auto":
-        raise InvalidConfigError("--budget auto chooses the tree for batch size 1 only; give --budget N with --batch-size > 1")
-    return BenchSettings(args.preset, args.methods or pre.methods, temps, seeds, max_new, budget, num,
+    # `--methods ''` is an error (parse_rows), not "the preset's methods": only an absent flag means those
+    methods = pre.methods if args.methods is None else args.methods
+    return BenchSettings(args.preset, methods, temps, seeds, max_new, budget, num,
                          pre.profile_prompts, pre.profile_steps, batch)
 
 
@@ -236,7 +245,7 @@ def _bench(args: argparse.Namespace) -> int:
     from specdec.bench.models import load_bench_models, matplotlib_available
     from specdec.bench.prompts import load_prompts, select_prompts
     from specdec.bench.report import (
-        check_out_dir, goal_lines, goal_summary, results_table, write_plots, write_results,
+        check_out_dir, goal_lines, goal_summary, remove_stale_outputs, results_table, write_plots, write_results,
     )
     from specdec.bench.runner import BenchConfig, aggregate, check_rows, parse_rows, row_options, run_bench
     from specdec.sampling import SamplingConfig
@@ -271,7 +280,9 @@ def _bench(args: argparse.Namespace) -> int:
             raise InvalidConfigError(f"--batch-size {settings.batch_size}: no method of the list can run batched")
     prompts_all = load_prompts(args.prompts)
     prompts = select_prompts(prompts_all, settings.num_prompts)
-    out_dir = check_out_dir(args.out) if args.out else None
+    if args.out is not None and not str(args.out).strip():
+        raise InvalidConfigError("--out is empty: give a folder")
+    out_dir = check_out_dir(args.out, overwrite=getattr(args, "overwrite", False)) if args.out else None
     if out_dir is not None and not args.no_plots and not matplotlib_available():
         raise InvalidConfigError("the plots need matplotlib: pip install matplotlib (or pip install "
                                  "'specdec-trees[bench]'), or pass --no-plots")
@@ -394,6 +405,9 @@ def _bench(args: argparse.Namespace) -> int:
         if not args.no_plots:
             files += write_plots(out_dir, records, title=f"{models.descriptions['target'].split(' ')[0]}, budget {budget}")
         say(f"wrote {', '.join(str(f) for f in files)}")
+        stale = remove_stale_outputs(out_dir, files)  # only --overwrite lets a folder with earlier files through
+        if stale:
+            say(f"removed {', '.join(f.name for f in stale)} (left in {out_dir} by an earlier run)")
     return 0
 
 
@@ -414,14 +428,17 @@ def _auto_budget(models: Any, kinds: Sequence[str], settings: BenchSettings, pro
     from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
 
     prompt = list(prompts[0])
-    log("auto budget: timing target forwards over tree sizes ...")
+    batch = settings.batch_size  # the costs are those of B rows together: the best tree shrinks as B grows
+    rows = f" for {batch} rows" if batch > 1 else ""
+    log(f"auto budget: timing target forwards over tree sizes{rows} ...")
     sizes = sorted({n + 1 for n in B.AUTO_CANDIDATES} | {1})
-    forward = measure_forward_times(models.target, prompt, sizes, repeats=3, warmup=1)
+    forward = measure_forward_times(models.target, prompt, sizes, repeats=3, warmup=1, batch_size=batch)
     level_times: dict[str, dict[int, float]] = {}
     acceptance: dict[str, tuple[str, tuple[float, ...]]] = {}
     for kind in kinds:
         widths = (1, 10)
-        level_times[kind] = {w: measure_draft_level_time(models.drafts[kind], prompt, w, repeats=3) for w in widths}
+        level_times[kind] = {w: measure_draft_level_time(models.drafts[kind], prompt, w, repeats=3, batch_size=batch,
+                                                         target=models.targets[kind]) for w in widths}
         for t in settings.temperatures:
             log(f"auto budget: acceptance profile of draft {kind} at T={t:g}")
             rates = B.profile_positional_acceptance(
@@ -429,18 +446,20 @@ def _auto_budget(models: Any, kinds: Sequence[str], settings: BenchSettings, pro
                 children="topk", steps_per_prompt=settings.profile_steps)
             acceptance[f"{kind}@T={t:g}"] = (kind, B.smooth_acceptance(rates, len(prompts) * settings.profile_steps))
     choice = B.choose_budget(forward, {k: B.linear_level_time(v) for k, v in level_times.items()}, acceptance)
+    # per row, tokens per second are G / cost; B rows share each forward, so the sums are B times that
     info = {
+        "batch_size": batch,
         "forward_time_s": {str(k): v for k, v in forward.items()},
         "draft_level_time_s": {k: {str(w): t for w, t in v.items()} for k, v in level_times.items()},
         "acceptance": {k: list(a) for k, (_, a) in acceptance.items()},
         "expected_tokens_per_step": choice.expected_tokens,
-        "expected_tokens_per_s": choice.expected_tokens_per_s,
-        "autoregressive_tokens_per_s": 1.0 / forward[1],
+        "expected_tokens_per_s": choice.expected_tokens_per_s * batch,
+        "autoregressive_tokens_per_s": batch / forward[1],
         "predicted_speedup": choice.expected_tokens_per_s * forward[1],
         "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
     }
-    log(f"auto budget: {choice.budget} predicts {choice.expected_tokens_per_s:.1f} tokens/s against "
-        f"{1.0 / forward[1]:.1f} for autoregressive decoding (x{info['predicted_speedup']:.2f}; a model, "
+    log(f"auto budget{rows}: {choice.budget} predicts {info['expected_tokens_per_s']:.1f} tokens/s against "
+        f"{info['autoregressive_tokens_per_s']:.1f} for autoregressive decoding (x{info['predicted_speedup']:.2f}; a model, "
         "not a measurement: the table below measures)")
     return choice.budget, info
 

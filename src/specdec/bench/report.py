@@ -24,10 +24,15 @@ __all__ = [
     "write_plots",
     "goal_summary",
     "check_out_dir",
+    "remove_stale_outputs",
     "PLOT_FILES",
+    "OUTPUT_FILES",
 ]
 
 PLOT_FILES: tuple[str, ...] = ("tau.png", "acceptance.png", "speedup.png")
+
+OUTPUT_FILES: tuple[str, ...] = ("results.json", "meta.json", "runs.jsonl", *PLOT_FILES)
+"""Every file ``specdec bench --out DIR`` writes: a folder holding one of them holds an earlier run's results."""
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -75,15 +80,26 @@ def _row_rank(rec: Mapping[str, Any]) -> int:
     return {"autoregressive": 0, "speculative": 1, "peer": 2}.get(rec.get("kind", ""), 3)
 
 
-def check_out_dir(path: str | os.PathLike) -> Path:
+def check_out_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Create ``path`` if needed and check a file can be written in it.
 
+    A folder that already holds results of an earlier run (any of
+    :data:`OUTPUT_FILES`) is refused unless ``overwrite`` is true (the
+    ``--overwrite`` flag); other files in the folder do not count.
+
     Raises:
-        InvalidConfigError: it is a file, or it cannot be created or written.
+        InvalidConfigError: it is a file, it holds earlier results and
+            ``overwrite`` is false, or it cannot be created or written.
     """
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise InvalidConfigError(f"--out {p} exists and is not a directory")
+    found = sorted(name for name in OUTPUT_FILES if (p / name).exists()) if p.is_dir() else []
+    if found and not overwrite:
+        raise InvalidConfigError(
+            f"--out {p} already holds results of an earlier run ({', '.join(found)}); pass --overwrite to "
+            "replace them, or choose another folder"
+        )
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / ".specdec-write-test"
@@ -119,6 +135,22 @@ def write_results(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], 
                 fh.write(json.dumps(_clean(dict(r)), allow_nan=False) + "\n")
         files.append(path)
     return files
+
+
+def remove_stale_outputs(out: str | os.PathLike, written: Sequence[str | os.PathLike]) -> list[Path]:
+    """Delete the :data:`OUTPUT_FILES` in ``out`` that this run did not write
+    (``written``): with ``--overwrite``, the plots or ``runs.jsonl`` of an
+    earlier run would otherwise sit next to results they do not describe.
+    Returns the paths removed."""
+    p = Path(out)
+    keep = {Path(f).name for f in written}
+    removed = []
+    for name in OUTPUT_FILES:
+        f = p / name
+        if name not in keep and f.is_file():
+            f.unlink()
+            removed.append(f)
+    return removed
 
 
 def _pyplot() -> Any:

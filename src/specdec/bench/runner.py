@@ -125,9 +125,10 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
         else:
             method, _, draft = entry.partition("@")
             if method not in methods:
+                glob = " (--methods takes method names, not glob patterns)" if any(c in entry for c in "*?[") else ""
                 raise UnknownNameError(
                     f"unknown method {method!r} in --methods; known: {', '.join(methods)}, {PEER} "
-                    f"(optionally method@draft with draft in {', '.join(DRAFT_KINDS)})"
+                    f"(optionally method@draft with draft in {', '.join(DRAFT_KINDS)}){glob}"
                 )
             if not supports_budget(method):
                 raise InvalidConfigError(f"method {method!r} has no tree-budget mapping in specdec bench")

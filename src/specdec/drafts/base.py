@@ -20,7 +20,7 @@ from typing import ClassVar, final
 
 import torch
 
-from specdec.errors import VocabMismatchError
+from specdec.errors import InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 
@@ -121,12 +121,13 @@ class DraftModel(ABC):
         """``[V]`` processed draft law ``q`` after the committed context."""
         with model_call():
             logits = self.root_logits()
-        return process_logits(self._checked(logits, 1), sampling)
+        return process_logits(self._checked(logits, 1), sampling, source=f"the draft ({type(self).__name__})")
 
     @final
     def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
         """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
-        return process_logits(self._tree_logits_checked(parents, tokens), sampling)
+        return process_logits(self._tree_logits_checked(parents, tokens), sampling,
+                              source=f"the draft ({type(self).__name__})")
 
     @final
     def root_distribution_flagged(
@@ -188,7 +189,7 @@ class DraftModel(ABC):
             q, bad = self.expand_flagged(parents[0], tokens[0], sampling, proposal=proposal)
             return q.unsqueeze(0), bad.unsqueeze(0)
         with model_call():
-            logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal)
+            logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
         return process_logits(logits, sampling, check=False), row_is_bad(logits)
 
     def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
@@ -196,9 +197,11 @@ class DraftModel(ABC):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
         with model_call():
             logits = self.tree_proposal_logits(parents, tokens) if proposal else self.tree_logits(parents, tokens)
-        return self._checked(logits, 2, proposal)
+        return self._checked(logits, 2, proposal, (len(parents),))
 
-    def _checked(self, logits: torch.Tensor, dims: int, proposal: bool = False) -> torch.Tensor:
+    def _checked(
+        self, logits: torch.Tensor, dims: int, proposal: bool = False, rows: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
         ids = self.proposal_ids if proposal else None
         width = self.vocab_size if ids is None else int(ids.shape[0])
         if logits.dim() != dims or logits.shape[-1] != width:
@@ -206,5 +209,11 @@ class DraftModel(ABC):
             raise VocabMismatchError(
                 f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)}; "
                 f"expected {['[', '[k, ', '[B, k, '][dims - 1]}{name}] with {what} = {width}"
+            )
+        if rows is not None and tuple(logits.shape[:-1]) != rows:
+            expected = ", ".join(map(str, rows))
+            raise InvalidDistributionError(
+                f"draft {type(self).__name__} returned logits of shape {tuple(logits.shape)} for "
+                f"{rows[-1]} added node(s); expected [{expected}, {logits.shape[-1]}]: one row per node, in the order given"
             )
         return logits

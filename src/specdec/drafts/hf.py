@@ -25,6 +25,8 @@ from specdec.drafts.base import DraftModel
 from specdec.kernels.kv_compact import compact_kv_inplace
 from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
 from specdec.models.hf_common import (
+    check_attention,
+    check_eval_mode,
     KVCache,
     KVCompactor,
     check_context,
@@ -79,6 +81,8 @@ class HFDraft(DraftModel):
         logits_device: str | torch.device | None = "cpu",
         cpu_linear: bool | str = "auto",
     ) -> None:
+        check_attention(model, "HFDraft")  # the tree's 4D mask must be honoured (docs/models.md)
+        check_eval_mode(model, "HFDraft")
         self.model = model
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
         if resolve_cpu_linear(cpu_linear, next(model.parameters()).device):

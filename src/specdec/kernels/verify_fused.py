@@ -546,7 +546,7 @@ class StepVerifier:
         """Verify ``tree`` against the target's raw ``logits`` (``[n, V]``)."""
         if not self._use_triton(logits):
             self.paths_used.add("torch")
-            p = process_logits(logits, self.sampling)
+            p = process_logits(logits, self.sampling, source="the target")
             return self.verifier.verify(tree, p, rng)
         self.paths_used.add("triton")
         if isinstance(rng, CounterRandom):  # the caller's counter-based stream serves builder and kernel alike
@@ -557,6 +557,6 @@ class StepVerifier:
             counter = self._counter
         s = self.sampling
         if s.greedy or s.top_p < 1.0:
-            p = process_logits(logits, s)
+            p = process_logits(logits, s, source="the target")
             return fused_verify(self.verifier, tree, p, counter, inputs="probs", block=self.block)
         return fused_verify(self.verifier, tree, logits, counter, inputs="logits", sampling=s, block=self.block)

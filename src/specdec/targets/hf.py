@@ -22,6 +22,8 @@ from specdec.errors import VocabMismatchError
 from specdec.kernels.kv_compact import compact_kv_inplace, kv_keep_index
 from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
 from specdec.models.hf_common import (
+    check_attention,
+    check_eval_mode,
     KVCache,
     KVCompactor,
     check_context,
@@ -131,6 +133,8 @@ class HFTarget(TargetModel):
         min_tree_tokens: int | str = "auto",
         cpu_linear: bool | str = "auto",
     ) -> None:
+        check_attention(model, "HFTarget")  # the tree's 4D mask must be honoured (docs/models.md)
+        check_eval_mode(model, "HFTarget")
         self.model = model
         device = next(model.parameters()).device
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}

@@ -5,7 +5,7 @@ builder can check it exactly, the way specdec's own tests do.
 """
 
 from specdec.testing.enumerate import EnumeratingRandom, TooManyBranchesError, exact_law
-from specdec.testing.markov import MarkovLM, random_markov_logits
+from specdec.testing.markov import MarkovLM, markov_pair, random_markov_logits
 from specdec.testing.statistical import ChiSquareResult, chi_square_test, total_variation
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "TooManyBranchesError",
     "chi_square_test",
     "exact_law",
+    "markov_pair",
     "random_markov_logits",
     "total_variation",
 ]

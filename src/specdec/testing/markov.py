@@ -17,7 +17,7 @@ import torch
 from specdec.models.callable import CallableLM
 from specdec.sampling import SamplingConfig, process_logits
 
-__all__ = ["MarkovLM", "random_markov_logits"]
+__all__ = ["MarkovLM", "markov_pair", "random_markov_logits"]
 
 
 def random_markov_logits(
@@ -79,3 +79,17 @@ class MarkovLM(CallableLM):
             if prob > 0.0:
                 law[seq] = prob
         return law
+
+
+def markov_pair(vocab_size: int, seed: int = 0, order: int = 1) -> tuple[MarkovLM, MarkovLM]:
+    """A target and a draft: two fresh :class:`MarkovLM` over ``vocab_size``
+    tokens with independent random logits (the same pair for the same seed).
+
+    Example:
+        >>> target, draft = markov_pair(5)
+        >>> target.vocab_size, bool((target.table != draft.table).any())
+        (5, True)
+    """
+    g = torch.Generator().manual_seed(seed)
+    return (MarkovLM(random_markov_logits(vocab_size, order, g, scale=1.0)),
+            MarkovLM(random_markov_logits(vocab_size, order, g, scale=1.0)))

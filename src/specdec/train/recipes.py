@@ -93,7 +93,7 @@ def export_from_checkpoint(run: Path, dest: Path) -> list[str]:
             tok.save_pretrained(str(dest / name))
             (dest / name / "specdec_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         else:
-            save_head(m, dest / name, meta=meta)
+            save_head(m, dest / name, meta=meta, target_num_layers=int(model.config.num_hidden_layers))
         done.append(name)
     return done
 

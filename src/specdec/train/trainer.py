@@ -125,6 +125,9 @@ class Student:
     layers: tuple[int, ...] = ()
     module: nn.Module
     lr: float = 1e-3
+    #: the target's layer count, set by :func:`train_students` before :meth:`export`
+    #: (EAGLE heads record it so that loading them with a target of another depth fails)
+    target_num_layers: int | None = None
 
     def loss(self, batch: TargetBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
@@ -176,7 +179,7 @@ class Eagle2Student(Student):
                       "acc": acc.item()}
 
     def export(self, path: Path, meta: dict[str, Any]) -> None:
-        save_head(self.head, path, meta=meta)
+        save_head(self.head, path, meta=meta, target_num_layers=self.target_num_layers)
 
 
 def h_dtype(head: nn.Module) -> torch.dtype:
@@ -288,7 +291,7 @@ class Eagle3Student(Student):
         return loss, metrics
 
     def export(self, path: Path, meta: dict[str, Any]) -> None:
-        save_head(self.head, path, meta=meta)
+        save_head(self.head, path, meta=meta, target_num_layers=self.target_num_layers)
 
 
 def make_draft_lm(target_model: Any, num_layers: int = 2, init_from_target: bool = True) -> Any:
@@ -548,8 +551,10 @@ def train_students(
             bar.close()
         for f in logs.values():
             f.close()
+    depth = getattr(getattr(target_model, "config", None), "num_hidden_layers", None)
     for s in students:
         s.module.eval()
+        s.target_num_layers = depth if isinstance(depth, int) else None
         s.export(out / s.name, {**(meta or {}), "steps": step})
     return history
 

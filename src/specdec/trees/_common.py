@@ -27,15 +27,24 @@ __all__ = [
     "residual_masses",
     "row_mass",
     "top_tokens",
+    "MAX_TREE_NODES",
     "top_tokens_fixed",
     "top_tokens_tensors",
 ]
 
 
-def check_int(name: str, value: object, minimum: int = 1) -> int:
-    """Return ``value`` if it is an ``int >= minimum``; else raise :class:`InvalidConfigError`."""
+MAX_TREE_NODES = 1 << 16
+"""The most nodes (root included) any built-in builder may put in one tree:
+a bound on chain depth, dynamic trees' ``N`` and depth and static trees, so a
+typo (``depth=10**9``) is an error, not a step that never ends."""
+
+
+def check_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
+    """Return ``value`` if it is an ``int`` in ``[minimum, maximum]``; else raise :class:`InvalidConfigError`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidConfigError(f"{name} must be an int <= {maximum}, got {value!r}")
     return value
 
 

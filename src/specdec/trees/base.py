@@ -11,7 +11,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
-from specdec.tree import DraftTree, NodeKind
+from specdec.tree import DraftTree, NodeKind, SampleMode
 from specdec.tree_batch import TreeBatch
 
 __all__ = ["TreeBuilder"]
@@ -31,8 +31,9 @@ class TreeBuilder(ABC):
       (docs/trees.md, ``rheo``).
     - :attr:`max_nodes` bounds ``n`` (root included) for every call, so the
       generator can check the context budget before it starts.
-    - :attr:`produces` names the child kinds the builder can emit, so a method
-      can be checked against its verifier when it is composed.
+    - :attr:`produces` names the child kinds the builder can emit, and
+      :attr:`sibling_modes` how it draws several sampled children of one node,
+      so a method is checked against its verifier when it is composed.
     - :attr:`example_options` gives small option sets (trees of a few nodes)
       that the registry-parametrised exact tests build the builder with, each
       verified by :attr:`default_verifier`: a registered builder is proven
@@ -43,6 +44,21 @@ class TreeBuilder(ABC):
     produces: ClassVar[frozenset[NodeKind]] = frozenset()
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = ()
     default_verifier: ClassVar[str] = ""
+
+    @property
+    def sibling_modes(self) -> frozenset[SampleMode] | None:
+        """The sampling modes in which this builder may draw *several* sampled
+        children of one node (the verifier must support each: rules 3/6 need
+        i.i.d. siblings, rule 4 siblings without replacement; docs/verifiers.md).
+        Default: read from :meth:`shape` when the builder has a static shape,
+        else None (undeclared: checked on every tree instead)."""
+        shape = getattr(self, "shape", None)
+        if shape is None:
+            return None
+        paths, mode = shape()
+        parents = [tuple(path[:-1]) for path in paths]
+        several = len(parents) != len(set(parents))
+        return frozenset({mode}) if several else frozenset()
 
     @property
     @abstractmethod

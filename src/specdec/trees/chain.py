@@ -19,7 +19,7 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
-from specdec.trees._common import check_int, draw_children, normalised_law
+from specdec.trees._common import MAX_TREE_NODES, check_int, draw_children, normalised_law
 from specdec.trees.static import ShapedTreeBuilder
 from specdec.methods import Method, register_method
 
@@ -27,7 +27,7 @@ __all__ = ["ChainTreeBuilder"]
 
 
 def _check_depth(_inst: object, _attr: object, value: object) -> None:
-    check_int("depth", value, 1)
+    check_int("depth", value, 1, MAX_TREE_NODES - 1)  # a chain of depth d has d + 1 nodes
 
 
 @register("tree", "chain")
@@ -42,7 +42,7 @@ class ChainTreeBuilder(ShapedTreeBuilder):
     :meth:`DraftModel.expand` per further level.
 
     Args:
-        depth: number of draft tokens (``>= 1``; default 4, the ``gamma`` range
+        depth: number of draft tokens (``1 .. 65535``; default 4, the ``gamma`` range
             3-5 of Leviathan et al. 2023).
 
     Example:

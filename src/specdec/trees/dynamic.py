@@ -35,8 +35,8 @@ from specdec.drafts.base import DraftModel
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, construction_config
-from specdec.tree import DraftTree, NodeKind, SparseLaw, TreeAssembler
-from specdec.trees._common import check_int, log_weights, normalised_law, top_tokens
+from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
+from specdec.trees._common import MAX_TREE_NODES, check_int, log_weights, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, eagle_level, grow_levelwise
@@ -231,7 +231,7 @@ def grow_dynamic_tree(
 
 
 def _check_positive(_inst: object, attribute: attrs.Attribute, value: object) -> None:
-    check_int(attribute.name, value, 1)
+    check_int(attribute.name, value, 1, MAX_TREE_NODES - 1)  # K, depth, N: at most a tree's node bound
 
 
 def _check_beam(_inst: object, _attr: object, value: object) -> None:
@@ -421,6 +421,11 @@ class EagleTreeBuilder(DynamicTreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC})
     default_verifier: ClassVar[str] = "match"
+
+    @property
+    def sibling_modes(self) -> frozenset[SampleMode]:
+        """Top-K children only: nothing sampled."""
+        return frozenset()
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
         {"K": 2, "B": 1, "depth": 3, "N": 3},
         {"K": 3, "B": 2, "depth": 2, "N": 4},

@@ -192,6 +192,11 @@ class RheoTreeBuilder(DynamicTreeBuilder):
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "mixed"
+
+    @property
+    def sibling_modes(self) -> frozenset[SampleMode]:
+        """``m > 1`` sampled slots per node are drawn without replacement; one slot is one child."""
+        return frozenset({SampleMode.WITHOUT_REPLACEMENT}) if self.m > 1 else frozenset()
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
         {"K": 2, "m": 1, "B": 1, "depth": 3, "N": 3, "M": 3},
         {"K": 3, "m": 2, "B": 1, "depth": 2, "N": 3, "M": 4, "proxy": "residual"},

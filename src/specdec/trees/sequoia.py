@@ -39,6 +39,7 @@ from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
+from specdec.tree_batch import TreeBatch
 from specdec.trees._common import check_int, check_paths
 from specdec.trees.static import ShapedTreeBuilder, build_static_tree
 from specdec.methods import Method, register_method
@@ -245,7 +246,13 @@ def _sync(x: torch.Tensor) -> None:
 
 
 def measure_forward_times(
-    target: TargetModel, prompt_ids: Sequence[int], sizes: Sequence[int], *, repeats: int = 3, warmup: int = 1
+    target: TargetModel,
+    prompt_ids: Sequence[int],
+    sizes: Sequence[int],
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    batch_size: int = 1,
 ) -> dict[int, float]:
     """Median seconds for ``target`` to score a tree of each size on this machine.
 
@@ -256,14 +263,21 @@ def measure_forward_times(
         sizes: tokens per forward (tree nodes including the root), each ``>= 1``.
         repeats: timed forwards per size (median reported).
         warmup: untimed forwards per size.
+        batch_size: ``B`` rows scored together (``B > 1``: the target's batch
+            mode, ``prefill_batch`` + ``score_batch`` of ``B`` trees of the size,
+            as batched generation scores them).
 
     Returns:
-        ``{tokens: seconds}``, usable as ``forward_time`` in :func:`choose_size`.
+        ``{tokens: seconds}`` (seconds of the whole ``B``-row forward), usable as
+        ``forward_time`` in :func:`choose_size`.
     """
     check_int("repeats", repeats, 1)
     check_int("warmup", warmup, 0)
+    check_int("batch_size", batch_size, 1)
     if not prompt_ids:
         raise InvalidConfigError("measure_forward_times needs a non-empty prompt")
+    if batch_size > 1 and not callable(getattr(target, "prefill_batch", None)):
+        raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
     out: dict[int, float] = {}
     vocab = target.vocab_size
     for size in sizes:
@@ -275,11 +289,15 @@ def measure_forward_times(
         law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
         chain_tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
         tree = DraftTree.chain(int(prompt_ids[-1]), chain_tokens, [law] * (size - 1), vocab)
+        batch = TreeBatch.from_trees([tree] * batch_size) if batch_size > 1 else None
         times = []
         for rep in range(warmup + repeats):
-            target.prefill(prompt_ids)
+            if batch is None:
+                target.prefill(prompt_ids)
+            else:
+                target.prefill_batch([prompt_ids] * batch_size)
             start = time.perf_counter()
-            _sync(target.score_tree(tree))
+            _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
             if rep >= warmup:
                 times.append(time.perf_counter() - start)
         out[int(size)] = sorted(times)[len(times) // 2]
@@ -293,6 +311,8 @@ def measure_draft_level_time(
     sampling: SamplingConfig | None = None,
     *,
     repeats: int = 3,
+    batch_size: int = 1,
+    target: TargetModel | None = None,
 ) -> float:
     """Median seconds of one draft call expanding a level of ``width`` nodes.
 
@@ -302,17 +322,42 @@ def measure_draft_level_time(
         width: nodes in the level (children of the root).
         sampling: processing (default ``SamplingConfig()``).
         repeats: timed calls (median reported).
+        batch_size: ``B`` rows expanded together (``B > 1``: the draft's rows
+            mode, ``begin_rows`` + one ``expand_rows_flagged`` of ``width``
+            nodes per row, as batched generation grows its trees).
+        target: with ``B > 1`` and a feature-level draft (EAGLE), the target
+            whose batch prefill gives the rows' features (``capture_layers`` set).
     """
     check_int("width", width, 1)
     check_int("repeats", repeats, 1)
-    sampling = sampling or SamplingConfig()
+    check_int("batch_size", batch_size, 1)
+    sampling = SamplingConfig() if sampling is None else sampling
+    if batch_size > 1 and not callable(getattr(draft, "begin_rows", None)):
+        raise InvalidConfigError(f"{type(draft).__name__} has no rows mode: cannot time {batch_size}-row levels")
+    if batch_size > 1 and draft.needs_target_hidden and target is None:
+        raise InvalidConfigError("timing a feature-level draft's rows mode needs the target (target=)")
+    rows = [list(prompt_ids)] * batch_size
+    tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(width)]
     times = []
     for _ in range(repeats + 1):
-        draft.begin(prompt_ids)
-        _sync(draft.root_distribution(sampling))
-        tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(width)]
-        start = time.perf_counter()
-        _sync(draft.expand([0] * width, tokens, sampling))
+        if batch_size == 1:
+            draft.begin(prompt_ids)
+            _sync(draft.root_distribution(sampling))
+            start = time.perf_counter()
+            _sync(draft.expand([0] * width, tokens, sampling))
+        else:
+            hidden = None
+            if draft.needs_target_hidden:
+                assert target is not None
+                target.prefill_batch(rows)
+                hidden = target.hidden_states()
+            draft.begin_rows(rows, hidden)
+            q, _ = draft.root_rows_flagged(sampling)
+            _sync(q)
+            parents = torch.zeros(batch_size, width, dtype=torch.int64, device=q.device)
+            level = torch.tensor([tokens] * batch_size, dtype=torch.int64, device=q.device)
+            start = time.perf_counter()
+            _sync(draft.expand_rows_flagged(parents, level, sampling)[0])
         times.append(time.perf_counter() - start)
     times = times[1:]
     return sorted(times)[len(times) // 2]
@@ -353,6 +398,7 @@ def profile_acceptance(
         ``(a_1, ..., a_k_max)``.
     """
     from specdec.step import commit_step, speculative_step  # the generation step (import here: no cycle)
+    from specdec.lease import hold
     from specdec.trees.static import StaticTreeBuilder
 
     check_int("k_max", k_max, 1)
@@ -364,28 +410,29 @@ def profile_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    for prompt in prompts:
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise InvalidConfigError("prompts must be non-empty")
-        for model in (target, draft):
-            limit = getattr(model, "max_length", None)
-            if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max > limit:
-                raise ContextOverflowError(
-                    f"a {len(prompt)}-token prompt plus {steps_per_prompt} profiling steps of "
-                    f"{k_max} children exceeds max_length {limit}"
-                )
-        target.prefill(prompt)
-        draft.begin(prompt)
-        root = prompt[-1]
-        for _ in range(steps_per_prompt):
-            outcome, tree = speculative_step(target, draft, builder, check, sampling, rng, root, check_tree=trials == 0)
-            result = outcome.result
-            trials += 1
-            if result.accepted_nodes:
-                counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
-            commit_step(target, draft, outcome)
-            root = result.bonus_token
+    with hold("profile_acceptance", target=target, draft=draft):  # one generation per model at a time (specdec.lease)
+        for prompt in prompts:
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise InvalidConfigError("prompts must be non-empty")
+            for model in (target, draft):
+                limit = getattr(model, "max_length", None)
+                if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max > limit:
+                    raise ContextOverflowError(
+                        f"a {len(prompt)}-token prompt plus {steps_per_prompt} profiling steps of "
+                        f"{k_max} children exceeds max_length {limit}"
+                    )
+            target.prefill(prompt)
+            draft.begin(prompt)
+            root = prompt[-1]
+            for _ in range(steps_per_prompt):
+                outcome, tree = speculative_step(target, draft, builder, check, sampling, rng, root, check_tree=trials == 0)
+                result = outcome.result
+                trials += 1
+                if result.accepted_nodes:
+                    counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
+                commit_step(target, draft, outcome)
+                root = result.bonus_token
     return tuple(c / trials for c in counts)
 
 

@@ -30,7 +30,7 @@ import torch
 
 from specdec.errors import InvalidDistributionError, UnsupportedTreeError, VocabMismatchError
 from specdec.rng import RandomSource
-from specdec.sampling import check_distribution
+from specdec.sampling import SamplingConfig, check_distribution
 from specdec.tree import DraftTree, NodeKind, SampleMode
 
 if TYPE_CHECKING:
@@ -131,6 +131,14 @@ class Verifier(ABC):
     each class for itself: a subclass that changes the rule does not inherit it."""
 
     # ------------------------------------------------------------ checking
+    def check_sampling(self, sampling: SamplingConfig) -> None:
+        """Raise before any forward when the rule cannot serve ``sampling``
+        (:attr:`requires_greedy` at a temperature above 0)."""
+        if self.requires_greedy and not sampling.greedy:
+            raise InvalidDistributionError(
+                f"verifier {self.registry_name!r} needs one-hot p (temperature 0); got temperature {sampling.temperature}"
+            )
+
     def check_tree(self, tree: DraftTree) -> None:
         """Raise :class:`UnsupportedTreeError` unless every node's children are supported."""
         kinds = set(int(k) for k in tree.kinds[1:].tolist())
