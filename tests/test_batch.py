@@ -139,6 +139,58 @@ def test_speculative_rows_equal_their_batch_one_generation(method, version, temp
     assert out.tau > 1.0 and out.row_steps >= out.steps
 
 
+def _lm_generator(method: str, **options):
+    """A float64 tiny-Llama target with an independent 1-layer draft LM (HFDraft)."""
+    from specdec.drafts.hf import HFDraft
+
+    target_model = make_tiny_llama("sdpa", torch.float64, seed=3)
+    draft_model = make_tiny_llama("sdpa", torch.float64, seed=4, layers=1)
+    return lambda: specdec.SpeculativeGenerator(target=HFTarget(target_model), draft=HFDraft(draft_model),
+                                                method=method, **options)
+
+
+def _rows_equal_batch_one(gen, sampling, seeds, max_new):
+    out = gen().generate_batch(PROMPTS, max_new, sampling, seeds)
+    single = gen()
+    for b, prompt in enumerate(PROMPTS):
+        assert list(out.tokens[b]) == single.generate(prompt, max_new, sampling, seed=seeds[b]).tokens, f"row {b}"
+    return out
+
+
+@pytest.mark.parametrize("method", ["eagle2", "rheo"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_lm_rows_equal_their_batch_one_generation(method, temperature):
+    """An independent Hugging Face draft LM in rows mode (HFDraft.begin_rows):
+    every row equals its batch-1 generation with its seed, token for token
+    (float64 models), through ragged prompts and rows finishing early."""
+    gen = _lm_generator(method, K=2, depth=3, N=5)
+    sampling = specdec.SamplingConfig(temperature=temperature)
+    seeds = [5, 6, 7, 8]
+    out = _rows_equal_batch_one(gen, sampling, seeds, 12)
+    eos = out.tokens[1][3]
+    stopped = gen().generate_batch(PROMPTS, 12, sampling, seeds, eos_token_id=eos)
+    for b in range(len(PROMPTS)):
+        cut = next((i + 1 for i, t in enumerate(out.tokens[b]) if t == eos), None)
+        assert list(stopped.tokens[b]) == list(out.tokens[b][:cut])
+
+
+@pytest.mark.parametrize("method,options", [
+    ("sd", {"depth": 3}),
+    ("specinfer", {"expansion": (2, 2, 1)}),
+    ("specinfer", {"expansion": (3, 1), "mode": "wor", "verifier": "rejection-wor"}),
+    ("sequoia", {"num_nodes": 5, "max_depth": 3, "acceptance": (0.5, 0.2, 0.1)}),
+])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shaped_builder_rows_equal_their_batch_one_generation(method, options, temperature):
+    """The shaped builders (chain, static, Sequoia) grow B trees in one set of
+    tensor ops (grow_static over a rows-mode draft): every row equals its
+    batch-1 generation with its seed (float64 models), i.i.d. and
+    without-replacement siblings alike."""
+    out = _rows_equal_batch_one(_lm_generator(method, **options), specdec.SamplingConfig(temperature=temperature),
+                                [21, 22, 23, 24], 10)
+    assert out.tau >= 1.0
+
+
 def test_speculative_rows_stop_leave_and_stream():
     model, head = _eagle_pair(3)
     sampling = specdec.SamplingConfig(temperature=0.0)
@@ -164,9 +216,18 @@ def test_speculative_rows_refuse_what_they_cannot_run():
         gen.generate_batch([[1], [2]], 4, seeds=[1])
     from specdec.drafts.hf import HFDraft
 
-    lm = specdec.SpeculativeGenerator(target=HFTarget(model), draft=HFDraft(model), method="sd")
-    with pytest.raises(InvalidConfigError, match="rows mode"):
-        lm.generate_batch([[1], [2]], 4)
+    from specdec.trees.chain import ChainTreeBuilder
+    from specdec.verify.rejection import RejectionIIDVerifier
+
+    class PerNode(ChainTreeBuilder):  # a builder that redefines build(): it grows one tree at a time
+        def build(self, root_token, draft, sampling, rng):
+            return ChainTreeBuilder.build(self, root_token, draft, sampling, rng)
+
+    from specdec.batch import speculative_stream_batch
+
+    with pytest.raises(InvalidConfigError, match="grow B trees in one set of tensor ops"):
+        next(speculative_stream_batch(HFTarget(model), HFDraft(model), PerNode(depth=2), RejectionIIDVerifier(),
+                                      [[1], [2]], 4, specdec.SamplingConfig()))
     from specdec.drafts.eagle import make_draft
 
     with pytest.raises(InvalidConfigError, match="not supported with batches"):

@@ -82,6 +82,21 @@ class BatchOutput:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
 
+def grows_batches(builder: Any, sampling: SamplingConfig | None = None) -> bool:
+    """Whether ``builder`` grows ``B`` trees at once from a draft in rows mode:
+    the level-wise dynamic builders (eagle, rheo) without per-node hooks, and
+    the shaped builders (chain, static, sequoia) that keep :func:`~specdec.trees.static.grow_static`."""
+    from specdec.trees.dynamic import DynamicTreeBuilder
+    from specdec.trees.static import ShapedTreeBuilder
+
+    if isinstance(builder, DynamicTreeBuilder):
+        return builder._level_fn_if_exact(sampling or SamplingConfig()) is not None
+    if isinstance(builder, ShapedTreeBuilder):
+        cls = type(builder)
+        return cls.build is ShapedTreeBuilder.build and cls.build_batch is ShapedTreeBuilder.build_batch
+    return False
+
+
 def check_prompts(prompts: Any) -> None:
     """``prompts`` must be a non-empty sequence (of token-id sequences, checked row by row later)."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
@@ -280,12 +295,12 @@ def speculative_stream_batch(
 
     Needs: a target with a batch mode (``HFTarget``, ``CallableLM``), a draft
     with a rows mode (:meth:`~specdec.drafts.eagle.EagleDraft.begin_rows`: the
-    EAGLE heads; ``CallableLM``), a
-    level-wise builder (eagle2/eagle3, rheo) and a verifier with a parallel
-    rule; anything else raises :class:`~specdec.errors.InvalidConfigError`.
+    EAGLE heads; :meth:`~specdec.drafts.hf.HFDraft.begin_rows`; ``CallableLM``),
+    a builder that grows batches (:func:`grows_batches`: every built-in one)
+    and a verifier with a parallel rule; anything else raises
+    :class:`~specdec.errors.InvalidConfigError`.
     """
     from specdec.step import _takes, step_supported
-    from specdec.trees.dynamic import DynamicTreeBuilder
 
     if not isinstance(sampling, SamplingConfig):
         raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
@@ -293,11 +308,13 @@ def speculative_stream_batch(
     verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
     if not callable(getattr(draft, "begin_rows", None)):
         raise InvalidConfigError(
-            f"batched speculative generation needs a draft with a rows mode (the EAGLE heads); {type(draft).__name__} has none yet"
+            f"batched speculative generation needs a draft with a rows mode (the EAGLE heads, HFDraft, CallableLM); "
+            f"{type(draft).__name__} has none yet"
         )
-    if not isinstance(builder, DynamicTreeBuilder) or builder._level_fn_if_exact(sampling) is None:
+    if not grows_batches(builder, sampling):
         raise InvalidConfigError(
-            f"batched speculative generation runs the level-wise tree builders (eagle2, eagle3, rheo); "
+            f"batched speculative generation runs the tree builders that grow B trees in one set of tensor ops "
+            f"(the level-wise eagle and rheo, the shaped chain, static and sequoia); "
             f"{type(builder).__name__} is not one (or has per-node hooks overridden)"
         )
     rng = RowStreams([TorchRandom.seeded(s) for s in seeds])

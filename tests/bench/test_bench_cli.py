@@ -46,8 +46,6 @@ def no_work(monkeypatch):
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--eagle3-head", "/nonexistent/head"], "does not exist"),
         (["--batch-size", "0"], "--batch-size must be"),
-        (["--batch-size", "2", "--budget", "4", "--methods", "sd,eagle3"], "sd: its tree builder (chain) does not grow batches"),
-        (["--batch-size", "2", "--budget", "4", "--methods", "rheo@lm"], "the lm draft has no rows mode"),
         (["--batch-size", "2", "--budget", "4", "--methods", "hf-assisted"], "one sequence at a time"),
         # issue 16, defect 4b/4c: an empty list or a glob is an error, never the preset's methods
         (["--methods", ""], "--methods is empty"),
@@ -160,7 +158,7 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
 
 def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dirs, tmp_path):
     """--batch-size 2: the preset's rows that cannot batch are left out (the log
-    names them), eagle3 and rheo run batched against the batched baseline, each
+    names them), every method runs batched against the batched baseline, each
     prompt's T=0 tokens equal the baseline's where the method is exact, and
     result rows carry batch_size."""
     from bench_helpers import make_model
@@ -176,10 +174,12 @@ def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dir
         "--batch-size", "2", "--ignore-eos", "--out", out, "--no-plots",
     )
     assert code == 0, err
-    assert "left out with --batch-size 2: sd: its tree builder (chain)" in err
+    assert "left out with --batch-size 2: hf-assisted: transformers' assisted generation" in err
     records = json.loads((out / "results.json").read_text())
     names = {r["method"] for r in records}
-    assert {"autoregressive", "eagle3", "rheo"} <= names and "sd" not in names
+    # every method batches (level-wise and shaped builders, EAGLE heads and the draft LM); the peer does not
+    assert {"autoregressive", "sd", "specinfer", "sequoia", "eagle2", "eagle3", "rheo"} <= names
+    assert "hf-assisted" not in names
     assert all(r["batch_size"] == 2 for r in records)
     for r in records:
         assert r["new_tokens"] == 3 * 6 * (1 if r["temperature"] == 0 else r["runs"] // 3)

@@ -25,7 +25,7 @@ def sample_rows(gen: SpeculativeGenerator, sampling: SamplingConfig) -> list[lis
     return samples
 
 
-@pytest.mark.parametrize("method", ["eagle2", "rheo"])
+@pytest.mark.parametrize("method", ["eagle2", "rheo", "sd", "specinfer", "sequoia"])  # level-wise and shaped builders
 def test_every_row_of_a_batch_is_lossless(method: str) -> None:
     sampling = SAMPLINGS["T0.6-topk3-topp0.9"]
     target, draft = make_models()

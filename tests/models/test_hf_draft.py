@@ -188,3 +188,69 @@ def test_from_pretrained_loads_a_local_folder(tmp_path):
     assert root.dtype == torch.float64 == draft.root_logits().dtype
     assert float((root - draft.root_logits()).abs().max()) < 1e-5
     assert float((root.float() - plain_logits(model, [1, 2, 3]).float()).abs().max()) < 1e-4
+
+
+# ------------------------------------------------------------- rows mode (issue 15)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_rows_mode_logits_equal_plain_forwards_of_every_row(dtype):
+    """begin_rows with ragged prompts: each row's root and tree-level logits
+    equal plain forwards over that row's prefixes, across commits of ragged
+    lengths and rows leaving the batch (keep_rows)."""
+    model = make_tiny_llama("sdpa", dtype, seed=2)
+    tol = tolerance(dtype)
+    rng = random.Random(5)
+    draft = HFDraft(model)
+    contexts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 6, 3, 9)]
+    draft.begin_rows(contexts)
+    assert draft.rows_mode
+    for step in range(4):
+        B = len(contexts)
+        root = draft.root_rows_logits()
+        assert root.shape == (B, VOCAB)
+        for b in range(B):
+            assert float((root[b].double() - plain_logits(model, contexts[b])).abs().max()) < tol, (step, b)
+        paths = [[[]] for _ in range(B)]
+        newest = [[0] for _ in range(B)]
+        for _level in range(3):
+            k = 3
+            parents = [[rng.choice(newest[b]) for _ in range(k)] for b in range(B)]
+            tokens = [[rng.randrange(VOCAB) for _ in range(k)] for b in range(B)]
+            logits = draft.tree_rows_logits(torch.tensor(parents), torch.tensor(tokens))
+            assert logits.shape == (B, k, VOCAB)
+            for b in range(B):
+                first = len(paths[b])
+                for p, t in zip(parents[b], tokens[b]):
+                    paths[b].append(paths[b][p] + [t])
+                for j in range(k):
+                    ref = plain_logits(model, contexts[b] + paths[b][first + j])
+                    assert float((logits[b, j].double() - ref).abs().max()) < tol, (step, b, j)
+                newest[b] = list(range(first, len(paths[b])))
+        emitted = []
+        for b in range(B):
+            path = rng.choice(paths[b])
+            emitted.append(path[: rng.randrange(0, len(path) + 1)] + [rng.randrange(VOCAB)])
+        draft.commit_rows(emitted)
+        for b in range(B):
+            contexts[b] += emitted[b]
+        assert draft.committed_rows == tuple(tuple(c) for c in contexts)
+        if step == 1:  # rows 0 and 2 leave
+            draft.keep_rows([1, 3])
+            contexts = [contexts[1], contexts[3]]
+    draft.begin([1, 2, 3])  # back to one sequence
+    assert not draft.rows_mode
+    assert float((draft.root_logits().double() - plain_logits(model, [1, 2, 3])).abs().max()) < tol
+
+
+def test_rows_mode_bad_input():
+    draft = HFDraft(make_tiny_llama("sdpa", torch.float32))
+    with pytest.raises(RuntimeError, match="outside rows mode"):
+        draft.root_rows_logits()
+    with pytest.raises(ValueError, match="at least one prompt"):
+        draft.begin_rows([])
+    draft.begin_rows([[1], [2, 3]])
+    with pytest.raises(ValueError, match=r"must both be \[2, k\]"):
+        draft.tree_rows_logits(torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="3 rows of emitted tokens for 2 rows"):
+        draft.commit_rows([[1], [2], [3]])
+    with pytest.raises(ValueError, match="keep_rows"):
+        draft.keep_rows([0, 0])

@@ -351,8 +351,10 @@ def row_options(
 
 def batch_refusal(row: RowSpec) -> str | None:
     """Why ``row`` cannot run with ``--batch-size`` > 1 (None when it can): batched
-    speculative generation needs a level-wise tree builder and an EAGLE head."""
+    speculative generation needs a builder that grows batches (level-wise or shaped:
+    every built-in one) and a draft with a rows mode (the EAGLE heads, the draft LM)."""
     from specdec.trees.dynamic import DynamicTreeBuilder
+    from specdec.trees.static import ShapedTreeBuilder
 
     if row.kind == "autoregressive":
         return None
@@ -362,10 +364,11 @@ def batch_refusal(row: RowSpec) -> str | None:
     levelwise = isinstance(cls, type) and issubclass(cls, DynamicTreeBuilder) and next(
         c for c in cls.__mro__ if "level_fn" in c.__dict__
     ) is not DynamicTreeBuilder
-    if not levelwise:
+    shaped = isinstance(cls, type) and issubclass(cls, ShapedTreeBuilder)
+    if not (levelwise or shaped):
         return f"{row.name}: its tree builder ({method_tree(row.method)}) does not grow batches of trees yet"  # type: ignore[arg-type]
-    if row.draft not in ("eagle2", "eagle3"):
-        return f"{row.name}: the {row.draft} draft has no rows mode yet (only the EAGLE heads)"
+    if row.draft not in ("eagle2", "eagle3", "lm"):
+        return f"{row.name}: the {row.draft} draft has no rows mode yet (the EAGLE heads and the draft LM have)"
     return None
 
 

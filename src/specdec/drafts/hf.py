@@ -32,6 +32,7 @@ from specdec.models.hf_common import (
     check_context,
     check_prompt,
     check_tokens,
+    forward_rows,
     forward_tokens,
     model_max_length,
     model_vocab_size,
@@ -97,6 +98,15 @@ class HFDraft(DraftModel):
         self._cached = 0  # committed tokens whose KV is in the cache (a prefix)
         self._root: torch.Tensor | None = None  # root logits of this step, once computed
         self._reset_tree()
+        # rows mode (begin_rows): per row, the committed tokens and how many are cached; the
+        # step's tree on the device (every row adds the same number of nodes per level)
+        self._rrows: list[list[int]] | None = None
+        self._rcached: list[int] = []
+        self._rroot: torch.Tensor | None = None  # [B, V] root logits of this step, once computed
+        self._rbase: torch.Tensor | None = None  # [B] committed length of each row (the tree starts there)
+        self._rdepth: torch.Tensor | None = None  # [B, n] depth of each tree node (node 0 = root)
+        self._ranc: torch.Tensor | None = None  # [B, n, n] ancestors-or-self among tree nodes
+        self._rlevels = 0  # tree_rows_logits calls this step (a bound on the tree's depth)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", **kwargs: Any) -> "HFDraft":
@@ -154,6 +164,8 @@ class HFDraft(DraftModel):
             ContextOverflowError: prompt longer than the model's context.
         """
         self._committed = check_prompt(prompt_ids, self._vocab_size, self._max_length)
+        if self._rrows is not None:  # leaving rows mode: its B-row slabs are not this sequence's
+            self._rrows, self._cache = None, None
         if self._cache is not None and self._cache.preallocated:  # reuse the slabs: no new allocation
             self._cache.truncate(0)
             self._cache.reserve(max(self._reserved, len(self._committed)))
@@ -263,6 +275,156 @@ class HFDraft(DraftModel):
             self._cache.compact(torch.tensor(keep, dtype=torch.int64), self.kv_compactor)
             self._cached = context + len(kept_nodes)
         self._reset_tree()
+
+    # ------------------------------------------------------ rows (batch > 1)
+    @property
+    def rows_mode(self) -> bool:
+        return self._rrows is not None
+
+    @property
+    def committed_rows(self) -> tuple[tuple[int, ...], ...]:
+        """Rows mode: each row's committed context."""
+        return tuple(tuple(r) for r in self._rrows or ())
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
+        """Start ``B`` rows at once (rows mode, for batched generation); nothing
+        runs until :meth:`root_rows_logits`. ``target_hidden`` is ignored (token-level draft).
+
+        Layout: one KV slab of ``B`` rows, each with its own length (as
+        :meth:`~specdec.targets.hf.HFTarget.prefill_batch`): row ``b``'s
+        committed tokens, then this step's tree nodes in node-id order (every
+        row adds the same number of nodes per level). :meth:`commit_rows` drops
+        every tree node; the emitted tokens are run at the next root (one
+        forward for all rows, padded to the longest). Each row drafts the
+        logits its :meth:`begin` alone drafts (tested).
+        """
+        if len(prompts) == 0:
+            raise ValueError("begin_rows needs at least one prompt")
+        rows = [check_prompt(p, self._vocab_size, self._max_length) for p in prompts]
+        self._cache = KVCache(self.model, capacity=max(self._reserved, max(len(r) for r in rows)))
+        if not self._cache.preallocated:
+            raise NotImplementedError("batch rows need the preallocated KV cache (transformers >= 4.56)")
+        self._rrows = rows
+        self._rcached = [0] * len(rows)
+        self._rroot = None
+        self._rbase = self._rdepth = self._ranc = None
+        self._root = None
+        self._reset_tree()
+
+    def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: ``[B, V]`` logits after every row's committed context; runs
+        every row's uncached committed tokens in one forward (padded to the longest)."""
+        if self._rrows is None or self._cache is None:
+            raise RuntimeError("root_rows_logits() outside rows mode (begin_rows)")
+        if self._rroot is not None:
+            return self._rroot
+        device = next(self.model.parameters()).device
+        rows, cached = self._rrows, self._rcached
+        pending = [len(r) - c for r, c in zip(rows, cached)]  # >= 1 per row: the root's token at least
+        for r in rows:
+            check_context(len(r) - 1, self._max_length, "the draft's context")
+        B, P = len(rows), max(pending)
+        ids = torch.zeros(B, P, dtype=torch.int64)
+        for b, (r, c) in enumerate(zip(rows, cached)):
+            ids[b, : len(r) - c] = torch.tensor(r[c:], dtype=torch.int64)
+        start = torch.tensor(cached, dtype=torch.int64, device=device)  # [B] where each row's pending tokens go
+        count = torch.tensor(pending, dtype=torch.int64, device=device)  # [B]
+        span = max(cached) + P
+        cols = torch.arange(span, device=device)  # [K]
+        j = torch.arange(P, device=device)  # [P]
+        key_rel = cols.view(1, 1, span) - start.view(B, 1, 1)  # [B, 1, K] key position after the row's cached ones
+        # a pending token sees its row's cached tokens and the pending ones up to itself; a padding
+        # position (j >= count) sees itself only (its output and cache entry are never used)
+        allowed = (key_rel < 0) | ((key_rel >= 0) & (key_rel <= j.view(1, P, 1)))  # [B, P, K]
+        pad = j.view(1, P) >= count.view(B, 1)  # [B, P]
+        allowed = torch.where(pad.unsqueeze(-1), key_rel == j.view(1, P, 1), allowed)
+        self._cache.write_rows(start, span)
+        try:
+            logits, _ = forward_rows(self.model, self._cache, ids.to(device), start.view(B, 1) + j, allowed,
+                                     logits="all")
+        finally:
+            self._cache.write_rows(None)
+        assert logits is not None
+        last = (count - 1).view(B, 1, 1).expand(B, 1, logits.shape[-1])
+        self._rroot = self._out(logits.gather(1, last).squeeze(1))  # [B, V]
+        self._rcached = [len(r) for r in rows]
+        self._rbase = torch.tensor(self._rcached, dtype=torch.int64, device=device)
+        self._rdepth = torch.zeros(B, 1, dtype=torch.int64, device=device)
+        self._ranc = torch.ones(B, 1, 1, dtype=torch.bool, device=device)
+        self._rlevels = 0
+        return self._rroot
+
+    def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
+        """Rows mode: add ``k`` nodes to every row's tree (``parents``, ``tokens``
+        ``[B, k]``, node ids as in :meth:`tree_logits`) and return their
+        ``[B, k, V]`` logits, in one forward. Nothing is read back to the host."""
+        if self._rrows is None or self._cache is None:
+            raise RuntimeError("tree_rows_logits() outside rows mode (begin_rows)")
+        self.root_rows_logits()  # the roots must be cached before nodes attend to them
+        assert self._rbase is not None and self._rdepth is not None and self._ranc is not None
+        B, k = tokens.shape
+        if parents.shape != tokens.shape or B != len(self._rrows):
+            raise ValueError(f"tree_rows_logits: parents {tuple(parents.shape)} and tokens {tuple(tokens.shape)} "
+                             f"must both be [{len(self._rrows)}, k]")
+        device = self._rbase.device
+        n = self._rdepth.shape[1]  # nodes so far, root included
+        parent = parents.to(device, torch.int64)  # [B, k]
+        depth = self._rdepth.gather(1, parent) + 1  # [B, k]
+        self._rlevels += 1  # the new nodes' depth is at most the number of levels added (no host read)
+        check_context(max(self._rcached) - 1 + self._rlevels, self._max_length, "the draft tree")
+        # ancestors-or-self of the new nodes over all n + k nodes
+        anc_old = self._ranc.gather(1, parent.unsqueeze(-1).expand(B, k, n))  # [B, k, n]
+        anc_new = torch.cat([anc_old, torch.eye(k, dtype=torch.bool, device=device).expand(B, k, k)], dim=2)  # [B, k, n+k]
+        span = int(max(self._rcached)) + n - 1 + k  # positions: committed, then tree nodes 1 .. n + k - 1
+        cols = torch.arange(span, device=device)
+        rel = cols.view(1, span) - self._rbase.view(B, 1) + 1  # [B, K]: tree node id of each key (< 1: committed)
+        in_tree = (rel >= 1) & (rel < n + k)
+        seen = anc_new.gather(2, rel.clamp(0, n + k - 1).unsqueeze(1).expand(B, k, span))  # [B, k, K]
+        allowed = (rel < 1).unsqueeze(1) | (seen & in_tree.unsqueeze(1))
+        self._cache.write_rows(self._rbase + n - 1, span)  # node n goes at base + n - 1
+        try:
+            logits, _ = forward_rows(self.model, self._cache, tokens.to(device), self._rbase.view(B, 1) - 1 + depth,
+                                     allowed, logits="all")
+        finally:
+            self._cache.write_rows(None)
+        assert logits is not None
+        # bookkeeping once the forward succeeded
+        self._rdepth = torch.cat([self._rdepth, depth], dim=1)
+        pad = torch.zeros(B, n, k, dtype=torch.bool, device=device)
+        self._ranc = torch.cat([torch.cat([self._ranc, pad], dim=2), anc_new], dim=1)  # [B, n + k, n + k]
+        return self._out(logits)
+
+    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: Any = None, **_: Any) -> None:
+        """Rows mode: append each row's emitted tokens (accepted + bonus) and
+        drop every row's tree; the emitted tokens run at the next root."""
+        if self._rrows is None or self._cache is None:
+            raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
+        if len(emitted) != len(self._rrows):
+            raise ValueError(f"{len(emitted)} rows of emitted tokens for {len(self._rrows)} rows")
+        for b, tokens in enumerate(emitted):
+            self._rrows[b].extend(check_tokens(tokens, self._vocab_size, f"row {b}'s emitted tokens"))
+        self._drop_rows_tree()
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Rows mode: keep only the rows ``rows``, renumbered in order."""
+        if self._rrows is None or self._cache is None:
+            raise RuntimeError("keep_rows() outside rows mode (begin_rows)")
+        keep = [int(r) for r in rows]
+        if not keep or any(not 0 <= r < len(self._rrows) for r in keep) or len(set(keep)) != len(keep):
+            raise ValueError(f"keep_rows: {keep} is not a non-empty set of rows of a batch of {len(self._rrows)}")
+        device = next(self.model.parameters()).device
+        self._cache.keep_rows(torch.tensor(keep, dtype=torch.int64, device=device))
+        self._rrows = [self._rrows[r] for r in keep]
+        self._rcached = [self._rcached[r] for r in keep]
+        self._drop_rows_tree()
+
+    def _drop_rows_tree(self) -> None:
+        assert self._cache is not None
+        # the tree nodes lie beyond every row's cached tokens: the next forward overwrites them
+        # and no mask reaches them; the span shrinks to the longest cached row
+        self._cache.truncate(min(len(self._cache), max(self._rcached)))
+        self._rroot = None
+        self._rbase = self._rdepth = self._ranc = None
 
     # -------------------------------------------------------------- helpers
     def _out_dtype(self) -> torch.dtype:

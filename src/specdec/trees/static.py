@@ -231,8 +231,11 @@ def grow_static(
     construction: bool = True,
 ) -> TreeBatch:
     """The tensor form of :func:`build_static_tree`: the same tree (for the same
-    draws), as a one-tree :class:`~specdec.tree_batch.TreeBatch` on the draft's
-    device, with no host read.
+    draws), as a :class:`~specdec.tree_batch.TreeBatch` on the draft's device,
+    with no host read: one tree, or, for a draft in rows mode and ``root_token``
+    ``[B]`` (batched generation), ``B`` trees of the shape grown together (one
+    draft call per level for every row; row ``b`` draws from its own stream of a
+    :class:`~specdec.rng.RowStreams` what it draws alone).
 
     Each level is one draft call for every node of the previous level that has
     children, then ``max(counts)`` batched draws (:func:`~specdec.trees._common.draw_rows`,
@@ -247,61 +250,70 @@ def grow_static(
     :func:`build_static_tree` does.
     """
     config = construction_config(sampling) if construction else sampling
-    q, bad = draft.root_distribution_flagged(config)  # [V], []
-    q = torch.where(bad, 0.0, normalised_law(q, on_device=True)).unsqueeze(0)  # [1, V]
-    dev, vocab, n = q.device, q.shape[-1], layout.num_nodes
+    q, bad = draft.root_rows_flagged(config)  # [B, V], [B]: one row per tree (B = 1 outside rows mode)
+    q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [B, V]
+    dev, (B, vocab), n = q.device, q.shape, layout.num_nodes
     lay = layout if layout.parents.device == dev else static_layout(layout.paths, str(dev))
-    draft_bad = bad.reshape(1)  # [1]
-    root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(1)
-    tokens = root.expand(n).clone()  # [n] full layout
-    valid = torch.zeros(n, dtype=torch.bool, device=dev)
-    valid[0] = True
-    weights = torch.ones(n, dtype=torch.float64, device=dev)
-    law_probs = torch.zeros(n, vocab, dtype=torch.float64, device=dev)  # [n, V] q of each node's children
-    draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node
+    root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(-1)  # [B]
+    if root.shape[0] != B:
+        raise ValueError(f"grow_static: {root.shape[0]} roots for a draft of {B} rows")
+    draft_bad = bad.reshape(B)  # [B]
+    tokens = root.unsqueeze(1).expand(B, n).clone()  # [B, n] full layout
+    valid = torch.zeros(B, n, dtype=torch.bool, device=dev)
+    valid[:, 0] = True
+    weights = torch.ones(B, n, dtype=torch.float64, device=dev)
+    law_probs = torch.zeros(B, n, vocab, dtype=torch.float64, device=dev)  # [B, n, V] q of each node's children
+    draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node (every row alike)
     next_id = 1
+    q = q.unsqueeze(1)  # [B, 1, V]: the root is the one node expanded at depth 1
     for d, ((expanded, counts, nodes, child_rows, child_slots), width) in enumerate(
         zip(lay.levels, lay.max_counts), start=1
     ):
-        alive = valid[expanded]  # [R]
-        if d > 1:  # one draft call for the whole level (dead rows carry the root token; their q is unused)
-            q, bad = draft.expand_flagged(draft_id[lay.parents[expanded]], torch.where(alive, tokens[expanded], root), config)
-            q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [R, V]
-            draft_bad = draft_bad | (bad & alive).any().reshape(1)
-            draft_id[expanded] = torch.arange(next_id, next_id + expanded.shape[0], device=dev)
-            next_id += int(expanded.shape[0])
-        law_probs[expanded] = q
-        drawn = draw_rows(q, width, mode, rng, alive, counts=counts)  # [R, width] token ids, -1 = none
-        tok = drawn[child_rows, child_slots]  # [k]
-        valid[nodes] = tok >= 0
-        tokens[nodes] = torch.where(tok >= 0, tok, root)
-        weights[nodes] = torch.where(tok >= 0, q[child_rows, tok.clamp_min(0)], 0.0)
-    # pack the kept nodes first, breadth first (the order build_static_tree adds them in)
-    index = torch.arange(n, device=dev)
-    order = torch.sort(torch.where(valid, index, index + n)).values
-    order = torch.where(order >= n, order - n, order)  # [n] full-layout node of each packed slot
-    live = valid[order]
-    position = torch.empty(n, dtype=torch.int64, device=dev).index_copy(0, order, index)
-    full_par = lay.parents[order]
-    parents = torch.where(live & (full_par >= 0), position[full_par.clamp_min(0)], -1)
+        R = expanded.shape[0]
+        alive = valid[:, expanded]  # [B, R]
+        if d > 1:  # one draft call for the whole level of every row (dead rows carry the root token; their q is unused)
+            ids_in = draft_id[lay.parents[expanded]].expand(B, R)
+            q, bad = draft.expand_rows_flagged(ids_in, torch.where(alive, tokens[:, expanded], root.unsqueeze(1)), config)
+            q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [B, R, V]
+            draft_bad = draft_bad | (bad & alive).any(dim=1)
+            draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
+            next_id += R
+        law_probs[:, expanded] = q
+        # R consecutive rows per tree: a RowStreams source draws its tree's rows, as the tree would alone
+        drawn = draw_rows(q.reshape(B * R, vocab), width, mode, rng, alive.reshape(B * R),
+                          counts=counts.repeat(B)).reshape(B, R, width)  # token ids, -1 = none
+        tok = drawn[:, child_rows, child_slots]  # [B, k]
+        valid[:, nodes] = tok >= 0
+        tokens[:, nodes] = torch.where(tok >= 0, tok, root.unsqueeze(1))
+        q_child = q[:, child_rows].gather(-1, tok.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, k]
+        weights[:, nodes] = torch.where(tok >= 0, q_child, 0.0)
+    # pack each tree's kept nodes first, breadth first (the order build_static_tree adds them in)
+    index = torch.arange(n, device=dev).expand(B, n)
+    order = torch.sort(torch.where(valid, index, index + n), dim=1).values
+    order = torch.where(order >= n, order - n, order)  # [B, n] full-layout node of each packed slot
+    live = valid.gather(1, order)
+    position = torch.empty(B, n, dtype=torch.int64, device=dev).scatter_(1, order, index)  # [B, n]
+    full_par = lay.parents[order]  # [B, n]
+    parents = torch.where(live & (full_par >= 0), position.gather(1, full_par.clamp_min(0)), -1)
     kinds = torch.where(live, int(NodeKind.SAMPLED), PAD)
-    kinds[0] = int(NodeKind.ROOT)
-    kids = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add(0, parents.clamp_min(0), (parents >= 0).long())
-    has_kids = kids > 0  # [n] the node's law is recorded only where it has children
-    probs = torch.where(has_kids.unsqueeze(-1), law_probs[order], 0.0)  # [n, V]
-    ids = torch.where(probs > 0, torch.arange(vocab, device=dev), -1)
+    kinds[:, 0] = int(NodeKind.ROOT)
+    kids = torch.zeros(B, n, dtype=torch.int64, device=dev).scatter_add(1, parents.clamp_min(0), (parents >= 0).long())
+    has_kids = kids > 0  # [B, n] the node's law is recorded only where it has children
+    probs = torch.where(has_kids.unsqueeze(-1), law_probs.gather(1, order.unsqueeze(-1).expand(B, n, vocab)), 0.0)
+    ids = torch.where(probs > 0, torch.arange(vocab, device=dev), -1)  # [B, n, V]
     eye = torch.eye(n, dtype=torch.bool, device=dev)
-    anc = eye
+    anc = eye.expand(B, n, n)
+    up = parents.clamp_min(0).unsqueeze(-1).expand(B, n, n)
     for _ in range(len(lay.levels)):
-        anc = eye | torch.where((parents >= 0).unsqueeze(-1), anc[parents.clamp_min(0)], False)
+        anc = eye | torch.where((parents >= 0).unsqueeze(-1), anc.gather(1, up), False)
     counts_max = max(lay.max_counts)
     return TreeBatch(
-        tokens=torch.where(live, tokens[order], root)[None], parents=parents[None],
-        depths=torch.where(live, lay.depths[order], 0)[None], kinds=kinds[None],
-        draw_order=torch.where(live, lay.slots[order], 0)[None],
-        weights=torch.where(live, weights[order], 0.0)[None], num_nodes=live.sum().reshape(1),
-        law_ids=ids[None], law_probs=probs[None],
-        law_wor=(has_kids & (mode == SampleMode.WITHOUT_REPLACEMENT))[None], ancestors=anc[None],
+        tokens=torch.where(live, tokens.gather(1, order), root.unsqueeze(1)), parents=parents,
+        depths=torch.where(live, lay.depths[order], 0), kinds=kinds,
+        draw_order=torch.where(live, lay.slots[order], 0),
+        weights=torch.where(live, weights.gather(1, order), 0.0), num_nodes=live.sum(dim=1),
+        law_ids=ids, law_probs=probs,
+        law_wor=has_kids & (mode == SampleMode.WITHOUT_REPLACEMENT), ancestors=anc,
         vocab_size=vocab, max_children=counts_max, max_depth=len(lay.levels), draft_bad=draft_bad,
         max_sampled=counts_max,
     )
