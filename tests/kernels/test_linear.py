@@ -8,6 +8,7 @@ must repack oneDNN weights after an in-place update.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 import transformers
@@ -88,7 +89,13 @@ def test_tune_linear_plan():
     assert set(plan.methods) <= set(LINEAR_METHODS)
     for timing, chosen in zip(plan.seconds, plan.methods):
         assert timing[chosen] == min(timing.values())
-    assert plan.method_for(7) == "rows" and plan.method_for(0) == "rows"
+    assert plan.method_for(0) == "rows"
+    # beyond max_rows: the measured buckets (the 6-row choice until the first bucket)
+    assert [size for size, _ in plan.buckets] == [24, 32, 48, 64, 96, 128, 192, 256]
+    assert plan.method_for(7) == plan.methods[-1]
+    assert plan.method_for(30) == plan.buckets[0][1] and plan.method_for(1000) == plan.buckets[-1][1]
+    no_buckets = tune_linear((32, 16), max_rows=6, repeats=1, cache=False, large_rows=())
+    assert no_buckets.buckets == () and no_buckets.method_for(7) == "rows"
     only_rows = tune_linear((32, 16), max_rows=3, methods=("rows",), repeats=1, cache=False)
     assert only_rows.methods == ("rows",) * 3
     cached = tune_linear((32, 16), max_rows=4, methods=("rows", "columns"), repeats=1)
@@ -123,6 +130,14 @@ def test_dispatch_matches_reference_for_every_row_count(method):
         for rows in range(1, 12):  # 9+ rows exceed the plan: reference path
             x = torch.randn(1, rows, 24)
             assert _close(lin(x), ref_lin(x)), rows
+    # a plan with buckets runs the method for many rows too (batched tree forwards)
+    plan = attrs.evolve(_forced((40, 24), "rows", max_rows=8), buckets=((24, method), (64, "rows")))
+    lin.forward = RowDispatchLinear(lin, plan)
+    with torch.no_grad():
+        for rows in (9, 24, 40, 64, 100):
+            x = torch.randn(2, rows, 24)
+            assert _close(lin(x), ref_lin(x)), rows
+    assert plan.method_for(40) == method and plan.method_for(100) == "rows" and plan.method_for(12) == "rows"
 
 
 @needs_onednn

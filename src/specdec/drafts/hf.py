@@ -412,8 +412,7 @@ class HFDraft(DraftModel):
         keep = [int(r) for r in rows]
         if not keep or any(not 0 <= r < len(self._rrows) for r in keep) or len(set(keep)) != len(keep):
             raise ValueError(f"keep_rows: {keep} is not a non-empty set of rows of a batch of {len(self._rrows)}")
-        device = next(self.model.parameters()).device
-        self._cache.keep_rows(torch.tensor(keep, dtype=torch.int64, device=device))
+        self._cache.keep_rows(keep)
         self._rrows = [self._rrows[r] for r in keep]
         self._rcached = [self._rcached[r] for r in keep]
         self._drop_rows_tree()

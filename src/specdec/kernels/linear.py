@@ -146,24 +146,38 @@ class LinearPlan:
 
     Attributes:
         shape: the weight's ``(N, K)``.
-        methods: ``methods[n - 1]`` is the method for ``n`` rows, ``1 <= n <= max_rows``;
-            more rows take ``"rows"``.
+        methods: ``methods[n - 1]`` is the method for ``n`` rows, ``1 <= n <= max_rows``.
         seconds: the measured median seconds, ``seconds[n - 1][method]``.
         threads: torch CPU threads during the measurement.
+        buckets: ``((rows, method), ...)`` measured beyond ``max_rows``
+            (ascending): more rows take the method of the largest bucket at or
+            below their count (batched tree forwards carry tens to hundreds of
+            rows); without buckets, ``"rows"``.
     """
 
     shape: tuple[int, int]
     methods: tuple[str, ...]
     seconds: tuple[dict[str, float], ...] = attrs.field(eq=False, repr=False)
     threads: int
+    buckets: tuple[tuple[int, str], ...] = ()
 
     @property
     def max_rows(self) -> int:
         return len(self.methods)
 
     def method_for(self, rows: int) -> str:
-        """The method for ``rows`` rows (``"rows"`` beyond :attr:`max_rows`)."""
-        return self.methods[rows - 1] if 1 <= rows <= len(self.methods) else "rows"
+        """The method for ``rows`` rows: the tuned one up to :attr:`max_rows`,
+        then the largest bucket's at or below ``rows`` (``"rows"`` without buckets or for 0 rows)."""
+        if 1 <= rows <= len(self.methods):
+            return self.methods[rows - 1]
+        if rows < 1:
+            return "rows"
+        method = self.methods[-1] if self.methods else "rows"
+        for size, chosen in self.buckets:
+            if size > rows:
+                break
+            method = chosen
+        return method if self.buckets else "rows"
 
 
 def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
@@ -193,6 +207,10 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
 _PLANS: dict[tuple[Any, ...], LinearPlan] = {}
 
 
+LARGE_ROWS: tuple[int, ...] = (24, 32, 48, 64, 96, 128, 192, 256)
+"""Row counts beyond ``max_rows`` that :func:`tune_linear` also measures (:attr:`LinearPlan.buckets`)."""
+
+
 def tune_linear(
     shape: tuple[int, int],
     *,
@@ -201,8 +219,10 @@ def tune_linear(
     repeats: int = 3,
     cold_bytes: int = 32 * 2**20,
     cache: bool = True,
+    large_rows: Sequence[int] = LARGE_ROWS,
 ) -> LinearPlan:
-    """Measure each method for ``1..max_rows`` rows on this machine and keep the fastest.
+    """Measure each method for ``1..max_rows`` rows, and at each of
+    ``large_rows`` beyond, on this machine and keep the fastest.
 
     The weights are random float32 matrices of ``shape``; several copies
     (about ``cold_bytes`` in all, at most 64) are cycled so that a small
@@ -211,7 +231,10 @@ def tune_linear(
 
     Args:
         shape: the weight's ``(N, K)``.
-        max_rows: largest row count tuned (larger inputs take ``"rows"``).
+        max_rows: largest row count tuned one by one.
+        large_rows: further row counts measured (those above ``max_rows``);
+            a larger input takes the method of the largest one at or below
+            its count. ``()``: larger inputs take ``"rows"``.
         methods: candidates (must include ``"rows"``; ``"onednn"`` is dropped
             where oneDNN is missing).
         repeats: timed calls per (rows, method); the median counts.
@@ -229,7 +252,8 @@ def tune_linear(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     cands = _check_methods(methods)
-    key = ((n_out, k_in), max_rows, cands, torch.get_num_threads())
+    big = tuple(sorted({int(r) for r in large_rows if int(r) > max_rows}))
+    key = ((n_out, k_in), max_rows, cands, torch.get_num_threads(), big)
     if cache and key in _PLANS:
         return _PLANS[key]
     copies = max(1, min(64, math.ceil(cold_bytes / (4 * n_out * k_in))))
@@ -238,18 +262,25 @@ def tune_linear(
     packed = [pack_onednn(w) for w in weights] if "onednn" in cands else []
     chosen: list[str] = []
     seconds: list[dict[str, float]] = []
+
+    def fastest(n: int) -> tuple[str, dict[str, float]]:
+        x = torch.randn(n, k_in, generator=gen)
+        runs: dict[str, Callable[[], Any]] = {
+            "rows": lambda: [linear_reference(x, w) for w in weights],
+            "columns": lambda: [linear_columns(x, w) for w in weights],
+            "onednn": lambda: [linear_onednn(x, p) for p in packed],
+        }
+        timing = {m: _median_seconds(runs[m], repeats) / copies for m in cands}
+        return min(cands, key=lambda m: (timing[m], m != "rows")), timing
+
     with torch.no_grad():
         for n in range(1, max_rows + 1):
-            x = torch.randn(n, k_in, generator=gen)
-            runs: dict[str, Callable[[], Any]] = {
-                "rows": lambda: [linear_reference(x, w) for w in weights],
-                "columns": lambda: [linear_columns(x, w) for w in weights],
-                "onednn": lambda: [linear_onednn(x, p) for p in packed],
-            }
-            timing = {m: _median_seconds(runs[m], repeats) / copies for m in cands}
+            method, timing = fastest(n)
             seconds.append(timing)
-            chosen.append(min(cands, key=lambda m: (timing[m], m != "rows")))
-    plan = LinearPlan(shape=(n_out, k_in), methods=tuple(chosen), seconds=tuple(seconds), threads=torch.get_num_threads())
+            chosen.append(method)
+        buckets = tuple((n, fastest(n)[0]) for n in big)
+    plan = LinearPlan(shape=(n_out, k_in), methods=tuple(chosen), seconds=tuple(seconds), threads=torch.get_num_threads(),
+                      buckets=buckets)
     if cache:
         _PLANS[key] = plan
     return plan
@@ -268,7 +299,7 @@ class RowDispatchLinear:
 
     Calls the plan's method for the input's row count when the input is a
     float32 CPU tensor and no gradient is needed; otherwise (training,
-    autograd, other devices or dtypes, more rows than tuned) the reference
+    autograd, other devices or dtypes) the reference
     ``F.linear``. The oneDNN copy of the weight is made on first use and
     remade whenever the weight changes in place (its version counter moves).
     """

@@ -433,8 +433,27 @@ class KVCache:
         for layer in self.obj.layers:
             layer.length = span
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows ``rows`` (``[B']`` int64) of every slab, in that order."""
+    def keep_rows(self, rows: torch.Tensor | Sequence[int]) -> None:
+        """Keep only batch rows ``rows`` of every slab, in that order.
+
+        Given as host ints in ascending order (finished rows leaving a batch),
+        each kept row that moves is copied down over its used positions only,
+        in place, and the slab's batch dimension is narrowed (a view: nothing
+        else is copied). Otherwise (``[B']`` int64 tensor, any order) every slab
+        is gathered (one ``index_select``)."""
+        if not isinstance(rows, torch.Tensor):
+            keep = [int(r) for r in rows]
+            if keep == sorted(set(keep)):
+                span = len(self)
+                with torch.inference_mode():  # the slabs are inference tensors (written in forwards)
+                    for slab in self.slabs:
+                        for i, r in enumerate(keep):  # r >= i: a later source is never overwritten
+                            if r != i:
+                                slab.buf[:, :, i, :, :span] = slab.buf[:, :, r, :, :span]
+                        slab.buf = slab.buf[:, :, : len(keep)]
+                        slab.shape = (len(keep), *slab.shape[1:])
+                return
+            rows = torch.tensor(keep, dtype=torch.int64)
         for slab in self.slabs:
             slab.buf = slab.buf.index_select(2, rows.to(slab.device))
             slab.shape = (int(rows.numel()), *slab.shape[1:])

@@ -509,7 +509,7 @@ class HFTarget(TargetModel):
         if not keep or any(not 0 <= r < len(self._rows) for r in keep) or len(set(keep)) != len(keep):
             raise ValueError(f"keep_rows: {keep} is not a non-empty set of rows of a batch of {len(self._rows)}")
         index = torch.tensor(keep, dtype=torch.int64, device=self._row_cached_dev.device)
-        self._cache.keep_rows(index)
+        self._cache.keep_rows(keep)  # host ints: kept rows move down in place, nothing else is copied
         self._rows = [self._rows[r] for r in keep]
         self._row_cached = [self._row_cached[r] for r in keep]
         self._row_cached_dev = self._row_cached_dev.index_select(0, index)
