@@ -107,6 +107,8 @@ class HFDraft(DraftModel):
         self._rdepth: torch.Tensor | None = None  # [B, n] depth of each tree node (node 0 = root)
         self._ranc: torch.Tensor | None = None  # [B, n, n] ancestors-or-self among tree nodes
         self._rlevels = 0  # tree_rows_logits calls this step (a bound on the tree's depth)
+        self._rstart: torch.Tensor | None = None  # [B] cached tokens per row, on the device (after the first root)
+        self._rpend: tuple[torch.Tensor, torch.Tensor] | None = None  # the batched step's emitted tokens and counts
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", **kwargs: Any) -> "HFDraft":
@@ -308,6 +310,7 @@ class HFDraft(DraftModel):
         self._rcached = [0] * len(rows)
         self._rroot = None
         self._rbase = self._rdepth = self._ranc = None
+        self._rstart = self._rpend = None
         self._root = None
         self._reset_tree()
 
@@ -324,11 +327,15 @@ class HFDraft(DraftModel):
         for r in rows:
             check_context(len(r) - 1, self._max_length, "the draft's context")
         B, P = len(rows), max(pending)
-        ids = torch.zeros(B, P, dtype=torch.int64)
-        for b, (r, c) in enumerate(zip(rows, cached)):
-            ids[b, : len(r) - c] = torch.tensor(r[c:], dtype=torch.int64)
-        start = torch.tensor(cached, dtype=torch.int64, device=device)  # [B] where each row's pending tokens go
-        count = torch.tensor(pending, dtype=torch.int64, device=device)  # [B]
+        if self._rpend is not None and self._rstart is not None:  # the step's tokens, already on the device
+            ids = self._rpend[0][:, :P].clamp_min(0)  # [B, P] (-1 padding: masked below)
+            start, count = self._rstart, self._rpend[1]  # [B], [B]
+        else:  # after begin_rows (or a commit without device tokens): built once from the host rows
+            ids = torch.zeros(B, P, dtype=torch.int64)
+            for b, (r, c) in enumerate(zip(rows, cached)):
+                ids[b, : len(r) - c] = torch.tensor(r[c:], dtype=torch.int64)
+            start = torch.tensor(cached, dtype=torch.int64, device=device)  # [B] where each row's pending tokens go
+            count = torch.tensor(pending, dtype=torch.int64, device=device)  # [B]
         span = max(cached) + P
         cols = torch.arange(span, device=device)  # [K]
         j = torch.arange(P, device=device)  # [P]
@@ -348,7 +355,8 @@ class HFDraft(DraftModel):
         last = (count - 1).view(B, 1, 1).expand(B, 1, logits.shape[-1])
         self._rroot = self._out(logits.gather(1, last).squeeze(1))  # [B, V]
         self._rcached = [len(r) for r in rows]
-        self._rbase = torch.tensor(self._rcached, dtype=torch.int64, device=device)
+        self._rbase = start + count  # [B] committed length of each row, on the device
+        self._rpend = None
         self._rdepth = torch.zeros(B, 1, dtype=torch.int64, device=device)
         self._ranc = torch.ones(B, 1, 1, dtype=torch.bool, device=device)
         self._rlevels = 0
@@ -394,15 +402,27 @@ class HFDraft(DraftModel):
         self._ranc = torch.cat([torch.cat([self._ranc, pad], dim=2), anc_new], dim=1)  # [B, n + k, n + k]
         return self._out(logits)
 
-    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: Any = None, **_: Any) -> None:
+    def commit_rows(
+        self,
+        emitted: Sequence[Sequence[int]],
+        target_hidden: Any = None,
+        device_tokens: torch.Tensor | None = None,
+        device_counts: torch.Tensor | None = None,
+    ) -> None:
         """Rows mode: append each row's emitted tokens (accepted + bonus) and
-        drop every row's tree; the emitted tokens run at the next root."""
+        drop every row's tree; the emitted tokens run at the next root.
+        ``device_tokens`` ``[B, >= A]`` (``-1`` padded) and ``device_counts``
+        ``[B]``: the same tokens on the device (the batched step's), so that the
+        next root copies nothing from the host."""
         if self._rrows is None or self._cache is None:
             raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
         if len(emitted) != len(self._rrows):
             raise ValueError(f"{len(emitted)} rows of emitted tokens for {len(self._rrows)} rows")
         for b, tokens in enumerate(emitted):
             self._rrows[b].extend(check_tokens(tokens, self._vocab_size, f"row {b}'s emitted tokens"))
+        device = next(self.model.parameters()).device
+        on_device = device_tokens is not None and device_counts is not None
+        self._rpend = (device_tokens.to(device), device_counts.to(device)) if on_device else None
         self._drop_rows_tree()
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -415,6 +435,12 @@ class HFDraft(DraftModel):
         self._cache.keep_rows(keep)
         self._rrows = [self._rrows[r] for r in keep]
         self._rcached = [self._rcached[r] for r in keep]
+        if self._rstart is not None or self._rpend is not None:
+            index = torch.tensor(keep, dtype=torch.int64, device=next(self.model.parameters()).device)
+            if self._rstart is not None:
+                self._rstart = self._rstart.index_select(0, index)
+            if self._rpend is not None:
+                self._rpend = (self._rpend[0].index_select(0, index), self._rpend[1].index_select(0, index))
         self._drop_rows_tree()
 
     def _drop_rows_tree(self) -> None:
@@ -422,6 +448,8 @@ class HFDraft(DraftModel):
         # the tree nodes lie beyond every row's cached tokens: the next forward overwrites them
         # and no mask reaches them; the span shrinks to the longest cached row
         self._cache.truncate(min(len(self._cache), max(self._rcached)))
+        if self._rbase is not None:  # the rows' committed lengths become their cached lengths
+            self._rstart = self._rbase
         self._rroot = None
         self._rbase = self._rdepth = self._ranc = None
 
