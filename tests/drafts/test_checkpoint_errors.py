@@ -299,18 +299,35 @@ def test_reference_head_uses_recorded_aux_layer_ids(target, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert load_reference_head(folder, target).config.target_layers == (1, 3, 4)
-    top = {**cfg, "eagle_aux_hidden_state_layer_ids": [0, 2, 5]}  # where vLLM reads it
+    # a non-speculators config does not say whose numbering its ids use: vLLM's and SGLang's differ by one
+    with pytest.raises(CheckpointError, match="aux_layer_convention") as info:
+        load_reference_head(folder, target)
+    assert "[1, 3, 4]" in str(info.value) and "[2, 4, 5]" in str(info.value)  # both readings shown
+    assert load_reference_head(folder, target, aux_layer_convention="vllm").config.target_layers == (1, 3, 4)
+    assert load_reference_head(folder, target, aux_layer_convention="sglang").config.target_layers == (2, 4, 5)
+    top = {**cfg, "eagle_aux_hidden_state_layer_ids": [0, 2, 5]}  # where vLLM reads it first
     (folder / "config.json").write_text(json.dumps(top))
-    assert load_reference_head(folder, target).config.target_layers == (0, 2, 5)
+    assert load_reference_head(folder, target, aux_layer_convention="vllm").config.target_layers == (0, 2, 5)
+    # SGLang's +1 makes id 5 hidden_states[6]: the 6-layer target has it (the final normed output); 6 would not be
+    top["eagle_aux_hidden_state_layer_ids"] = [0, 2, 6]
+    (folder / "config.json").write_text(json.dumps(top))
+    with pytest.raises(CheckpointError, match=r"sglang's numbering.*\[7\]"):
+        load_reference_head(folder, target, aux_layer_convention="sglang")
+    with pytest.raises(InvalidConfigError, match="aux_layer_convention"):
+        load_reference_head(folder, target, aux_layer_convention="vLLM+1")
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 40]}
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="40"):
-        load_reference_head(folder, target)
+        load_reference_head(folder, target, aux_layer_convention="vllm")
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": "1,3,4"}
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="eagle_aux_hidden_state_layer_ids"):
         load_reference_head(folder, target)
+    # no ids: both engines take the inputs of layers (2, N // 2, N - 3); the convention does not matter
+    del cfg["eagle_config"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for convention in (None, "vllm", "sglang"):
+        assert load_reference_head(folder, target, aux_layer_convention=convention).config.target_layers == (2, 3, 3)
 
 
 # -------------------------------------------------------------- 5. unsupported versions

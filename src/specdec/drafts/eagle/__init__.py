@@ -28,7 +28,8 @@ Architectures (key names follow the reference checkpoints, see
 * EAGLE-3: ``g = fc([f^low; f^mid; f^high])`` (3H -> H, no bias) for target
   features (the head's own outputs ``h`` are used as-is), one decoder layer
   whose attention input is ``[input_layernorm(emb(x_i)); hidden_norm(g)]``
-  (2H wide) with residual ``g``, then its own ``norm`` and ``lm_head`` over a
+  (2H wide) with residual ``g`` (``hidden_norm(g)`` with ``norm_before_residual``,
+  as vLLM and speculators allow), then its own ``norm`` and ``lm_head`` over a
   reduced draft vocabulary of ``Vd`` tokens; ``d2t[j]`` maps draft id ``j`` to
   target id ``j + d2t[j]``. Verification still happens in the target's full
   vocabulary: :meth:`EagleDraft.tree_logits` returns ``[k, V]`` logits with

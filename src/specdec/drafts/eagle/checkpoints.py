@@ -27,20 +27,38 @@ Reference layouts (read only; files are read with safetensors, or with
 * EAGLE-3 (SafeAILab/EAGLE ``cnets.py``, SpecForge, e.g.
   ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``): config adds ``draft_vocab_size``
   (and optionally ``target_hidden_size``, and ``eagle_aux_hidden_state_layer_ids``,
-  at the top or in ``eagle_config``: the target layers whose inputs form the
-  feature, as in vLLM; default (2, N//2, N-3)); weights ``fc.weight``,
+  at the top or in ``eagle_config``: the feature layers, numbered as vLLM
+  numbers them (id ``l`` = the input of layer ``l``) or as SGLang does (the
+  output of layer ``l``), which the file does not say: ``aux_layer_convention=``
+  picks one; without ids the default is (2, N//2, N-3)); weights ``fc.weight``,
   ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.*``,
   ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
   ``norm.weight``, ``lm_head.weight``, buffers ``d2t`` (int64 offsets, target
   id = draft id + d2t) and ``t2d`` (bool mask over the target vocabulary), and
   optionally ``embed_tokens.weight``.
+* EAGLE-3 in vLLM's ``speculators`` format (vllm-project/speculators
+  ``Eagle3SpeculatorConfig``, e.g. the ``RedHatAI/*speculator.eagle3`` heads):
+  ``config.json`` has ``speculators_model_type: "eagle3"``, ``architectures``
+  ``["Eagle3DraftModel"]`` (``["Eagle3Speculator"]`` before speculators 0.9), the
+  decoder layer's LLaMA fields in ``transformer_layer_config``, and at the top
+  ``draft_vocab_size``, ``norm_before_residual``, ``target_hidden_size``,
+  ``eagle_aux_hidden_state_layer_ids`` (vLLM's numbering) and a
+  ``speculators_config`` block whose ``verifier`` names the target
+  (``name_or_path``, ``architectures``); weights as EAGLE-3's with ``layers.0.``
+  for ``midlayer.``, ``d2t`` / ``t2d`` only for a reduced draft vocabulary, and
+  ``embed_tokens.weight`` (ignored). :func:`save_speculators_head` writes it.
+
+A head's ``max_position_embeddings`` below the target's context is raised to
+it (RoPE needs no new weights) with a logged warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +77,9 @@ __all__ = [
     "load_head",
     "load_reference_head",
     "reference_state_dict",
+    "save_speculators_head",
+    "speculators_state_dict",
+    "AUX_LAYER_CONVENTIONS",
     "read_state_dict",
     "shipped_head_path",
     "SHIPPED_DIR",
@@ -71,6 +92,7 @@ __all__ = [
 FORMAT = "specdec-eagle"
 FORMAT_VERSION = 1
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "assets"
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(SpecDecError, ValueError):
@@ -189,8 +211,9 @@ _CONFIG_FIELDS: dict[str, tuple[str, float | None]] = {
     "num_attention_heads": ("int", 1), "num_key_value_heads": ("int", 1), "head_dim": ("int", 1),
     "vocab_size": ("int", 1), "draft_vocab_size": ("int", 1), "target_layers": ("int_list", 0),
     "target_hidden_size": ("int", 1), "rms_norm_eps": ("float", None), "rope_theta": ("float", None),
-    "fc_bias": ("bool", None),
+    "fc_bias": ("bool", None), "norm_before_residual": ("bool", None), "max_position_embeddings": ("int", 1),
 }
+_NULLABLE_FIELDS = {"max_position_embeddings"}
 
 
 def _own_config(doc: dict[str, Any], cfg_file: Path) -> EagleConfig:
@@ -209,7 +232,8 @@ def _own_config(doc: dict[str, Any], cfg_file: Path) -> EagleConfig:
                 raise CheckpointError(f"{cfg_file}: required field 'config.{name}' is missing")
             continue
         kind, minimum = _CONFIG_FIELDS[name]
-        values[name] = _field(raw, name, kind, cfg_file, default=default, minimum=minimum, where="config.")
+        values[name] = _field(raw, name, kind, cfg_file, default=default, minimum=minimum,
+                              nullable=name in _NULLABLE_FIELDS, where="config.")
     try:
         return EagleConfig(**values)
     except InvalidConfigError as exc:
@@ -310,22 +334,37 @@ def _own_weights(p: Path) -> Path:
     raise CheckpointError(f"{p}: no model.safetensors (specdec's own format stores the head there){hint}")
 
 
-def _load_into(head: EagleHead, sd: dict[str, torch.Tensor], source: str) -> None:
+def _load_into(head: EagleHead, sd: dict[str, torch.Tensor], source: str, *, cfg_file: Path | None = None,
+               origin: dict[str, str] | None = None, prefix: str = "layer.") -> None:
+    """Copy ``sd`` (the head's key names) into ``head``; ``origin`` maps them back to the file's
+    names and ``prefix`` is the file's name of the layer, for the messages."""
     own = head.trainable_state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
+
+    def name(k: str) -> str:
+        if origin and k in origin:
+            return origin[k]
+        return prefix + k[len("layer."):] if k.startswith("layer.") else k
+
+    missing = sorted(name(k) for k in set(own) - set(sd))
+    unexpected = sorted(name(k) for k in set(sd) - set(own))
     if missing or unexpected:
         raise CheckpointError(f"{source}: missing keys {missing}, unexpected keys {unexpected}")
-    for k, v in own.items():
-        if tuple(sd[k].shape) != tuple(v.shape):
-            raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the head expects {tuple(v.shape)}")
+    bad = [k for k, v in own.items() if tuple(sd[k].shape) != tuple(v.shape)]
+    if bad and cfg_file is None:
+        k = bad[0]
+        raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the head expects {tuple(own[k].shape)}")
+    if bad:
+        each = "; ".join(f"{name(k)} has shape {tuple(sd[k].shape)} where the config "
+                         f"({_SHAPE_FIELDS.get(k, 'hidden_size')}) implies {tuple(own[k].shape)}" for k in bad)
+        raise CheckpointError(f"{source}: the tensors disagree with {cfg_file}: {each}")
     with torch.no_grad():
         for k, v in own.items():
             v.copy_(sd[k].to(v.dtype))
 
 
 def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | None = None,
-              device: Any = None, target_num_layers: int | None = None) -> EagleHead:
+              device: Any = None, target_num_layers: int | None = None,
+              target_max_positions: int | None = None) -> EagleHead:
     """Load a head saved by :func:`save_head`, wired to ``target``.
 
     Args:
@@ -336,6 +375,9 @@ def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | None
         device: where to put the head (default: the target embedding's device).
         target_num_layers: the target's layer count (default: ``target.config.num_hidden_layers``;
             unknown, and not checked, for a tensor pair).
+        target_max_positions: the target's context (default: its config's
+            ``max_position_embeddings``); a recorded head limit below it is
+            raised to it, with a logged warning.
 
     Raises:
         CheckpointError: a missing, corrupt or malformed file (named in the
@@ -367,9 +409,10 @@ def load_head(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | None
         )
     if n is not None:
         _check_layers(config.target_layers, n, p)
+    config = _raise_position_limit(config, target, target_max_positions, p)
     embed, lm_head = _targets_tensors(target)
     head = _build(config, embed, lm_head, dtype, device)
-    _load_into(head, read_state_dict(_own_weights(p)), str(p))
+    _load_into(head, read_state_dict(_own_weights(p)), str(p), cfg_file=cfg_file)
     return head.eval()
 
 
@@ -384,29 +427,72 @@ def _build(
 
 # ----------------------------------------------------- reference layouts
 _LAYER_PREFIX = {2: "layers.0.", 3: "midlayer."}
+_SPECULATORS_PREFIX = "layers.0."  # speculators' EAGLE-3 layout (a ModuleList of one decoder layer)
+
+AUX_LAYER_CONVENTIONS: dict[str, int] = {"vllm": 0, "sglang": 1}
+"""How an engine reads a recorded ``eagle_aux_hidden_state_layer_ids`` entry ``l``: the offset from
+``l`` to specdec's ``hidden_states`` index. vLLM (and its ``speculators`` format) takes the *input*
+of layer ``l`` (``hidden_states[l]``, offset 0); SGLang (and SpecForge, which trains for it) adds 1:
+the *output* of layer ``l`` (``hidden_states[l + 1]``)."""
+
+# what fixes the shape of each tensor, for "the tensors disagree with config.json" errors
+_SHAPE_FIELDS = {
+    "fc.weight": "hidden_size, target_hidden_size and the number of feature layers",
+    "fc.bias": "hidden_size",
+    "layer.self_attn.q_proj.weight": "num_attention_heads, head_dim and hidden_size",
+    "layer.self_attn.k_proj.weight": "num_key_value_heads, head_dim and hidden_size",
+    "layer.self_attn.v_proj.weight": "num_key_value_heads, head_dim and hidden_size",
+    "layer.self_attn.o_proj.weight": "num_attention_heads, head_dim and hidden_size",
+    "layer.mlp.gate_proj.weight": "intermediate_size and hidden_size",
+    "layer.mlp.up_proj.weight": "intermediate_size and hidden_size",
+    "layer.mlp.down_proj.weight": "intermediate_size and hidden_size",
+    "lm_head.weight": "draft_vocab_size and hidden_size",
+    "d2t": "draft_vocab_size",
+    "t2d": "vocab_size",
+}
 
 
 def reference_state_dict(head: EagleHead) -> dict[str, torch.Tensor]:
     """``head``'s tensors renamed to the reference layout of its version (the
     inverse of the mapping :func:`load_reference_head` applies); used to write
     synthetic reference checkpoints in tests and to export heads."""
-    prefix = _LAYER_PREFIX[head.config.version]
+    return _renamed(head, _LAYER_PREFIX[head.config.version])
+
+
+def speculators_state_dict(head: EagleHead) -> dict[str, torch.Tensor]:
+    """An EAGLE-3 ``head``'s tensors in the ``speculators`` layout (vllm-project/speculators
+    ``Eagle3DraftModel``): ``fc.weight``, ``layers.0.*``, ``norm.weight``, ``lm_head.weight``,
+    and ``d2t`` / ``t2d`` only when the draft vocabulary is smaller than the target's (as
+    speculators saves them); never the target's embedding."""
+    if head.config.version != 3:
+        raise InvalidConfigError(f"the speculators layout holds EAGLE-3 heads, got an EAGLE-{head.config.version} head")
+    sd = _renamed(head, _SPECULATORS_PREFIX)
+    if head.config.draft_vocab_size == head.config.vocab_size:  # identity mapping: speculators has no buffers then
+        del sd["d2t"], sd["t2d"]
+    return sd
+
+
+def _renamed(head: EagleHead, prefix: str) -> dict[str, torch.Tensor]:
     return {(prefix + k[len("layer."):] if k.startswith("layer.") else k): v
             for k, v in head.trainable_state_dict().items()}
 
 
-def _map_reference(sd: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
-    prefix = _LAYER_PREFIX[version]
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("model."):  # some exporters prefix every key
-            k = k[len("model."):]
+def _map_reference(sd: dict[str, torch.Tensor], prefix: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``sd`` renamed to the head's keys, and each new key's name in the file."""
+    out, origin = {}, {}
+    for key, v in sd.items():
+        k = key[len("model."):] if key.startswith("model.") else key  # some exporters prefix every key
         if k == "embed_tokens.weight":
             continue  # the target's embedding; specdec always shares the target's own
         if k.startswith(prefix):
             k = "layer." + k[len(prefix):]
         out[k] = v
-    return out
+        origin[k] = key
+    return out, origin
+
+
+def _is_speculators(cfg: dict[str, Any]) -> bool:
+    return any(k in cfg for k in ("speculators_model_type", "speculators_config", "transformer_layer_config"))
 
 
 def _guess_version(sd: dict[str, torch.Tensor], cfg: dict[str, Any], source: Any) -> int:
@@ -418,23 +504,114 @@ def _guess_version(sd: dict[str, torch.Tensor], cfg: dict[str, Any], source: Any
                           "(pass version=2 or version=3)")
 
 
-def _aux_layer_ids(cfg: dict[str, Any], f: Path) -> tuple[int, ...] | None:
-    """EAGLE-3 feature layers recorded by the checkpoint: ``eagle_aux_hidden_state_layer_ids``
-    at the top level (where vLLM reads it) or nested in ``eagle_config``; None if absent (or empty,
-    as vLLM treats it). The ids index the target layers whose *input* is taken, i.e.
-    ``hidden_states[id]``, as in specdec (and vLLM)."""
+def _recorded_aux_ids(cfg: dict[str, Any], f: Path) -> tuple[tuple[int, ...] | None, str]:
+    """EAGLE-3 feature layers recorded by the checkpoint, and where: ``eagle_aux_hidden_state_layer_ids``
+    at the top level (vLLM, speculators) or nested in ``eagle_config`` (SGLang, SpecForge); None if
+    absent (or empty, as both engines treat it)."""
     key = "eagle_aux_hidden_state_layer_ids"
     nested = _field(cfg, "eagle_config", "dict", f, default=None, nullable=True) or {}
     for doc, where in ((cfg, ""), (nested, "eagle_config.")):
         if doc.get(key) is not None and doc.get(key) != []:
-            return _field(doc, key, "int_list", f, minimum=0, where=where)
-    return None
+            return _field(doc, key, "int_list", f, minimum=0, where=where), where + key
+    return None, ""
+
+
+def _feature_layers(cfg: dict[str, Any], f: Path, n: int, convention: str | None, speculators: bool) -> tuple[int, ...]:
+    """``hidden_states`` indices of an EAGLE-3 reference head's features for a target of ``n`` layers."""
+    ids, where = _recorded_aux_ids(cfg, f)
+    if ids is None:  # both engines then take the inputs of layers (2, N // 2, N - 3)
+        return eagle3_target_layers(n)
+    if convention is None:
+        if not speculators:
+            vllm, sglang = list(ids), [i + 1 for i in ids]
+            raise CheckpointError(
+                f"{f}: {where} = {list(ids)} does not say whose numbering it uses, and the engines differ by one: "
+                f"vLLM and speculators read id l as the input of layer l (hidden_states {vllm}), SGLang and "
+                f"SpecForge add 1 (the output of layer l: hidden_states {sglang}). Pass "
+                "aux_layer_convention='vllm' or 'sglang': the engine the head was trained for"
+            )
+        convention = "vllm"  # the speculators format is vLLM's
+    layers = tuple(i + AUX_LAYER_CONVENTIONS[convention] for i in ids)
+    _check_layers(layers, n, f"{f} ({where} {list(ids)} in {convention}'s numbering)")
+    return layers
+
+
+def _target_context(target: Any, target_max_positions: int | None) -> int | None:
+    """The target's context (``target_max_positions``, else its config's ``max_position_embeddings``); None if unknown."""
+    if target_max_positions is not None:
+        return _depth(target_max_positions, "target_max_positions")
+    cfg = getattr(target, "config", None)
+    getter = getattr(cfg, "get_text_config", None)
+    cfg = getter() if getter is not None else cfg
+    n = getattr(cfg, "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
+def _raise_position_limit(config: EagleConfig, target: Any, target_max_positions: int | None, source: Any) -> EagleConfig:
+    """``config`` with a position limit below the target's context raised to it, with a logged note."""
+    limit, context = config.max_position_embeddings, _target_context(target, target_max_positions)
+    if limit is None or context is None or context <= limit:
+        return config
+    logger.warning(
+        "%s: the head's max_position_embeddings (%d) is below the target's context (%d); raised to %d. RoPE "
+        "needs no new weights, but the head was trained on shorter contexts: acceptance may be lower beyond %d "
+        "positions (the output law is unchanged)", source, limit, context, context, limit)
+    return attrs.evolve(config, max_position_embeddings=context)
+
+
+def _speculators_fields(cfg: dict[str, Any], f: Path) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    """The decoder layer's config, ``norm_before_residual`` and the verifier record of a
+    ``speculators`` EAGLE-3 config; a :class:`CheckpointError` for what specdec's head cannot run."""
+    kind = cfg.get("speculators_model_type")
+    if kind != "eagle3":
+        raise CheckpointError(f"{f}: speculators_model_type {kind!r}: only speculators' 'eagle3' heads load here")
+    tl = _field(cfg, "transformer_layer_config", "dict", f)
+    where = "transformer_layer_config."
+    if tl.get("model_type") != "llama":
+        raise CheckpointError(
+            f"{f}: {where}model_type {tl.get('model_type')!r}: only 'llama' decoder layers are supported "
+            "(a 'qwen3' layer adds q_norm / k_norm, which specdec's EAGLE head does not have)")
+    layers = _field(tl, "num_hidden_layers", "int", f, default=1, minimum=1, where=where)
+    if layers != 1:
+        raise CheckpointError(f"{f}: {where}num_hidden_layers is {layers}: only single-layer EAGLE-3 heads are supported")
+    for doc, flag, at in ((tl, "attention_bias", where), (tl, "mlp_bias", where),
+                          (cfg, "norm_before_fc", ""), (cfg, "fc_norm", ""), (cfg, "norm_output", "")):
+        if _field(doc, flag, "bool", f, default=False, nullable=True, where=at):
+            raise CheckpointError(f"{f}: {at}{flag} is true: specdec's EAGLE-3 head does not implement it")
+    if "norm_before_residual" not in cfg:
+        raise CheckpointError(
+            f"{f}: no norm_before_residual (speculators always writes it): vLLM reads a missing one as true, "
+            "speculators' own default is false; add the value the head was trained with")
+    norm_before_residual = _field(cfg, "norm_before_residual", "bool", f)
+    spec = _field(cfg, "speculators_config", "dict", f, default=None, nullable=True) or {}
+    verifier = _field(spec, "verifier", "dict", f, default=None, nullable=True, where="speculators_config.") or {}
+    return tl, norm_before_residual, verifier
+
+
+def _verifier_text(verifier: dict[str, Any]) -> str:
+    name, archs = verifier.get("name_or_path"), verifier.get("architectures")
+    return f"{name or 'an unnamed verifier'}" + (f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else "")
+
+
+def _check_verifier(verifier: dict[str, Any], target: Any, f: Path) -> None:
+    """A speculators head names the verifier it was made for: refuse a target of another architecture."""
+    archs = verifier.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise CheckpointError(f"{f}: field 'speculators_config.verifier.architectures' must be an array of strings, "
+                              f"got {archs!r}")
+    tcfg = getattr(target, "config", None)
+    theirs = getattr(tcfg, "architectures", None) or []
+    if archs and theirs and not set(archs) & set(theirs):
+        raise CheckpointError(f"{f}: this head was made for {_verifier_text(verifier)}, but the target is a "
+                              f"{', '.join(theirs)}: load it with the verifier it was trained for")
 
 
 def load_reference_head(path: str | os.PathLike, target: Any, *, version: int | None = None,
-                        target_num_layers: int | None = None, dtype: torch.dtype | None = None,
+                        target_num_layers: int | None = None, aux_layer_convention: str | None = None,
+                        target_max_positions: int | None = None, dtype: torch.dtype | None = None,
                         device: Any = None) -> EagleHead:
-    """Load an EAGLE-2 or EAGLE-3 head saved in the reference layout (see module docs).
+    """Load an EAGLE-2 or EAGLE-3 head saved in a reference layout (see module docs): SafeAILab
+    EAGLE / SpecForge, or vLLM's ``speculators`` format (detected from its config).
 
     Args:
         path: folder with ``config.json`` and ``*.safetensors`` or ``pytorch_model.bin``.
@@ -443,75 +620,183 @@ def load_reference_head(path: str | os.PathLike, target: Any, *, version: int | 
         target_num_layers: the target's layer count (sets EAGLE-3's feature
             layers unless the checkpoint records ``eagle_aux_hidden_state_layer_ids``);
             read from ``target.config`` when it is a model.
+        aux_layer_convention: ``"vllm"`` or ``"sglang"``: how the recorded
+            ``eagle_aux_hidden_state_layer_ids`` are numbered (see
+            :data:`AUX_LAYER_CONVENTIONS`). Default: ``"vllm"`` for a speculators
+            config; for another config that records ids, an error (the
+            engines differ by one and the file does not say which it was
+            trained for). Unused when no ids are recorded.
+        target_max_positions: the target's context (default: its config's
+            ``max_position_embeddings``); a head limit below it is raised to it,
+            with a logged warning.
         dtype, device: as in :func:`load_head`.
 
     Raises:
-        InvalidConfigError: ``version`` is not 2, 3 or None.
+        InvalidConfigError: ``version`` is not 2, 3 or None, or an unknown ``aux_layer_convention``.
+        VocabMismatchError: the head's vocabulary or width is not the target's.
         CheckpointError: a missing, corrupt or malformed file (named in the
-            message), or recorded feature layers the target does not have.
+            message), tensors that disagree with the config, recorded feature
+            layers the target does not have, ambiguous aux layer ids, a
+            speculators head made for another architecture or using options
+            specdec's head does not implement.
     """
     if version is not None and (isinstance(version, bool) or version not in (2, 3)):
         raise InvalidConfigError(
             f"version must be 2 or 3 (or None to detect it from the checkpoint's keys), got {version!r}")
+    if aux_layer_convention is not None and aux_layer_convention not in AUX_LAYER_CONVENTIONS:
+        raise InvalidConfigError(
+            f"aux_layer_convention must be one of {sorted(AUX_LAYER_CONVENTIONS)} or None, got {aux_layer_convention!r}")
     p = Path(path)
     cfg = _read_config(p)
     f = p / "config.json"
+    speculators = _is_speculators(cfg)
+    verifier: dict[str, Any] = {}
+    norm_before_residual = False
+    if speculators:
+        if version == 2:
+            raise CheckpointError(f"{p}: a speculators EAGLE-3 checkpoint, not EAGLE-2 (version=2 was given)")
+        tl, norm_before_residual, verifier = _speculators_fields(cfg, f)
+        at = "transformer_layer_config."
+    else:
+        tl, at = cfg, ""
     sd = read_state_dict(p)
-    version = _guess_version(sd, cfg, p) if version is None else int(version)
+    if speculators:
+        version = 3
+    elif version is None:
+        version = _guess_version(sd, cfg, p)
     if version == 2:
         layers = _field(cfg, "num_hidden_layers", "int", f, default=1, minimum=1)
         if layers != 1:
             raise CheckpointError(f"{p}: only single-layer EAGLE-2 heads are supported, got {layers} layers")
     embed, lm_head = _targets_tensors(target)
-    vocab = _field(cfg, "vocab_size", "int", f, default=int(embed.shape[0]), minimum=1)
-    hidden = _field(cfg, "hidden_size", "int", f, minimum=1)
+    vocab = _field(tl, "vocab_size", "int", f, default=int(embed.shape[0]), minimum=1, where=at)
+    hidden = _field(tl, "hidden_size", "int", f, minimum=1, where=at)
     if (vocab, hidden) != tuple(embed.shape):
-        raise VocabMismatchError(f"{p}: head for vocab {vocab} / hidden {hidden}, target embedding {tuple(embed.shape)}")
+        made_for = f"made for {_verifier_text(verifier)}, " if speculators else ""
+        raise VocabMismatchError(f"{p}: head {made_for}for vocab {vocab} / hidden {hidden}, target embedding "
+                                 f"{tuple(embed.shape)}: another target size")
+    if speculators:
+        _check_verifier(verifier, target, f)
     if target_num_layers is None:
         tcfg = getattr(target, "config", None)
         if tcfg is None:
             raise InvalidConfigError("give target_num_layers when the target is a tensor pair")
         target_num_layers = int(tcfg.num_hidden_layers)
     n = _depth(target_num_layers, "target_num_layers")
-    heads = _field(cfg, "num_attention_heads", "int", f, minimum=1)
-    theta = _field(cfg, "rope_theta", "float", f, default=None, nullable=True)
+    heads = _field(tl, "num_attention_heads", "int", f, minimum=1, where=at)
+    theta = _field(tl, "rope_theta", "float", f, default=None, nullable=True, where=at)
+    rope = _field(tl, "rope_parameters", "dict", f, default=None, nullable=True, where=at) or {}
     if theta is None:
-        rope = _field(cfg, "rope_parameters", "dict", f, default=None, nullable=True) or {}
-        theta = _field(rope, "rope_theta", "float", f, default=10000.0, where="rope_parameters.")
-    scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise CheckpointError(f"{p}: rope_scaling {scaling!r} is not supported (default RoPE only)")
+        theta = _field(rope, "rope_theta", "float", f, default=10000.0, where=at + "rope_parameters.")
+    for key, scaling in (("rope_scaling", tl.get("rope_scaling")), ("rope_parameters", rope)):
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+            raise CheckpointError(f"{p}: {at}{key} {scaling!r} is not supported (default RoPE only)")
     # 0 or null mean "absent" for these three, as the reference code reads them
-    kv = _field(cfg, "num_key_value_heads", "int", f, default=None, minimum=0, nullable=True) or heads
-    head_dim = _field(cfg, "head_dim", "int", f, default=None, minimum=0, nullable=True) or hidden // heads
+    kv = _field(tl, "num_key_value_heads", "int", f, default=None, minimum=0, nullable=True, where=at) or heads
+    head_dim = _field(tl, "head_dim", "int", f, default=None, minimum=0, nullable=True, where=at) or hidden // heads
     target_hidden = _field(cfg, "target_hidden_size", "int", f, default=None, minimum=0, nullable=True) or hidden
+    limit = _field(tl, "max_position_embeddings", "int", f, default=None, minimum=1, nullable=True, where=at)
     if version == 2:
         feature_layers: tuple[int, ...] = (n,)
     else:
-        feature_layers = _aux_layer_ids(cfg, f) or eagle3_target_layers(n)
-        _check_layers(feature_layers, n, p)
+        feature_layers = _feature_layers(cfg, f, n, aux_layer_convention, speculators)
     try:
         config = EagleConfig(
-            version=version, hidden_size=hidden, intermediate_size=_field(cfg, "intermediate_size", "int", f, minimum=1),
+            version=version, hidden_size=hidden,
+            intermediate_size=_field(tl, "intermediate_size", "int", f, minimum=1, where=at),
             num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
             draft_vocab_size=_field(cfg, "draft_vocab_size", "int", f, default=vocab, minimum=1) if version == 3 else vocab,
             target_layers=feature_layers, target_hidden_size=target_hidden,
-            rms_norm_eps=_field(cfg, "rms_norm_eps", "float", f, default=1e-6), rope_theta=theta,
-            fc_bias=("fc.bias" in sd or "model.fc.bias" in sd),
+            rms_norm_eps=_field(tl, "rms_norm_eps", "float", f, default=1e-6, where=at), rope_theta=theta,
+            fc_bias=("fc.bias" in sd or "model.fc.bias" in sd), norm_before_residual=norm_before_residual,
+            max_position_embeddings=limit,
         )
     except InvalidConfigError as exc:
         raise CheckpointError(f"{f}: {exc}") from exc
+    config = _raise_position_limit(config, target, target_max_positions, p)
     head = _build(config, embed, lm_head, dtype, device)
-    mapped = _map_reference(sd, version)
+    prefix = _SPECULATORS_PREFIX if speculators else _LAYER_PREFIX[version]
+    mapped, origin = _map_reference(sd, prefix)
     if version == 3:
-        mapped["d2t"] = mapped.get("d2t", torch.zeros(0)).long()
-        mapped["t2d"] = mapped.get("t2d", torch.zeros(0)).bool()
-    _load_into(head, mapped, str(p))
+        if "d2t" not in mapped and "t2d" not in mapped and config.draft_vocab_size == vocab:
+            # a full draft vocabulary: speculators (and vLLM) store no mapping, which is then the identity
+            mapped["d2t"], mapped["t2d"] = head.d2t.clone(), head.t2d.clone()
+        for k, kind in (("d2t", torch.long), ("t2d", torch.bool)):
+            if k in mapped:
+                mapped[k] = mapped[k].to(kind)
+    _load_into(head, mapped, str(p), cfg_file=f, origin=origin, prefix=prefix)
     if version == 3:
         ids = head.draft_to_target
         if ids.min() < 0 or ids.max() >= vocab or not torch.equal(head.t2d.nonzero().flatten(), ids.sort().values):
             raise CheckpointError(f"{p}: d2t and t2d buffers disagree")
     return head.eval()
+
+
+def save_speculators_head(head: EagleHead, path: str | os.PathLike, *, verifier_name_or_path: str | None = None,
+                          verifier_architectures: Sequence[str] = ("LlamaForCausalLM",), speculative_tokens: int = 3,
+                          dtype: torch.dtype | None = None) -> Path:
+    """Write an EAGLE-3 ``head`` in vLLM's ``speculators`` format (vllm-project/speculators
+    ``Eagle3SpeculatorConfig``), which :func:`load_reference_head` (and vLLM) read.
+
+    ``config.json`` holds ``speculators_model_type: "eagle3"``, a llama
+    ``transformer_layer_config`` (one layer), ``draft_vocab_size``,
+    ``norm_before_residual``, ``target_hidden_size`` (null when equal to the
+    head's width), ``eagle_aux_hidden_state_layer_ids`` (always written, in
+    vLLM's numbering: specdec's ``target_layers`` as they are) and a
+    ``speculators_config`` block (algorithm, greedy proposal of
+    ``speculative_tokens`` tokens, ``verifier`` with ``name_or_path`` and
+    ``architectures``); ``model.safetensors`` holds
+    :func:`speculators_state_dict`.
+
+    Args:
+        head: an EAGLE-3 head without an ``fc`` bias.
+        path: the folder (created).
+        verifier_name_or_path, verifier_architectures: the target the head is for.
+        speculative_tokens: the proposal length recorded for vLLM.
+        dtype: store floating tensors in this dtype.
+    """
+    from safetensors.torch import save_file
+
+    c = head.config
+    if c.version != 3:
+        raise InvalidConfigError(f"the speculators layout holds EAGLE-3 heads, got an EAGLE-{c.version} head")
+    if c.fc_bias:
+        raise InvalidConfigError("speculators' EAGLE-3 fc has no bias, this head's has one")
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
+        raise InvalidConfigError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
+    layer: dict[str, Any] = {
+        "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+    }
+    if c.max_position_embeddings is not None:
+        layer["max_position_embeddings"] = c.max_position_embeddings
+    doc = {
+        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": None if c.target_hidden_size == c.hidden_size else c.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(c.target_layers),
+        "norm_before_residual": c.norm_before_residual, "norm_before_fc": False, "fc_norm": False,
+        "norm_output": False, "tie_word_embeddings": False, "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+        },
+    }
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, v in speculators_state_dict(head).items():
+        v = v.detach().cpu()
+        tensors[k] = (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out
 
 
 def shipped_head_path(version: int) -> Path:

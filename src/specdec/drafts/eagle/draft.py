@@ -54,7 +54,8 @@ class EagleDraft(DraftModel):
         head: a trained :class:`EagleHead`.
         feature_fn: optional fallback giving the prompt's features (see
             :func:`hf_feature_fn`).
-        max_length: optional context limit (committed pairs + tree).
+        max_length: optional context limit (committed pairs + tree); default:
+            the head's ``config.max_position_embeddings`` (None when not recorded).
         cpu_linear: install the tuned few-row linear dispatch
             (:func:`~specdec.kernels.linear.accelerate_linears`) on the head's
             linear layers and, for EAGLE-2, on its use of the target's LM head:
@@ -75,7 +76,7 @@ class EagleDraft(DraftModel):
             raise InvalidConfigError(f"{type(self).__name__} needs an EAGLE-{self.version} head, got EAGLE-{head.config.version}")
         self.head = head.eval()
         self.feature_fn = feature_fn
-        self.max_length = max_length
+        self.max_length = head.config.max_position_embeddings if max_length is None else max_length
         p = next(head.parameters())
         self._device, self._dtype = p.device, p.dtype
         self._proposal_ids: torch.Tensor | None = None  # EAGLE-3: the draft vocabulary's target ids (proposal_ids)

@@ -58,6 +58,14 @@ class EagleConfig:
             ``len(target_layers) * target_hidden_size`` for EAGLE-3).
         rms_norm_eps, rope_theta: as in the target's config.
         fc_bias: whether ``fc`` has a bias (EAGLE-2 reference: yes; EAGLE-3: no).
+        norm_before_residual: EAGLE-3 only: the layer's residual stream starts
+            from ``hidden_norm(g)`` instead of ``g`` (the ``norm_before_residual``
+            option of vLLM's and speculators' EAGLE-3 heads; default off, as in
+            the SafeAILab reference).
+        max_position_embeddings: the head's position limit (None: not
+            recorded). An :class:`~specdec.drafts.eagle.draft.EagleDraft` of the
+            head refuses longer contexts; the loaders raise a limit below the
+            target's context to the target's (RoPE needs no new weights).
     """
 
     version: int = attrs.field()
@@ -73,6 +81,8 @@ class EagleConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     fc_bias: bool = True
+    norm_before_residual: bool = False
+    max_position_embeddings: int | None = None
 
     @version.validator
     def _check_version(self, _attr: Any, value: int) -> None:
@@ -86,6 +96,11 @@ class EagleConfig:
             raise InvalidConfigError("EAGLE-2 uses the full vocabulary and exactly one feature layer")
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise InvalidConfigError(f"draft_vocab_size {self.draft_vocab_size} not in [1, {self.vocab_size}]")
+        if self.norm_before_residual and self.version != 3:
+            raise InvalidConfigError("norm_before_residual is an EAGLE-3 option (EAGLE-2 has no hidden_norm)")
+        limit = self.max_position_embeddings
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidConfigError(f"max_position_embeddings must be a positive integer or None, got {limit!r}")
 
     @classmethod
     def for_target(
@@ -328,23 +343,26 @@ class EagleHead(nn.Module):
             from_target: which of the two ``hidden`` is.
 
         Returns:
-            ``(x, emb)``: ``x [..., H]`` the layer's residual stream input and
+            ``(x, emb)``: ``x [..., H]`` the layer's residual stream input
+            (EAGLE-3 with ``norm_before_residual``: already ``hidden_norm``-ed) and
             ``emb [..., H]`` the token embeddings.
         """
         emb = F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
         hidden = hidden.to(self.fc.weight.dtype)
         if self.config.version == 2:
             return self.fc(torch.cat([emb, hidden], dim=-1)), emb
-        if from_target:
-            return self.fc(hidden), emb
-        return hidden, emb
+        g = self.fc(hidden) if from_target else hidden
+        if self.config.norm_before_residual:  # the residual stream starts from hidden_norm(g)
+            return self.layer.hidden_norm(g), emb
+        return g, emb
 
     def qkv(self, x: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Queries ``[B, nh, T, d]`` and keys/values ``[B, nkv, T, d]`` (RoPE
         applied) for layer inputs ``x, emb [B, T, H]`` at ``positions [B, T]``."""
         cfg, layer = self.config, self.layer
         if cfg.version == 3:
-            a = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(x)], dim=-1)
+            # norm_before_residual: fuse already normed x (it is also the residual)
+            a = torch.cat([layer.input_layernorm(emb), x if cfg.norm_before_residual else layer.hidden_norm(x)], dim=-1)
         else:
             a = x  # the reference's first (only) layer has no input norm
         b, t, _ = x.shape
