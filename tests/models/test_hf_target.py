@@ -259,7 +259,7 @@ def tiny_architecture(name: str, impl: str):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma", "phi3", "gpt2"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma", "phi3", "gpt2", "mistral-sliding"])
 def test_other_architectures_without_forked_modeling_code(arch, impl):
     model = tiny_architecture(arch, impl)
     if getattr(model, "_supports_cache_class", True) is False:  # GPT-2 in old transformers
@@ -267,11 +267,6 @@ def test_other_architectures_without_forked_modeling_code(arch, impl):
             HFTarget(model).prefill([1, 2])
         return
     assert run_steps(HFTarget(model), model, seed=8, steps=2) < 1e-5
-
-
-def test_sliding_window_models_are_refused():
-    with pytest.raises(NotImplementedError, match="sliding"):
-        HFTarget(tiny_architecture("mistral-sliding", "sdpa")).prefill([1, 2])
 
 
 @pytest.mark.parametrize("impl", IMPLS)

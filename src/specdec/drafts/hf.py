@@ -36,6 +36,7 @@ from specdec.models.hf_common import (
     forward_tokens,
     model_max_length,
     model_vocab_size,
+    sliding_window,
 )
 from specdec.registry import register
 
@@ -84,6 +85,7 @@ class HFDraft(DraftModel):
     ) -> None:
         check_attention(model, "HFDraft")  # the tree's 4D mask must be honoured (docs/models.md)
         check_eval_mode(model, "HFDraft")
+        sliding_window(model)  # a malformed window is refused before any forward (docs/models.md, "Sliding-window attention")
         self.model = model
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
         if resolve_cpu_linear(cpu_linear, next(model.parameters()).device):

@@ -27,9 +27,11 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
@@ -44,6 +46,8 @@ __all__ = [
     "probe_tree_attention",
     "KVCache",
     "KVCompactor",
+    "SLIDING_LAYER_TYPES",
+    "SlidingWindow",
     "additive_mask",
     "check_context",
     "check_prompt",
@@ -55,6 +59,7 @@ __all__ = [
     "forward_tokens",
     "model_max_length",
     "model_vocab_size",
+    "sliding_window",
     "text_config",
     "truncated_copy",
 ]
@@ -181,6 +186,111 @@ def check_tokenizers_match(target_tokenizer: Any, draft_tokenizer: Any) -> None:
     raise VocabMismatchError(
         f"target and draft tokenizers differ ({len(a)} vs {len(b)} entries; first difference: {example!r})"
     )
+
+
+# ------------------------------------------------------- sliding windows
+SLIDING_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""The ``config.layer_types`` entries specdec can mask (docs/models.md, "Sliding-window attention")."""
+
+
+@attrs.frozen
+class SlidingWindow:
+    """How a model with sliding-window attention sees its keys.
+
+    A sliding layer's query at position ``t`` sees the keys at positions
+    ``s`` with ``t - window < s <= t`` (transformers' ``sliding_window_overlay``:
+    ``kv_idx > q_idx - sliding_window``; ``window`` keys, the query's own
+    included); a full layer sees every key its tree row allows.
+
+    Attributes:
+        window: ``W``, the model's ``config.sliding_window``.
+        per_layer_type: True when some layers attend fully (``config.layer_types``
+            mixes both kinds): the model is given ``{"full_attention": m_full,
+            "sliding_attention": m_sliding}``; False when every layer slides
+            (Mistral style): one mask.
+    """
+
+    window: int
+    per_layer_type: bool
+
+    def masks(
+        self, allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The additive masks ``[B, 1, q, K]`` of one forward.
+
+        Args:
+            allowed: ``[B, q, K]`` bool, the tree's pattern (True: may attend).
+            query_positions: ``[B, q]`` int64 positions of the new tokens.
+            key_positions: ``[B, K]`` int64 positions of the keys (cached, then new).
+            dtype: the model's dtype.
+        """
+        near = key_positions.unsqueeze(1) > query_positions.unsqueeze(2) - self.window  # [B, q, K]
+        sliding = additive_mask(allowed & near, dtype)[0, 0].unsqueeze(1)
+        if not self.per_layer_type:
+            return sliding
+        return {"full_attention": additive_mask(allowed, dtype)[0, 0].unsqueeze(1), "sliding_attention": sliding}
+
+
+_MASK_MAPPING = re.compile(r"isinstance\(\s*(?:\w+\s*:=\s*)?attention_mask\s*,\s*dict\s*\)")
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_mask_mapping(cls: type) -> bool:
+    """Whether ``cls.forward`` (a decoder) accepts a per-layer-type dict of masks."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return _MASK_MAPPING.search(source) is not None
+
+
+def sliding_window(model: Any) -> SlidingWindow | None:
+    """The sliding-window layout of ``model``, or None when no layer slides.
+
+    A layer slides when the (text) config sets ``sliding_window`` (and not
+    ``use_sliding_window=False``) and, if the config has ``layer_types``, the
+    layer's type is ``"sliding_attention"``; without ``layer_types`` every
+    layer slides (Mistral, Phi-3).
+
+    Raises:
+        InvalidConfigError: ``sliding_window`` is not a positive int, or exceeds
+            the model's context (``max_position_embeddings``).
+        NotImplementedError: a layer type other than :data:`SLIDING_LAYER_TYPES`
+            (chunked attention, ...), or full and sliding layers in a model whose
+            decoder takes a single mask (specdec could not give each kind its own).
+    """
+    config = text_config(model.config)
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    name = type(model).__name__
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InvalidConfigError(f"{name}: sliding_window must be a positive int, got {window!r}")
+    max_length = model_max_length(model)
+    if max_length is not None and window > max_length:
+        raise InvalidConfigError(
+            f"{name}: sliding_window = {window} exceeds the model's context of {max_length} positions "
+            "(max_position_embeddings); fix the config (a window as long as the context is full attention: "
+            "set sliding_window = None)"
+        )
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return SlidingWindow(window, per_layer_type=False)
+    unknown = sorted(set(types) - set(SLIDING_LAYER_TYPES))
+    if unknown:
+        raise NotImplementedError(
+            f"{name}: layer types {unknown} are not supported; specdec masks trees for {list(SLIDING_LAYER_TYPES)}"
+        )
+    if "sliding_attention" not in types:
+        return None
+    if "full_attention" not in types:
+        return SlidingWindow(window, per_layer_type=False)
+    if not _takes_mask_mapping(type(model.base_model)):
+        raise NotImplementedError(
+            f"{name}: full and sliding-window layers, but {type(model.base_model).__name__}.forward takes one "
+            "attention mask for all layers (no per-layer-type dict), so a tree cannot be masked exactly"
+        )
+    return SlidingWindow(window, per_layer_type=True)
 
 
 # ------------------------------------------------------------ the KV cache
@@ -345,10 +455,17 @@ class KVCache:
         obj: the underlying transformers cache object (pass it to the model).
         preallocated: whether the layers live in slabs.
 
+    Sliding-window models (:func:`sliding_window`) keep every position in
+    every layer, like full-attention ones; each forward then masks what a
+    sliding layer must not see, which needs the position of every cached key:
+    ``key_positions`` (``[B, capacity]``, kept by forwards, :meth:`compact`,
+    :meth:`move_rows` and :meth:`keep_rows`; None for other models).
+
     Raises:
-        NotImplementedError: for models with sliding-window attention (their
-            dropped positions cannot be compacted back) or, in old transformers
-            versions, models that take no Cache object (GPT-2 before 4.5x).
+        NotImplementedError: for special cache layers, sliding-window models
+            in old transformers versions (before 4.56), or models that take
+            no Cache object (GPT-2 before 4.5x).
+        InvalidConfigError: a malformed sliding window (:func:`sliding_window`).
     """
 
     def __init__(self, model: Any, capacity: int | None = None) -> None:
@@ -359,20 +476,22 @@ class KVCache:
                 f"{type(model).__name__} takes legacy tuple caches in this transformers version; "
                 "specdec needs a model that accepts a Cache object (upgrade transformers)"
             )
+        self.sliding = sliding_window(model)  # before DynamicCache(config=...), which fails on some layer types
         params = inspect.signature(DynamicCache.__init__).parameters
         self.obj = DynamicCache(config=model.config) if "config" in params else DynamicCache()
+        # sliding layers are replaced below by slab layers that keep every position (masks do the window)
         for layer in getattr(self.obj, "layers", ()):
-            if getattr(layer, "is_sliding", False) or type(layer).__name__ != "DynamicLayer":
+            if type(layer).__name__ not in ("DynamicLayer", "DynamicSlidingWindowLayer"):
                 raise NotImplementedError(
                     f"{type(model).__name__}: cache layer {type(layer).__name__} is not supported "
-                    "(sliding-window or special caches cannot be compacted); use a full-attention model"
+                    "(special caches cannot be compacted); use a full- or sliding-window-attention model"
                 )
         config = text_config(model.config)
-        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        self.key_positions: torch.Tensor | None = None
+        if self.sliding is not None and not hasattr(self.obj, "layers"):
             raise NotImplementedError(
-                f"{type(model).__name__}: sliding-window attention (sliding_window={config.sliding_window}) "
-                "is not supported; use a full-attention model (or set config.sliding_window = None if the "
-                "window exceeds every context you decode)"
+                f"{type(model).__name__}: sliding-window attention needs transformers >= 4.56 in specdec "
+                "(per-layer cache objects)"
             )
         self.capacity = max(int(capacity or 0), MIN_CAPACITY)
         self.slabs: list[KVSlab] = []
@@ -430,6 +549,9 @@ class KVCache:
                 src = source.to(slab.device)[None, None, :, None, :, None].expand(slots, 2, b, h, a, d)
                 dst = dest.to(slab.device)[None, None, :, None, :, None].expand(slots, 2, b, h, a, d)
                 slab.buf.scatter_(-2, dst, slab.buf.gather(-2, src))
+            if self.key_positions is not None:
+                kp = self.key_positions
+                kp.scatter_(1, dest.to(kp.device), kp.gather(1, source.to(kp.device)))
         for layer in self.obj.layers:
             layer.length = span
 
@@ -441,6 +563,10 @@ class KVCache:
         in place, and the slab's batch dimension is narrowed (a view: nothing
         else is copied). Otherwise (``[B']`` int64 tensor, any order) every slab
         is gathered (one ``index_select``)."""
+        if self.key_positions is not None:
+            index = rows if isinstance(rows, torch.Tensor) else torch.tensor([int(r) for r in rows], dtype=torch.int64)
+            with torch.inference_mode():
+                self.key_positions = self.key_positions.index_select(0, index.to(self.key_positions.device))
         if not isinstance(rows, torch.Tensor):
             keep = [int(r) for r in rows]
             if keep == sorted(set(keep)):
@@ -468,6 +594,38 @@ class KVCache:
             self.slabs.append(slab)
         layer.slab, layer.slot = slab, len(slab.layers)
         slab.layers.append(layer)
+
+    def sliding_masks(
+        self, allowed: torch.Tensor | None, positions: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Record the positions of a forward's new keys and return its masks
+        (sliding-window models only; :meth:`SlidingWindow.masks`).
+
+        Args:
+            allowed: ``[B, q, K]`` bool tree pattern, or None for plain causal
+                attention over the cached keys and the new ones.
+            positions: ``[B, q]`` int64 positions of the new tokens.
+            offsets: ``[B]`` int64 slot of each row's first new key (the new
+                keys take slots ``offsets[b] .. offsets[b] + q - 1``).
+            dtype: the model's dtype.
+        """
+        assert self.sliding is not None
+        b, q = positions.shape
+        span = int(allowed.shape[-1]) if allowed is not None else len(self) + q
+        kp = self.key_positions
+        with torch.inference_mode():  # an inference tensor, like the slabs: updated in and out of inference mode
+            if kp is None or kp.shape[0] != b or kp.device != positions.device:
+                if kp is not None and len(self) > 0:
+                    raise RuntimeError(f"KV cache of {kp.shape[0]} rows used for a forward of {b} rows")
+                kp = torch.zeros(b, max(self.capacity, span), dtype=torch.int64, device=positions.device)
+            elif kp.shape[1] < span:
+                kp = torch.cat([kp, kp.new_zeros(b, max(span, 2 * kp.shape[1]) - kp.shape[1])], dim=1)
+            kp.scatter_(1, offsets.to(kp.device).unsqueeze(-1) + torch.arange(q, device=kp.device), positions)
+            self.key_positions = kp
+            keys = kp[:, :span].clone()  # [B, K]
+        if allowed is None:  # causal: every key at a position up to the query's
+            allowed = keys.unsqueeze(1) <= positions.unsqueeze(2)
+        return self.sliding.masks(allowed.to(positions.device), positions, keys, dtype)
 
     def __len__(self) -> int:
         return int(self.obj.get_seq_length())
@@ -516,6 +674,8 @@ class KVCache:
                 raise ValueError("cannot keep positions of an empty cache")
             return
         with torch.inference_mode():
+            if self.key_positions is not None:  # the key positions move with their keys
+                self.key_positions[:, : keep_index.numel()] = self.key_positions[:, keep_index.to(self.key_positions.device)]
             if compactor is compact_kv_inplace and self.preallocated and self.slabs:
                 n = keep_index.numel()
                 if first_moved is None:
@@ -625,11 +785,17 @@ def forward_tokens(
     else:
         input_ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)
     position_ids = torch.as_tensor(positions, dtype=torch.int64).reshape(1, q).to(device)
-    mask = None
+    mask: torch.Tensor | dict[str, torch.Tensor] | None = None
     if allowed is not None:
         if tuple(allowed.shape) != (q, past + q):
             raise ValueError(f"allowed must be [{q}, {past + q}], got {tuple(allowed.shape)}")
-        mask = additive_mask(allowed.to(device), _model_dtype(model))
+        if cache.sliding is None:
+            mask = additive_mask(allowed.to(device), _model_dtype(model))
+    if cache.sliding is not None:  # one mask per layer type (docs/models.md, "Sliding-window attention")
+        mask = cache.sliding_masks(
+            None if allowed is None else allowed.to(device).unsqueeze(0), position_ids,
+            torch.full((1,), past, dtype=torch.int64, device=device), _model_dtype(model),
+        )
     scores, hidden = _forward(model, cache, input_ids, position_ids, mask, logits, hidden_layers)
     if scores is not None:
         scores = scores[0, -1] if logits == "last" else scores[0]
@@ -655,7 +821,12 @@ def forward_rows(
     b, q = tokens.shape
     if allowed.dim() != 3 or tuple(allowed.shape[:2]) != (b, q):
         raise ValueError(f"allowed must be [{b}, {q}, K], got {tuple(allowed.shape)}")
-    mask = additive_mask(allowed.to(device), _model_dtype(model))[0, 0].unsqueeze(1)  # [B, 1, q, K]
+    mask: torch.Tensor | dict[str, torch.Tensor]
+    if cache.sliding is not None:  # one mask per layer type (docs/models.md, "Sliding-window attention")
+        offsets = cache._offsets if cache._offsets is not None else torch.full((b,), len(cache), dtype=torch.int64)
+        mask = cache.sliding_masks(allowed.to(device), positions.to(device), offsets.to(device), _model_dtype(model))
+    else:
+        mask = additive_mask(allowed.to(device), _model_dtype(model))[0, 0].unsqueeze(1)  # [B, 1, q, K]
     scores, hidden = _forward(model, cache, tokens.to(device), positions.to(device), mask, logits, hidden_layers)
     if scores is not None and logits == "last":
         scores = scores[:, -1]
@@ -667,7 +838,7 @@ def _forward(
     cache: KVCache,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | dict[str, torch.Tensor] | None,
     logits: str,
     hidden_layers: Sequence[int],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:

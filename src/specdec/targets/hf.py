@@ -33,6 +33,7 @@ from specdec.models.hf_common import (
     forward_tokens,
     model_max_length,
     model_vocab_size,
+    sliding_window,
     text_config,
 )
 from specdec.registry import register
@@ -74,8 +75,12 @@ def _check_accepted_path(tree: DraftTree, accepted_nodes: Sequence[int]) -> list
 
 @register("target", "hf")
 class HFTarget(TargetModel):
-    """A Hugging Face causal LM (LLaMA family and other full-attention
-    decoder-only models) as the target ``p``.
+    """A Hugging Face causal LM (LLaMA family and other decoder-only models,
+    sliding-window ones included: Gemma 2/3, Mistral) as the target ``p``.
+
+    Sliding-window models keep every position in the KV cache; each tree
+    forward gives full layers the tree's mask and sliding layers the same
+    mask restricted to the window (docs/models.md, "Sliding-window attention").
 
     Args:
         model: an HF ``*ForCausalLM`` (put it in eval mode on its device and
@@ -135,6 +140,7 @@ class HFTarget(TargetModel):
     ) -> None:
         check_attention(model, "HFTarget")  # the tree's 4D mask must be honoured (docs/models.md)
         check_eval_mode(model, "HFTarget")
+        self.sliding_window = sliding_window(model)  # validated before any forward (docs/models.md, "Sliding-window attention")
         self.model = model
         device = next(model.parameters()).device
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
