@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from specdec.kernels.linear import (
+    LARGE_ROWS,
     LINEAR_METHODS,
     LinearPlan,
     RowDispatchLinear,
@@ -203,6 +204,16 @@ def test_accelerate_and_restore_a_model():
     assert set(state) == set(_tiny_llama().state_dict())
     assert restore_linears(model) == 7 * 2 + 1
     assert restore_linears(model) == 0
+
+
+def test_large_weights_tune_fewer_row_buckets():
+    # a weight above large_numel (an LM head over a large vocabulary) measures the buckets up to 64 rows only
+    model = _tiny_llama()
+    with torch.no_grad():
+        plans = accelerate_linears(model, max_rows=2, repeats=1, min_numel=0, large_numel=97 * 32 - 1)
+    assert [n for n, _ in plans[(97, 32)].buckets] == [n for n in LARGE_ROWS if n <= 64]
+    assert [n for n, _ in plans[(64, 32)].buckets] == list(LARGE_ROWS)
+    restore_linears(model)
 
 
 def test_hf_target_option():

@@ -358,6 +358,7 @@ def accelerate_linears(
     methods: Sequence[str] = LINEAR_METHODS,
     repeats: int = 3,
     min_numel: int = 1 << 16,
+    large_numel: int = 1 << 25,
 ) -> dict[tuple[int, int], LinearPlan]:
     """Install a tuned :class:`RowDispatchLinear` as the ``forward`` of every
     CPU float32 :class:`torch.nn.Linear` in ``model`` (in place; the module
@@ -372,6 +373,11 @@ def accelerate_linears(
         max_rows, methods, repeats: as in :func:`tune_linear`.
         min_numel: layers whose weight has fewer elements keep ``F.linear``
             (for tiny weights the choice does not matter and tuning is wasted).
+        large_numel: weights with more elements (an LM head over a large
+            vocabulary: Gemma-3's 262,144 x 640) measure the row buckets of
+            :data:`LARGE_ROWS` only up to 64 rows (larger inputs take the
+            64-row bucket's method): a full tuning of such a head costs
+            minutes on a 2-core CPU, most of it at 96-256 rows.
 
     Returns:
         ``{weight shape: plan}`` for the layers changed (empty when none qualifies).
@@ -396,7 +402,8 @@ def accelerate_linears(
             continue
         shape = (int(w.shape[0]), int(w.shape[1]))
         if shape not in plans:
-            plans[shape] = tune_linear(shape, max_rows=max_rows, methods=methods, repeats=repeats)
+            large = LARGE_ROWS if w.numel() <= large_numel else tuple(r for r in LARGE_ROWS if r <= 64)
+            plans[shape] = tune_linear(shape, max_rows=max_rows, methods=methods, repeats=repeats, large_rows=large)
         lin.forward = RowDispatchLinear(lin, plans[shape])  # type: ignore[method-assign]
     return plans
 
