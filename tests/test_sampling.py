@@ -152,7 +152,11 @@ def test_top_k_ties_with_kth_are_kept():
 def test_top_p_keeps_smallest_prefix_reaching_mass(values, top_p, temperature):
     x = torch.tensor(values, dtype=torch.float64)
     base = torch.softmax(x / temperature, 0).tolist()
-    order = sorted(range(len(values)), key=lambda i: (-base[i], i))  # stable, descending
+    # by score x / T descending (two scores may round to one probability); among equal scores the
+    # highest id first (transformers' rule with a stable ascending sort: the lowest ids are removed
+    # first, docs/generation.md "Sampling conventions")
+    scores = (x / temperature).tolist()
+    order = sorted(range(len(values)), key=lambda i: (-scores[i], -i))
     mass, keep_count = 0.0, 0
     for i in order:
         keep_count += 1
@@ -296,9 +300,10 @@ def test_check_distribution_names_the_tensor_and_tolerances():
 
 
 def test_top_p_fast_path_equals_full_sort() -> None:
-    """The narrowed top-p (1024 candidates, full sort only for unsettled rows)
-    keeps exactly the set the full stable sort keeps, ties included."""
-    from specdec.sampling import _top_p_keep_full, top_p_keep
+    """The narrowed top-p (1024 candidates when top-k left at most that many
+    finite scores) and the CPU values-only sort keep exactly the set the full
+    stable sort keeps, ties included."""
+    from specdec.sampling import _top_p_keep_by_values, _top_p_keep_full, top_p_keep
 
     g = torch.Generator().manual_seed(0)
     for trial in range(40):
@@ -308,9 +313,16 @@ def test_top_p_fast_path_equals_full_sort() -> None:
             logits = logits.round()  # many exact ties
         if trial % 4 == 0:
             logits[:, : V // 2] = logits[:, :1]  # a huge tie group
-        probs = torch.softmax(logits, -1)
-        for top_p in (0.3, 0.9, 0.999):
-            assert torch.equal(top_p_keep(probs, top_p), _top_p_keep_full(probs, top_p))
+        if trial % 2:  # top-k first: rows 0-2 narrowed, rows 3-4 (top-k 2000) sorted in full
+            k = torch.tensor([5, 50, 1000, 2000, 2000])[:, None]
+            kth = torch.sort(logits, dim=-1, descending=True).values.gather(-1, k - 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        for dtype in (torch.float32, torch.float64):
+            scores = logits.to(dtype)
+            for top_p in (0.3, 0.9, 0.999):
+                full = _top_p_keep_full(scores, top_p)
+                assert torch.equal(top_p_keep(scores, top_p), full)
+                assert torch.equal(_top_p_keep_by_values(scores, top_p), full)
 
 
 def test_sync_free_top_p_reads_nothing_and_keeps_the_same_set() -> None:
@@ -320,11 +332,12 @@ def test_sync_free_top_p_reads_nothing_and_keeps_the_same_set() -> None:
     from specdec.testing.counter import StepCounter
 
     g = torch.Generator().manual_seed(1)
-    probs = torch.softmax(torch.randn(4, 5000, generator=g) * 0.3, -1)  # flat rows: the narrowing cannot settle
+    scores = torch.randn(4, 5000, generator=g) * 0.3
+    scores[:2] = scores[:2].masked_fill(scores[:2] < 0.4, float("-inf"))  # rows 0-1 narrowed, rows 2-3 sorted
     with StepCounter() as free:
-        fast = top_p_keep(probs, 0.9, sync_free=True)
+        fast = top_p_keep(scores, 0.9, sync_free=True)
     with StepCounter() as narrowed:
-        slow = top_p_keep(probs, 0.9, sync_free=False)
+        slow = top_p_keep(scores, 0.9, sync_free=False)
     assert torch.equal(fast, slow)
     assert free.syncs == 0 and narrowed.syncs >= 1, (free.report(), narrowed.report())
 

@@ -3,7 +3,10 @@
 Losslessness needs the target law ``p`` and the draft law ``q`` to be processed
 by exactly the same rule (temperature, then top-k, then top-p). Both the target
 and every draft model go through :func:`process_logits`; nothing else in
-specdec turns logits into probabilities.
+specdec turns logits into probabilities (the fused Triton kernel masks raw
+logits at :func:`top_k_logit_threshold`, the same set). The rule keeps the set
+transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
+``TopPLogitsWarper`` keep (docs/generation.md, "Sampling conventions").
 """
 
 from __future__ import annotations
@@ -11,11 +14,19 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy as np
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 
-__all__ = ["SamplingConfig", "process_logits", "check_distribution", "construction_config", "row_is_bad"]
+__all__ = [
+    "SamplingConfig",
+    "process_logits",
+    "warped_scores",
+    "check_distribution",
+    "construction_config",
+    "row_is_bad",
+]
 
 
 def _check_temperature(_inst: object, _attr: object, value: float) -> None:
@@ -41,10 +52,14 @@ def _check_top_p(_inst: object, _attr: object, value: float) -> None:
 class SamplingConfig:
     """How next-token distributions are formed, for target and draft alike.
 
-    Processing order (as in Hugging Face ``generate``): divide logits by
-    ``temperature``, keep the ``top_k`` largest logits (ties with the k-th are
-    kept), then keep the smallest set of most probable tokens whose mass
-    reaches ``top_p``, and renormalise.
+    Processing order and arithmetic as in transformers' ``generate``
+    (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``;
+    docs/generation.md, "Sampling conventions"): float16/bfloat16 logits are
+    cast to float32; scores ``s = logits / temperature``; keep the ``top_k``
+    largest scores (ties with the k-th are kept); then sort the scores
+    ascending, drop the tokens whose cumulative softmax is ``<= 1 - top_p``
+    (always keeping the largest; among tokens tied at that cut the highest
+    ids are kept); ``p`` is the softmax of the kept scores.
 
     Attributes:
         temperature: ``>= 0``. ``0`` means greedy: the distribution is one-hot on
@@ -131,7 +146,18 @@ def process_logits(
     """Turn raw logits into the processed next-token distribution.
 
     This is the single definition of ``p`` and ``q`` in specdec
-    (docs/concepts.md, glossary): temperature, then top-k, then top-p.
+    (docs/concepts.md, glossary): temperature, then top-k, then top-p, with
+    the kept set of transformers' ``TemperatureLogitsWarper``,
+    ``TopKLogitsWarper`` and ``TopPLogitsWarper`` applied in that order
+    (docs/generation.md, "Sampling conventions"):
+
+    1. scores ``s = logits / T`` (float16/bfloat16 logits are cast to float32
+       first, as ``generate`` does; float32 and float64 stay as they are);
+    2. top-k: drop ``s < `` the ``k``-th largest ``s`` (ties with it kept);
+    3. top-p: sort ``s`` ascending (ties by token id), ``c = cumsum(softmax)``,
+       drop ``c <= 1 - top_p``, always keep the largest (so among tokens
+       tied at the cut the highest ids are kept);
+    4. ``p = softmax(s)`` over the kept tokens (0 elsewhere).
 
     Args:
         logits: ``[..., V]`` float tensor of raw logits. ``-inf`` marks banned
@@ -155,6 +181,9 @@ def process_logits(
         >>> p = process_logits(torch.tensor([2.0, 1.0, 0.0]), SamplingConfig(temperature=1.0, top_k=2))
         >>> [round(x, 4) for x in p.tolist()]
         [0.7311, 0.2689, 0.0]
+        >>> p = process_logits(torch.tensor([0.3, 0.1, 0.1, 0.5]).log(), SamplingConfig(top_p=0.8))
+        >>> (p > 0).tolist()  # 0.5 + 0.3 reaches 0.8: two kept, as transformers keeps
+        [True, False, False, True]
     """
     if check:
         _check_logits(logits, source)
@@ -163,60 +192,175 @@ def process_logits(
     if config.greedy:
         index = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
-    vocab = logits.shape[-1]
+    return torch.softmax(warped_scores(logits, config), dim=-1)
+
+
+def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """transformers' warped scores: ``[..., V]`` ``logits / T`` with ``-inf`` where
+    top-k or top-p drops a token (steps 1-3 of :func:`process_logits`, which
+    returns their softmax). The same tensor, bit for bit, as
+    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper``
+    return on the same device, except that ties at the top-p cut are broken by
+    token id (docs/generation.md, "Sampling conventions").
+
+    Args:
+        logits: ``[..., V]`` raw logits (no checks; float16/bfloat16 are cast
+            to float32).
+        config: the sampling configuration, ``temperature > 0``.
+
+    Returns:
+        ``[..., V]`` scores in float32 or float64 (``logits`` itself when
+        nothing applies: ``T = 1``, no top-k, no top-p).
+    """
+    if config.greedy:
+        raise InvalidConfigError("warped_scores needs temperature > 0 (greedy rows are one-hot, see process_logits)")
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    scores = temperature_scores(logits, config.temperature)
+    vocab = scores.shape[-1]
     if 0 < config.top_k < vocab:
-        # dividing by temperature > 0 keeps the order, so the top-k set is taken
-        # on the raw logits (exact; dividing first could round ties together)
-        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if config.temperature == 1.0:
-        # softmax shifts by the row maximum itself, so this is bit for bit the
-        # shifted form below, without two passes over [..., V]
-        probs = torch.softmax(logits, dim=-1)
-    else:
-        # shift by the row maximum BEFORE dividing, so that a tiny temperature or
-        # huge logits cannot overflow to +inf (which softmax would turn into NaN)
-        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / config.temperature
-        probs = torch.softmax(scaled, dim=-1)
+        kth = torch.topk(scores, config.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
     if config.top_p < 1.0:
-        keep = top_p_keep(probs.reshape(-1, vocab), config.top_p).reshape(probs.shape)
-        probs = probs.masked_fill(~keep, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+        keep = top_p_keep(scores.reshape(-1, vocab), config.top_p).reshape(scores.shape)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return scores
+
+
+def temperature_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """transformers' ``TemperatureLogitsWarper``: ``[..., V]`` scores ``logits / T``.
+
+    ``T == 1`` returns ``logits`` itself (``generate`` skips the warper; the
+    division would be exact anyway). A row whose largest ``logits / T`` is not
+    finite (``+inf`` by overflow at a tiny ``T`` or huge logits, where
+    transformers' softmax returns NaN; or all ``-inf``) is divided after
+    shifting by its maximum instead: ``(logits - max) / T``. Every other row is
+    bit for bit ``logits / T``.
+
+    Args:
+        logits: ``[..., V]`` float32 or float64 logits.
+        temperature: ``> 0``.
+    """
+    if temperature == 1.0:
+        return logits
+    top = logits.amax(dim=-1, keepdim=True)  # [..., 1]; max(l / T) == max(l) / T (rounding is monotone)
+    overflow = ~torch.isfinite(top / temperature)
+    # l - 0 == l bit for bit (also for -inf and -0.0): no [..., V] select, no host read
+    return (logits - torch.where(overflow, top, torch.zeros_like(top))) / temperature
+
+
+def top_k_logit_threshold(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """``[R]`` float32: the smallest raw logit that :func:`process_logits` keeps after top-k.
+
+    For kernels that mask raw logits (``logit >= threshold``, then temperature
+    and softmax): ``logits / T`` is monotone in the logit, so the top-k set on
+    the scores (:func:`temperature_scores`) is exactly the logits at or above
+    this threshold. ``-inf`` when top-k is off.
+
+    Args:
+        logits: ``[R, V]`` raw logits (float16/bfloat16 are scored in float32).
+        config: the sampling configuration (``temperature > 0``).
+    """
+    rows, vocab = logits.shape
+    if not 0 < config.top_k < vocab:
+        return torch.full((rows,), float("-inf"), dtype=torch.float32, device=logits.device)
+    raw = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    scores = temperature_scores(raw, config.temperature)
+    kth = torch.topk(scores, config.top_k, dim=-1).values[:, -1:]  # [R, 1]
+    kept = scores >= kth
+    return torch.where(kept, raw, torch.full_like(raw, float("inf"))).amin(dim=-1).float()
 
 
 _TOP_P_CANDIDATES = 1024
 
 
-def _top_p_keep_sorted(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep mask over probabilities sorted in decreasing order: a token is kept
-    iff the mass strictly before it is below ``top_p`` (the first always)."""
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep = mass_before < top_p
-    keep[..., 0] = True
-    return keep
+def _top_p_remove_sorted(sorted_scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``TopPLogitsWarper`` on scores sorted ascending: True where removed
+    (cumulative softmax ``<= 1 - top_p``; the last, largest, never)."""
+    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1] = False
+    return remove
 
 
-def _top_p_keep_full(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    keep_sorted = _top_p_keep_sorted(sorted_probs, top_p)
+def _top_p_keep_full(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p keep mask by a full ascending stable sort of every row
+    (ties in ascending token id: the lowest ids are removed first)."""
+    sorted_scores, order = torch.sort(scores, dim=-1, stable=True)
+    keep_sorted = ~_top_p_remove_sorted(sorted_scores, top_p)
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
-def top_p_keep(probs: torch.Tensor, top_p: float, *, sync_free: bool | None = None) -> torch.Tensor:
-    """``[R, V]`` bool mask of the top-p (nucleus) set of each row of ``probs``.
+def _top_p_keep_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p keep mask of CPU rows from their sorted values alone.
 
-    The set is the shortest prefix of the row sorted by (probability
-    descending, token id ascending) whose mass reaches ``top_p``. A full sort of
-    ``V`` entries per row dominates a CPU step, so each row's candidates are
-    first narrowed to its 1024 largest entries: when the entries strictly above
-    the candidates' smallest value already hold ``top_p`` of the mass, every
-    token outside them is dropped and sorting the candidates alone gives the
-    same set. Rows where that does not hold are sorted in full, which costs
-    one host read (is every row settled?).
+    The sorted values do not depend on how ties are ordered, so NumPy's
+    values-only sort (several times faster on CPU than an index sort) gives
+    the layout whose softmax and cumulative sum decide how many entries are
+    removed (a prefix: the sums only grow). The removed entries are those
+    below the smallest kept value, then the lowest ids among the tokens equal
+    to it: what the stable sort removes.
+    """
+    ordered = torch.from_numpy(np.sort(scores.numpy(), axis=-1))  # [R, V] ascending
+    removed = _top_p_remove_sorted(ordered, top_p).sum(dim=-1, keepdim=True)  # [R, 1]
+    cut = ordered.gather(-1, removed)  # [R, 1] the smallest kept value
+    below = torch.searchsorted(ordered, cut)  # [R, 1] entries < cut (the first index of cut)
+    tied_removed = removed - below  # [R, 1] tokens equal to cut that are removed
+    keep = scores >= cut
+    if bool((tied_removed > 0).any()):
+        tie = scores == cut
+        keep &= ~(tie & (tie.cumsum(dim=-1) <= tied_removed))  # rank among the tied, by id
+    return keep
+
+
+def _top_p_keep_narrowed(scores: torch.Tensor, top_p: float, k: int) -> torch.Tensor:
+    """The top-p keep mask of rows with at most ``k`` finite scores, from their
+    ``k`` largest entries.
+
+    The ascending sort of such a row is ``V - k`` entries ``-inf`` followed by
+    the ``k`` candidates in ascending order: that row is rebuilt (softmax sums
+    over the whole row in a layout-dependent order, so the layout is the
+    same, for the same bits), and only its last ``k`` cumulative sums are
+    taken (the ``-inf`` entries add exact zeros).
+    """
+    rows, vocab = scores.shape
+    values, index = torch.topk(scores, k, dim=-1)
+    # ascending by (value, token id), as the stable full sort orders them; every
+    # finite entry is a candidate, so each tie group is complete
+    index, perm = torch.sort(index, dim=-1)
+    values, order = torch.sort(values.gather(-1, perm), dim=-1, stable=True)
+    index = index.gather(-1, order)
+    layout = torch.full_like(scores, float("-inf"))
+    layout[:, vocab - k:] = values
+    cumulative = torch.softmax(layout, dim=-1)[:, vocab - k:].cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[:, -1] = False
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, index, ~remove)
+
+
+def top_p_keep(scores: torch.Tensor, top_p: float, *, sync_free: bool | None = None) -> torch.Tensor:
+    """``[R, V]`` bool mask of the top-p (nucleus) set of each row of ``scores``.
+
+    Exactly transformers' ``TopPLogitsWarper`` (docs/generation.md, "Sampling
+    conventions"): sort the scores ascending, ``c = cumsum(softmax)``, remove
+    ``c <= 1 - top_p``, keep at least the largest. Ties are sorted by token id
+    (a stable sort), so among tokens tied at the cut the highest ids are kept.
+    The arithmetic is transformers' own (float32 scores: a float32 softmax
+    and cumulative sum on the same device), so even at a cut within rounding
+    of ``top_p`` the set is the one transformers keeps.
+
+    The softmax of the sorted row sums the whole row in an order that depends
+    on where each value sits, so the sorted layout of every finite score is
+    needed for the same bits. An index sort of ``V`` entries dominates a CPU
+    step; when top-k has left at most 1024 finite scores (or the row has no
+    more), the row's 1024 largest entries give that layout exactly, with no
+    full sort. CPU rows with more finite scores sort their values alone
+    (NumPy, several times faster than an index sort) and place the ties by
+    id; one host read decides which rows go which way.
 
     Args:
-        probs: ``[R, V]`` probabilities.
+        scores: ``[R, V]`` float32 or float64 scores after temperature and
+            top-k (``-inf``: dropped).
         top_p: in ``(0, 1)``.
         sync_free: sort every row in full, with no host read (the same set).
             Default: on CUDA tensors, where the read would stall the stream
@@ -224,22 +368,20 @@ def top_p_keep(probs: torch.Tensor, top_p: float, *, sync_free: bool | None = No
     """
     k = _TOP_P_CANDIDATES
     if sync_free is None:
-        sync_free = probs.is_cuda
-    if sync_free or k >= probs.shape[-1]:
-        return _top_p_keep_full(probs, top_p)
-    values, index = torch.topk(probs, k, dim=-1)
-    # order the candidates by (value desc, index asc), as the stable full sort does
-    index_sorted, perm = torch.sort(index, dim=-1)
-    values_sorted, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)
-    index_sorted = index_sorted.gather(-1, order)
-    keep_sorted = _top_p_keep_sorted(values_sorted, top_p)
-    # a row is settled iff its first candidate equal to the smallest candidate value is dropped
-    first_tie = (values_sorted > values_sorted[..., -1:]).sum(dim=-1, keepdim=True)
-    settled = ~keep_sorted.gather(-1, first_tie).squeeze(-1)
-    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, index_sorted, keep_sorted)
-    if not bool(settled.all()):
-        rows = torch.nonzero(~settled).flatten()
-        keep[rows] = _top_p_keep_full(probs[rows], top_p)
+        sync_free = scores.is_cuda
+    if sync_free or k >= scores.shape[-1]:
+        return _top_p_keep_full(scores, top_p)
+    full = _top_p_keep_by_values if scores.device.type == "cpu" else _top_p_keep_full
+    narrow = (scores > float("-inf")).sum(dim=-1) <= k  # [R]: every finite score is a candidate
+    if bool(narrow.all()):
+        return _top_p_keep_narrowed(scores, top_p, k)
+    if not bool(narrow.any()):
+        return full(scores, top_p)
+    keep = torch.empty_like(scores, dtype=torch.bool)
+    rows = torch.nonzero(narrow).flatten()
+    keep[rows] = _top_p_keep_narrowed(scores[rows], top_p, k)
+    rows = torch.nonzero(~narrow).flatten()
+    keep[rows] = full(scores[rows], top_p)
     return keep
 
 
