@@ -46,7 +46,18 @@ nodes (``--vocab``, ``--sizes``):
 5. a target split over two GPUs (``multi_gpu_check``, ``device_map`` through
    accelerate): greedy tokens equal to the one-GPU run, one KV slab per
    device, features on the head's device. Needs two GPUs (skipped otherwise,
-   and so never run yet: the lent machine has one).
+   and so never run yet: the lent machine has one);
+6. batched verification (``batch_check``, issue 15): ``B`` = 1, 4, 8, 16
+   ragged trees (``--batch-sizes``, ``--batch-nodes``, ``--batch-vocab``),
+   each row with its own counter stream: the fused kernel run ONCE for all
+   rows (:func:`~specdec.kernels.verify_fused.fused_verify_batch`) vs one
+   launch per row (:func:`~specdec.kernels.verify_fused.fused_verify`, the
+   batch-1 path) vs the batched torch reference
+   (:func:`~specdec.verify.fast.decide_tree_batch`); rows whose tokens differ
+   (must be 0 against the per-row kernel; float32 rounding may rarely differ
+   from torch) and the time per verification. Smoke-tested on the CPU with
+   ``TRITON_INTERPRET=1 python benchmarks/gpu_check.py --device cpu --skip correctness timing kv step multi_gpu
+   --batch-sizes 1 2 --batch-vocab 300 --batch-nodes 6 --reps 1``.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
 catches its own errors (recorded in the output, exit status 1 at the end) so
@@ -72,9 +83,9 @@ import torch
 
 from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
-from specdec.kernels.verify_fused import StepVerifier, fused_verify, node_decisions
+from specdec.kernels.verify_fused import StepVerifier, fused_verify, fused_verify_batch, node_decisions
 from specdec.registry import get
-from specdec.rng import TorchRandom
+from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.tree import DraftTree, SampleMode, SparseLaw, TreeAssembler
 
@@ -431,6 +442,69 @@ def multi_gpu_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     print(f"[multi_gpu] {results}", flush=True)
 
 
+# ----------------------------------------------------------- batched verification
+def batch_check(args: argparse.Namespace, report: dict[str, Any], deadline: float) -> None:
+    """Issue 15: one launch of the fused kernel for all rows of a batch vs one
+    launch per row vs the batched torch reference (see the module docstring, 6)."""
+    from specdec.tree_batch import TreeBatch
+    from specdec.verify.fast import decide_tree_batch
+
+    rows = []
+    sampling = LOGITS_SAMPLING  # T = 0.7, top-k 50: softmax and top-k fused in the kernel
+    for rule in args.batch_rules:
+        verifier = get("verifier", rule)()
+        for B in args.batch_sizes:
+            if time.monotonic() > deadline:
+                report.setdefault("skipped_for_time", []).append(f"batch {rule} B={B}")
+                continue
+            res: dict[str, Any] = {"rule": rule, "shape": SHAPE[rule], "B": B, "vocab": args.batch_vocab}
+            try:
+                sizes = [max(2, args.batch_nodes - (b % 4) * args.batch_nodes // 8) for b in range(B)]  # ragged
+                cases = [make_case(rule, args.batch_vocab, n, seed=1000 + b, device=args.device)
+                         for b, n in enumerate(sizes)]
+                trees = [t for t, _ in cases]
+                batch = TreeBatch.from_trees(trees, device=args.device)
+                n = batch.node_slots
+                logits = torch.stack([torch.cat([lg, lg[:1].expand(n - lg.shape[0], -1)]) for _, lg in cases])  # [B, n, V]
+                seeds = [7 * b + 1 for b in range(B)]
+
+                def streams() -> RowStreams:
+                    return RowStreams([CounterRandom(s) for s in seeds])
+
+                def one_launch() -> Any:
+                    return fused_verify_batch(verifier, batch, logits, streams(), inputs="logits", sampling=sampling)
+
+                def per_row() -> list[Any]:
+                    return [fused_verify(verifier, t, lg, CounterRandom(s), inputs="logits", sampling=sampling)
+                            for t, (_, lg), s in zip(trees, cases, seeds)]
+
+                def torch_batched() -> Any:
+                    p = process_logits(logits, sampling, check=False)
+                    u = streams().verify_uniforms((B, n, batch.max_children + 1), device=logits.device)
+                    return decide_tree_batch(verifier.fused, batch, p, u)
+
+                got, singles, ref = one_launch(), per_row(), torch_batched()
+                res["nodes"] = sum(sizes)
+                res["mean_accepted"] = float(got.num_accepted.double().mean())
+                res["rows_differ_vs_per_row_kernel"] = sum(
+                    got.tokens[b, : int(got.num_accepted[b]) + 1].tolist() != list(one.tokens)
+                    for b, one in enumerate(singles))
+                res["rows_differ_vs_torch_batched"] = int((got.tokens != ref[2]).any(dim=-1).sum())
+                for label, fn in (("one_launch", one_launch), ("per_row_launches", per_row),
+                                  ("torch_batched", torch_batched)):
+                    res[f"{label}_ms"] = median_ms(fn, args.device, args.reps)
+                res["speedup_one_launch_vs_per_row"] = res["per_row_launches_ms"] / res["one_launch_ms"]
+                res["speedup_one_launch_vs_torch_batched"] = res["torch_batched_ms"] / res["one_launch_ms"]
+            except Exception as exc:
+                res["error"] = f"{type(exc).__name__}: {exc}"
+                res["trace"] = traceback.format_exc()[-2000:]
+            rows.append(res)
+            print(f"[batch] {rule} B={B}: " + ", ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()
+                if k not in ("trace", "shape")), flush=True)
+    report["batch"] = rows
+
+
 # -------------------------------------------------------------------- output
 def to_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
@@ -479,6 +553,18 @@ def to_markdown(report: dict[str, Any]) -> str:
                          f"{r['ms_target']:.2f} | {r['ms_verify']:.2f} | {r['ms_total']:.2f} | "
                          f"{r['syncs_per_step_outside_models']:.1f} | {r['syncs_per_step_inside_models']:.1f} | "
                          f"{r['cuda_sync_warnings_per_step']:.1f} |")
+    if report.get("batch"):
+        lines += ["", "## Batched verification: one launch for all rows vs a launch per row (T=0.7, top-k 50), ms (median)",
+                  "", "| tree | B | nodes | V | one launch | per-row launches | torch batched | vs per-row | vs torch "
+                  "| rows differ (per-row kernel / torch) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in report["batch"]:
+            if "error" in r:
+                lines.append(f"| {r['shape']} | {r['B']} | | | error: {r['error'][:80]} |")
+                continue
+            lines.append(f"| {r['shape']} | {r['B']} | {r['nodes']} | {r['vocab']} | {r['one_launch_ms']:.3f} | "
+                         f"{r['per_row_launches_ms']:.3f} | {r['torch_batched_ms']:.3f} | "
+                         f"{r['speedup_one_launch_vs_per_row']:.1f}x | {r['speedup_one_launch_vs_torch_batched']:.1f}x | "
+                         f"{r['rows_differ_vs_per_row_kernel']} / {r['rows_differ_vs_torch_batched']} |")
     if report.get("multi_gpu"):
         lines += ["", "## Target split over two GPUs (device_map), EAGLE-3, T=0", "", "```", json.dumps(report["multi_gpu"], indent=1), "```"]
     if report.get("skipped_for_time"):
@@ -497,7 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096], help="kernel blocks timed")
     parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "timing", "kv", "step", "multi_gpu"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["correctness", "timing", "kv", "step", "multi_gpu", "batch"])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--batch-nodes", type=int, default=64, help="nodes of the largest tree of a batch")
+    parser.add_argument("--batch-vocab", type=int, default=128256)
+    parser.add_argument("--batch-rules", nargs="+", default=["match", "mixed"], choices=list(RULES))
     parser.add_argument("--step-vocab", type=int, default=128256)
     parser.add_argument("--step-hidden", type=int, default=2048)
     parser.add_argument("--step-layers", type=int, default=16, help="16 x 2048 with V=128256: about 1.1B parameters")
@@ -514,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("timing", lambda: timing(args, report, start + args.budget_s)),
                 ("kv", lambda: kv_check(args, report)),
                 ("step", lambda: step_check(args, report)),
-                ("multi_gpu", lambda: multi_gpu_check(args, report))]
+                ("multi_gpu", lambda: multi_gpu_check(args, report)),
+                ("batch", lambda: batch_check(args, report, start + args.budget_s))]
     for name, run in sections:
         if name in args.skip or "error" in report:
             continue
@@ -529,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "gpu_check.md").write_text(to_markdown(report))
     print(to_markdown(report))
     ok = ("error" not in report and not report.get("section_errors")
-          and report.get("correctness_summary", {}).get("ok", "correctness" in args.skip))
+          and report.get("correctness_summary", {}).get("ok", "correctness" in args.skip)
+          and all("error" not in r and r["rows_differ_vs_per_row_kernel"] == 0 for r in report.get("batch", [])))
     return 0 if ok else 1
 
 

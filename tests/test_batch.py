@@ -110,12 +110,12 @@ def _eagle_pair(version: int, seed: int = 0):
     return model, head
 
 
-def _eagle_generator(model, head, method):
+def _eagle_generator(model, head, method, **options):
     from specdec.drafts.eagle import make_draft
 
     draft = make_draft(head)
     target = HFTarget(model, capture_layers=draft.target_layers)
-    return specdec.SpeculativeGenerator(target=target, draft=draft, method=method)
+    return specdec.SpeculativeGenerator(target=target, draft=draft, method=method, **options)
 
 
 ROW_PROMPTS = [[3, 4, 5], [7], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
@@ -137,6 +137,23 @@ def test_speculative_rows_equal_their_batch_one_generation(method, version, temp
         ref = single.generate(prompt, 14, sampling, seed=seeds[b])
         assert list(out.tokens[b]) == ref.tokens, f"row {b}"
     assert out.tau > 1.0 and out.row_steps >= out.steps
+
+
+@pytest.mark.parametrize("method", ["eagle3", "rheo"])
+def test_counter_stream_rows_equal_their_batch_one_generation(method):
+    """random="counter" on the torch step path: row b's builder and verifier
+    draw from CounterRandom.seeded(seeds[b]) (all rows' Philox tables in one
+    set of ops, RowStreams) and equal its batch-1 generation with that seed;
+    the kernel path is tested in tests/kernels/test_batch_kernel.py."""
+    model, head = _eagle_pair(3)
+    sampling = specdec.SamplingConfig(temperature=1.0)
+    seeds = [11, 12, 2**64 - 3, 14]
+    out = _eagle_generator(model, head, method, random="counter").generate_batch(ROW_PROMPTS, 12, sampling, seeds)
+    single = _eagle_generator(model, head, method, random="counter")
+    for b, prompt in enumerate(ROW_PROMPTS):
+        assert list(out.tokens[b]) == single.generate(prompt, 12, sampling, seed=seeds[b]).tokens, f"row {b}"
+    torch_rows = _eagle_generator(model, head, method).generate_batch(ROW_PROMPTS, 12, sampling, seeds)
+    assert out.tokens != torch_rows.tokens  # another stream: other samples (the test sees the stream)
 
 
 def _lm_generator(method: str, **options):
@@ -232,7 +249,17 @@ def test_speculative_rows_refuse_what_they_cannot_run():
 
     with pytest.raises(InvalidConfigError, match="not supported with batches"):
         specdec.SpeculativeGenerator(target=HFTarget(model, capture_layers=head.config.target_layers),
-                                     draft=make_draft(head), method="eagle3", random="counter").generate_batch([[1]], 4)
+                                     draft=make_draft(head), method="eagle3", compile=True).generate_batch([[1]], 4)
+    from specdec.verify import GreedyVerifier
+
+    for kernel, match in (("cuda", "kernel must be"), ("triton", "no fused kernel")):
+        with pytest.raises(InvalidConfigError, match=match):  # before any forward
+            next(speculative_stream_batch(HFTarget(model), HFDraft(model), ChainTreeBuilder(depth=2),
+                                          GreedyVerifier(), [[1], [2]], 4,
+                                          specdec.SamplingConfig(temperature=0.0), kernel=kernel))
+    with pytest.raises(InvalidConfigError, match="random must be"):
+        next(speculative_stream_batch(HFTarget(model), HFDraft(model), ChainTreeBuilder(depth=2), RejectionIIDVerifier(),
+                                      [[1], [2]], 4, specdec.SamplingConfig(), random="philox"))
 
 
 def test_per_row_counts_add_up():
@@ -252,6 +279,8 @@ def test_a_batched_step_makes_one_host_read_and_copies_nothing_to_the_device():
     model, head = _eagle_pair(3)
     for run in (
         lambda: _eagle_generator(model, head, "rheo").generate_batch(ROW_PROMPTS, 20, specdec.SamplingConfig(temperature=1.0)),
+        lambda: _eagle_generator(model, head, "rheo", random="counter").generate_batch(  # per-row Philox streams
+            ROW_PROMPTS, 20, specdec.SamplingConfig(temperature=1.0)),
         lambda: autoregressive_generate_batch(HFTarget(model), ROW_PROMPTS, 20, specdec.SamplingConfig(temperature=1.0)),
     ):
         run()

@@ -32,7 +32,7 @@ import torch
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.inputs import as_eos_ids, as_seed, as_token_ids
 from specdec.lease import hold
-from specdec.rng import RowStreams, TorchRandom
+from specdec.rng import CounterRandom, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
@@ -42,6 +42,7 @@ __all__ = [
     "BatchOutput",
     "autoregressive_generate_batch",
     "autoregressive_stream_batch",
+    "batch_kernel",
     "collect_batch",
     "speculative_stream_batch",
 ]
@@ -278,6 +279,8 @@ def speculative_stream_batch(
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     *,
+    kernel: str = "auto",
+    random: str = "torch",
     _stats: dict[str, Any] | None = None,
 ) -> Iterator[dict[int, list[int]]]:
     """Speculative decoding of every prompt at once; yields ``{row: new
@@ -299,6 +302,17 @@ def speculative_stream_batch(
     a builder that grows batches (:func:`grows_batches`: every built-in one)
     and a verifier with a parallel rule; anything else raises
     :class:`~specdec.errors.InvalidConfigError`.
+
+    ``random="counter"`` draws row ``b``'s builder and verifier uniforms from
+    ``CounterRandom.seeded(seeds[b])`` (for all rows in one set of Philox ops).
+    ``kernel`` (:func:`batch_kernel`) chooses the verification: the tensor
+    rule in torch, or the fused Triton kernel run ONCE for all rows
+    (:func:`~specdec.kernels.verify_fused.fused_verify_batch`), each row
+    drawing from its own counter stream keyed by its seed (with
+    ``random="torch"`` the builder keeps the TorchRandom rows and the kernel
+    draws from ``CounterRandom.seeded(seeds[b])``, as batch-1
+    ``kernel="triton"`` does). Either way row ``b`` emits what its batch-1
+    generation with the same ``kernel``, ``random`` and seed emits.
     """
     from specdec.step import _takes, step_supported
 
@@ -317,10 +331,16 @@ def speculative_stream_batch(
             f"(the level-wise eagle and rheo, the shaped chain, static and sequoia); "
             f"{type(builder).__name__} is not one (or has per-node hooks overridden)"
         )
-    rng = RowStreams([TorchRandom.seeded(s) for s in seeds])
+    if random not in ("torch", "counter"):
+        raise InvalidConfigError(f"random must be 'torch' or 'counter', got {random!r}")
+    rng = RowStreams([(TorchRandom if random == "torch" else CounterRandom).seeded(s) for s in seeds])
     if not step_supported(verifier, rng):
         raise InvalidConfigError(f"verifier {verifier.registry_name!r} has no parallel rule; batched verification needs one")
     rule = type(verifier).__dict__["fused"]
+    use_kernel = batch_kernel(kernel, verifier, target)
+    # the kernel's streams: the rows' own counter streams, or (random="torch") one per row seeded as batch-1 does
+    verify_rng = rng if random == "counter" else RowStreams([CounterRandom.seeded(s) for s in seeds])
+    fuse_logits = not sampling.greedy and sampling.top_p >= 1.0  # softmax + top-k in the kernel (as StepVerifier)
     stats = _stats if _stats is not None else {}
     stats.update(steps=0, row_steps=0, stop_reasons=["length"] * len(rows), tau_sum=0.0,
                  steps_by_row=[0] * len(rows), emitted_by_row=[0] * len(rows))
@@ -344,9 +364,16 @@ def speculative_stream_batch(
                     verifier.check_batch(tree)
                     first = False
                 bad = row_is_bad(logits)  # [B, n]
-                p = process_logits(logits, sampling, check=False)
-                u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
-                decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
+                if use_kernel:  # one launch for every row's nodes
+                    from specdec.kernels.verify_fused import fused_verify_batch
+
+                    x = logits if fuse_logits else process_logits(logits, sampling, check=False)
+                    decision = fused_verify_batch(verifier, tree, x, verify_rng, inputs="logits" if fuse_logits else "probs",
+                                                  sampling=sampling, bad_rows=bad)
+                else:
+                    p = process_logits(logits, sampling, check=False)
+                    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
+                    decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
                 draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
                 read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
             stats["steps"] += 1
@@ -400,9 +427,46 @@ def speculative_stream_batch(
                     target.keep_rows(keep)
                     if draft is not target:  # one object in both roles keeps both roles' rows in one call
                         draft.keep_rows(keep)
-                    rng.keep(keep)
+                    rng.keep(keep, index)
+                    if verify_rng is not rng:
+                        verify_rng.keep(keep, index)
                     roots = roots.index_select(0, index)
             active = [active[b] for b in keep]
+
+
+def batch_kernel(kernel: str, verifier: Any, target: Any) -> bool:
+    """Whether a batched step verifies with the fused Triton kernel (one launch
+    for all rows) rather than the tensor rule in torch, checked before any forward.
+
+    ``"torch"``: never. ``"auto"``: when Triton is installed, the target is on
+    CUDA and the verifier is fused (as batch-1 generation decides).
+    ``"triton"``: always, or :class:`~specdec.errors.InvalidConfigError` where
+    it cannot run (no Triton, a verifier without a fused kernel, a CPU target
+    without ``TRITON_INTERPRET=1``).
+    """
+    from specdec.kernels.select import interpreter_enabled, triton_available
+    from specdec.kernels.verify_fused import KERNEL_CHOICES, fused_rule
+
+    if kernel not in KERNEL_CHOICES:
+        raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
+    if kernel == "torch":
+        return False
+    on_cuda = _device(target).type == "cuda"
+    if kernel == "auto":
+        return on_cuda and triton_available() and fused_rule(verifier) is not None
+    if fused_rule(verifier) is None:
+        raise InvalidConfigError(
+            f"kernel='triton': verifier {getattr(verifier, 'registry_name', '?')!r} has no fused kernel "
+            "(fused: match, rejection-iid, rejection-wor, mixed)"
+        )
+    if not triton_available():
+        raise InvalidConfigError("kernel='triton' needs Triton: pip install 'specdec-trees[kernels]' (triton>=3.0)")
+    if not (on_cuda or interpreter_enabled()):
+        raise InvalidConfigError(
+            f"kernel='triton' needs the target on a CUDA device (got {_device(target)}); "
+            "set TRITON_INTERPRET=1 to run the kernel on CPU tensors (slow, for tests)"
+        )
+    return True
 
 
 def _check_context(target: Any, rows: list[list[int]], max_new_tokens: int, depth: int) -> None:

@@ -217,6 +217,7 @@ class RowStreams(RandomSource):
         self.sources = list(sources)
         if not self.sources:
             raise ValueError("RowStreams needs at least one source")
+        self._keys: dict[torch.device, torch.Tensor] = {}
 
     def _per_row(self, rows: int) -> int:
         B = len(self.sources)
@@ -224,19 +225,81 @@ class RowStreams(RandomSource):
             raise ValueError(f"a batched draw over {rows} rows does not split over {B} row streams")
         return rows // B
 
-    def keep(self, rows: Sequence[int]) -> None:
-        """Keep the streams of rows ``rows`` (rows that left the batch stop drawing)."""
+    def keep(self, rows: Sequence[int], index: torch.Tensor | None = None) -> None:
+        """Keep the streams of rows ``rows`` (rows that left the batch stop drawing);
+        ``index``, the same rows as an int64 tensor on the device, keeps the
+        device's :meth:`counter_keys` without another host-to-device copy."""
         self.sources = [self.sources[int(r)] for r in rows]
+        if index is None:
+            self._keys = {}
+        else:
+            self._keys = {dev: k.index_select(0, index) for dev, k in self._keys.items() if dev == index.device}
+
+    @property
+    def counter_based(self) -> bool:
+        """Every row draws from a plain :class:`CounterRandom` (a subclass may
+        change the draws, so it is served row by row): the batched draws are
+        then one set of Philox ops for all rows, keyed per row."""
+        return all(type(s) is CounterRandom for s in self.sources)
+
+    def counter_keys(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[B, 2]`` int64 Philox key words ``(k0, k1)`` of each row's seed, on
+        ``device`` (made once per device and kept until rows leave)."""
+        if not self.counter_based:
+            raise ValueError("counter_keys: every row must draw from a CounterRandom")
+        dev = torch.device(device)
+        keys = self._keys.get(dev)
+        if keys is None:
+            words = [s.key_words for s in self.sources]  # type: ignore[attr-defined]
+            keys = self._keys[dev] = torch.tensor(words, dtype=torch.int64).to(dev)
+        return keys
+
+    def begin_walks(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int | torch.Tensor]:
+        """Start every row's next verification walk (:meth:`CounterRandom.begin_table_walk`):
+        returns the ``[B, 2]`` keys and the walk, one int when the rows walk in
+        step (always, in batched generation: no host-to-device copy), else ``[B]`` int64."""
+        keys = self.counter_keys(device)
+        return keys, self._row_words([s.begin_table_walk() for s in self.sources], device)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _row_words(words: list[int], device: torch.device | str) -> int | torch.Tensor:
+        if all(w == words[0] for w in words):
+            return words[0]
+        return torch.tensor(words, dtype=torch.int64).to(device)
 
     def uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
         per = self._per_row(shape[0])
+        if self.counter_based:  # one table for all rows: row b's is CounterRandom.uniforms of its source
+            B = len(self.sources)
+            keys = self.counter_keys(device)
+            lead = (B,) + (1,) * len(shape)  # [B, 1, ...]
+            walk = self._row_words([s.walk for s in self.sources], device)  # type: ignore[attr-defined]
+            node = self._row_words([s._builder_node() for s in self.sources], device)  # type: ignore[attr-defined]
+            count = per
+            for d in shape[1:]:
+                count *= int(d)
+            draw = torch.arange(count, dtype=torch.int64, device=device).reshape(1, per, *shape[1:])
+            return _philox_uniforms(keys[:, 0].view(lead), keys[:, 1].view(lead),
+                                    walk.view(lead) if isinstance(walk, torch.Tensor) else walk,
+                                    node.view(lead) if isinstance(node, torch.Tensor) else node, draw).reshape(shape)
         return torch.cat([s.uniforms((per, *shape[1:]), device=device) for s in self.sources])
 
     def verify_uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[B, n, C + 1]``: row ``b``'s table is its source's :meth:`~RandomSource.verify_uniforms`;
+        for counter-based rows, ``U(seed_b, walk_b, i, t)`` for all rows in one set of ops."""
         per = self._per_row(shape[0])
+        if self.counter_based and per == 1:
+            B, n, width = (int(d) for d in shape)
+            keys, walk = self.begin_walks(device)
+            node = torch.arange(n, dtype=torch.int64, device=device).view(1, n, 1)
+            draw = torch.arange(width, dtype=torch.int64, device=device).view(1, 1, width)
+            return _philox_uniforms(keys[:, 0].view(B, 1, 1), keys[:, 1].view(B, 1, 1),
+                                    walk.view(B, 1, 1) if isinstance(walk, torch.Tensor) else walk, node, draw)
         return torch.cat([s.verify_uniforms((per, *shape[1:]), device=device) for s in self.sources])
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        if self.counter_based:  # inverse CDF is row-wise: one table for all rows draws what each row's source would
+            return inverse_cdf_rows(probs, self.uniforms((probs.shape[0],), device=probs.device), active)
         per = self._per_row(probs.shape[0])
         return torch.cat([
             s.categorical_rows(probs[b * per : (b + 1) * per], active[b * per : (b + 1) * per])
@@ -406,14 +469,25 @@ def counter_uniforms(seed: int, walk: int, node: torch.Tensor | int, draw: torch
         >>> u[1, 1].item() == counter_uniform(7, 1, 3, 1)
         True
     """
-    draw = draw.to(torch.int64)
-    if isinstance(node, int):
-        node = torch.full_like(draw, node)
-    draw, node = torch.broadcast_tensors(draw, node.to(torch.int64))
-    c0, c1 = draw, node
-    c2 = torch.full_like(draw, walk & _MASK32)
-    c3 = torch.full_like(draw, DOMAIN)
-    k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
+    return _philox_uniforms(seed & _MASK32, (seed >> 32) & _MASK32, walk, node, draw.to(torch.int64))
+
+
+def _philox_uniforms(
+    k0: int | torch.Tensor, k1: int | torch.Tensor, walk: int | torch.Tensor, node: int | torch.Tensor, draw: torch.Tensor
+) -> torch.Tensor:
+    """``U`` on broadcast int64 tensors (or ints): key words ``k0, k1``, counter
+    ``(draw, node, walk, DOMAIN)``. The body of :func:`counter_uniforms`; a
+    batch of per-row streams passes ``[B, 1, ...]`` keys and walks
+    (:meth:`RowStreams.verify_uniforms`), and gets every row's table from one
+    set of ops, bit for bit the per-row tables."""
+    shape = torch.broadcast_shapes(*(t.shape for t in (k0, k1, walk, node, draw) if isinstance(t, torch.Tensor)))
+    c0 = draw.to(torch.int64).expand(shape)
+    c1 = node.to(torch.int64).expand(shape) if isinstance(node, torch.Tensor) else torch.full_like(c0, node)
+    if isinstance(walk, torch.Tensor):
+        c2 = (walk.to(torch.int64) & _MASK32).expand(shape)
+    else:
+        c2 = torch.full_like(c0, walk & _MASK32)
+    c3 = torch.full_like(c0, DOMAIN)
     for _ in range(10):
         hi0, lo0 = _mulhilo(c0, _PHILOX_M0)
         hi1, lo1 = _mulhilo(c2, _PHILOX_M1)
@@ -521,15 +595,33 @@ class CounterRandom(RandomSource):
         """A table of builder draws (the batched draws of the tensor tree
         builders): the ``c``-th call after walk ``w`` returns
         ``U(seed, w, BUILDER_NODE + c, j)`` for ``j`` over the table, flat."""
-        if self._calls_walk != self.walk:
-            self._calls, self._calls_walk = 0, self.walk
-        node = _check_word("node", BUILDER_NODE + self._calls)
-        self._calls += 1
+        node = self._builder_node()
         count = 1
         for s in shape:
             count *= int(s)
         draw = torch.arange(count, dtype=torch.int64, device=device).reshape(shape)
         return counter_uniforms(self.seed, self.walk, node, draw)
+
+    def _builder_node(self) -> int:
+        """The node word of the next builder-draw table (``BUILDER_NODE + c`` for the ``c``-th since the walk began)."""
+        if self._calls_walk != self.walk:
+            self._calls, self._calls_walk = 0, self.walk
+        node = _check_word("node", BUILDER_NODE + self._calls)
+        self._calls += 1
+        return node
+
+    @property
+    def key_words(self) -> tuple[int, int]:
+        """``(k0, k1)``: the seed's low and high 32-bit words, Philox's key."""
+        return self.seed & _MASK32, self.seed >> 32
+
+    def begin_table_walk(self) -> int:
+        """Start the next verification walk for a table of uniforms (or a kernel
+        that draws them itself, :func:`specdec.kernels.verify_fused.fused_verify_batch`):
+        ``walk += 1``; later scalar draws use node :data:`AFTER_TABLE_NODE`. Returns the walk."""
+        self.walk = _check_word("walk", self.walk + 1)
+        self.node, self.draw = AFTER_TABLE_NODE, 0
+        return self.walk
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """One inverse-CDF draw per active row with one builder-draw table (:meth:`uniforms`), no host read."""
@@ -542,16 +634,16 @@ class CounterRandom(RandomSource):
         fused kernel). Scalar draws afterwards use node :data:`AFTER_TABLE_NODE`.
 
         Raises:
-            NotImplementedError: a batch of more than one tree (per-row streams are not built yet).
+            NotImplementedError: a batch of more than one tree (a batch has one
+                stream per row: :class:`RowStreams`).
         """
         B, n, width = (int(s) for s in shape)
         if B != 1:
             raise NotImplementedError("CounterRandom verifies one tree per walk; batches need per-row streams")
-        self.walk = _check_word("walk", self.walk + 1)
+        walk = self.begin_table_walk()
         node = torch.arange(n, dtype=torch.int64, device=device).unsqueeze(-1)  # [n, 1]
         draw = torch.arange(width, dtype=torch.int64, device=device).unsqueeze(0)  # [1, width]
-        self.node, self.draw = AFTER_TABLE_NODE, 0
-        return counter_uniforms(self.seed, self.walk, node, draw).unsqueeze(0)  # [1, n, width]
+        return counter_uniforms(self.seed, walk, node, draw).unsqueeze(0)  # [1, n, width]
 
     def begin_node(self, node: int) -> None:
         if node == 0:

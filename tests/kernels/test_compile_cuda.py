@@ -38,8 +38,9 @@ VERIFY = {
     "bsum_ptr": "*fp64", "out_ptr": "*i32", "V": "i32", "atol": "fp32",
     "LOGITS": "constexpr", "HAS_LAW": "constexpr", "CMAX": "constexpr", "BLOCK": "constexpr", "F64": "constexpr",
 }
-UNIFORM = {"walk_ptr": "*i32", "node_ptr": "*i32", "draw_ptr": "*i32", "k0_in": "i64", "k1_in": "i64",
-           "out_ptr": "*fp64", "total": "i32", "TABLE": "constexpr", "WIDTH": "constexpr", "BLOCK": "constexpr"}
+UNIFORM = {"walk_ptr": "*i32", "node_ptr": "*i32", "draw_ptr": "*i32", "key_ptr": "*i32", "k0_in": "i64", "k1_in": "i64",
+           "out_ptr": "*fp64", "total": "i32", "TABLE": "constexpr", "ROW_KEYS": "constexpr", "WIDTH": "constexpr",
+           "BLOCK": "constexpr"}
 KV = {"ptrs_ptr": "*i64", "keep_ptr": "*i64", "start": "i32", "n": "i32", "heads": "i32", "batch_heads": "i32",
       "stride_b": "i32", "stride_h": "i32", "stride_s": "i32", "stride_d": "i32", "head_dim": "i32",
       "ELEM_BYTES": "constexpr", "CHUNK": "constexpr", "BLOCK_D": "constexpr"}
@@ -50,7 +51,12 @@ CASES = {
                              {"LOGITS": False, "HAS_LAW": True, "CMAX": 16, "BLOCK": 1024, "F64": False}),
     "verify-probs-f64": (verify_triton._fused_verify_kernel, dict(VERIFY, x_ptr="*fp64", q_ptr="*fp64"),
                          {"LOGITS": False, "HAS_LAW": False, "CMAX": 4, "BLOCK": 512, "F64": True}),
-    "uniform-table": (verify_triton._uniform_kernel, UNIFORM, {"TABLE": True, "WIDTH": 16, "BLOCK": 1024}),
+    "uniform-table": (verify_triton._uniform_kernel, UNIFORM,
+                      {"TABLE": True, "ROW_KEYS": False, "WIDTH": 16, "BLOCK": 1024}),
+    # a batch of rows, each keyed by its own seed (fused_verify_batch: int64 walks, nodes and key words)
+    "uniform-table-row-keys": (verify_triton._uniform_kernel,
+                               dict(UNIFORM, walk_ptr="*i64", node_ptr="*i64", draw_ptr="*i64", key_ptr="*i64"),
+                               {"TABLE": True, "ROW_KEYS": True, "WIDTH": 16, "BLOCK": 1024}),
     "kv-compact-bf16": (kv_compact_triton._compact_kv_kernel, KV, {"ELEM_BYTES": 2, "CHUNK": 16, "BLOCK_D": 64}),
 }
 out = {}
@@ -82,7 +88,8 @@ def compiled() -> dict:
 
 
 @pytest.mark.parametrize(
-    "name", ["verify-logits-bf16-law", "verify-probs-f32-law", "verify-probs-f64", "uniform-table", "kv-compact-bf16"]
+    "name", ["verify-logits-bf16-law", "verify-probs-f32-law", "verify-probs-f64", "uniform-table",
+             "uniform-table-row-keys", "kv-compact-bf16"]
 )
 def test_kernel_compiles_for_sm90(compiled: dict, name: str) -> None:
     assert compiled[name]["ok"], compiled[name].get("error")

@@ -194,3 +194,37 @@ def test_verification_table_is_the_walks_keys_and_builder_draws_use_their_own() 
     assert drawn[1].item() == 1
     with pytest.raises(NotImplementedError, match="per-row"):
         rng.verify_uniforms((2, 3, 2))
+
+
+def test_row_streams_of_counter_sources_draw_each_rows_own_table() -> None:
+    """RowStreams of CounterRandom computes every row's builder and verification
+    tables in one set of Philox ops (per-row keys), bit for bit each source's
+    own tables (rows in step, or at different walks), and keeps the device keys
+    when rows leave; a subclass of CounterRandom is served row by row."""
+    from specdec.rng import RowStreams
+
+    seeds = [3, 2**64 - 5, 17]
+    for offset in (0, 2):  # rows in step; row 0 two walks ahead
+        fast = RowStreams([CounterRandom(s, walk=offset * (b == 0)) for b, s in enumerate(seeds)])
+        slow = [CounterRandom(s, walk=offset * (b == 0)) for b, s in enumerate(seeds)]
+        assert fast.counter_based
+        for _ in range(2):
+            assert torch.equal(fast.uniforms((6, 4)), torch.cat([s.uniforms((2, 4)) for s in slow]))
+            probs, active = torch.rand(6, 5), torch.tensor([1, 0, 1, 1, 1, 0], dtype=torch.bool)
+            assert torch.equal(fast.categorical_rows(probs, active), torch.cat(
+                [s.categorical_rows(probs[2 * b : 2 * b + 2], active[2 * b : 2 * b + 2]) for b, s in enumerate(slow)]))
+            table = fast.verify_uniforms((3, 5, 3))
+            assert torch.equal(table, torch.cat([s.verify_uniforms((1, 5, 3)) for s in slow]))
+            assert table[1, 4, 2].item() == counter_uniform(seeds[1], slow[1].walk, 4, 2)
+    keys = fast.counter_keys()
+    assert keys.tolist() == [[s & M32, s >> 32] for s in seeds]
+    fast.keep([2, 0], torch.tensor([2, 0]))
+    assert fast.counter_keys().tolist() == [keys[2].tolist(), keys[0].tolist()]
+
+    class Shifted(CounterRandom):  # not a plain CounterRandom: its own draws, row by row
+        def uniforms(self, shape, device="cpu"):
+            return super().uniforms(shape, device) * 0.5
+
+    mixed = RowStreams([Shifted(1), CounterRandom(2)])
+    assert not mixed.counter_based
+    assert torch.equal(mixed.uniforms((2,)), torch.cat([Shifted(1).uniforms((1,)), CounterRandom(2).uniforms((1,))]))

@@ -26,8 +26,9 @@ What runs where:
   updates of rules 2-4, the without-replacement updates and the bonus
   inverse-CDF draw, for all nodes, in one launch.
 - ``inputs="logits"``: the kernel also fuses temperature, the top-k mask and
-  the softmax (the top-k threshold, the ``k``-th largest logit of each row,
-  comes from one batched ``torch.topk``). Top-p needs a sort per row and stays
+  the softmax (the top-k threshold, the smallest logit of
+  :func:`~specdec.sampling.process_logits`' top-k set, comes from one batched
+  ``torch.topk`` on ``logits / T``: :func:`~specdec.sampling.top_k_logit_threshold`). Top-p needs a sort per row and stays
   in torch: use ``inputs="probs"`` for it (the generation loop does).
 
 :class:`StepVerifier` is the switch the generation loop uses: the torch
@@ -48,7 +49,7 @@ from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMi
 from specdec.rng import CounterRandom
 from specdec.kernels.select import interpreter_enabled, triton_available
 from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig, process_logits, top_k_logit_threshold
 from specdec.tree import DraftTree, SampleMode
 from specdec.verify.base import FusedRule, Verifier, VerifyResult
 from specdec.verify.match import MatchVerifier
@@ -64,6 +65,8 @@ __all__ = [
     "fused_rule",
     "fused_verify",
     "fused_verify_many",
+    "fused_verify_batch",
+    "batch_tables",
     "NodeDecision",
     "node_decisions",
 ]
@@ -354,10 +357,8 @@ def node_decisions(
         xs = xs.contiguous()
     kth = None
     if inputs == "logits":
-        if 0 < sampling.top_k < x.shape[1]:  # type: ignore[union-attr]
-            kth = torch.topk(xs, sampling.top_k, dim=-1).values[:, -1].float().contiguous()  # type: ignore[union-attr]
-        else:
-            kth = torch.full((xs.shape[0],), float("-inf"), dtype=torch.float32, device=x.device)
+        # the smallest raw logit in process_logits' top-k set (taken on logits / T, docs/generation.md)
+        kth = top_k_logit_threshold(xs, sampling).contiguous()  # type: ignore[arg-type]
     out = _kernels().launch_decisions(
         xs,
         logits=inputs == "logits",
@@ -471,6 +472,166 @@ def fused_verify(
         assert fused_verify(MixedVerifier(), tree, p, rng_a) == MixedVerifier().verify(tree, p, rng_b)
     """
     return fused_verify_many(verifier, [tree], x, rng, inputs=inputs, sampling=sampling, block=block)[0]
+
+
+def batch_tables(rule: FusedRule, tree: Any, dtype: torch.dtype) -> DecisionTables:
+    """:func:`build_tables` for a :class:`~specdec.tree_batch.TreeBatch`, as
+    device tensor ops (no host read): ``R = B * n`` rows, row ``b * n + i``
+    is node slot ``i`` of tree ``b`` (padding slots have no children). The
+    children, in the verifiers' test order, are those of
+    :func:`specdec.verify.fast.decide_tree_batch`; ``child_rows`` holds slot
+    indices inside the tree. ``q_dense`` is ``[R, V]`` (a zero row where a
+    node has no rejection children) and ``walk`` / ``node`` are left to the caller.
+    """
+    from specdec.verify.fast import _children_table
+
+    B, n = tree.tokens.shape
+    C, dev, R = tree.max_children, tree.device, B * n
+    table, n_sampled = _children_table(tree, rule)  # [B, n, C] child slots in test order, [B, n]
+    has = table >= 0
+    n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
+    cmax = _next_pow2(C + 1)
+    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    pad = torch.full((B, n, cmax - C), -1, dtype=torch.int64, device=dev)
+    n_rej = n_sampled if rule.rejection else torch.zeros_like(n_sampled)
+    if rule.without_replacement is None:
+        wor = tree.law_wor.to(torch.int32)
+    else:
+        wor = torch.full((B, n), int(rule.without_replacement), dtype=torch.int32, device=dev)
+    q_dense = None
+    law_row = torch.full((R,), -1, dtype=torch.int32, device=dev)
+    ids = tree.law_ids.reshape(R, -1)  # [R, L]
+    if rule.rejection and ids.shape[-1] > 0:
+        V = tree.vocab_size
+        q_dense = torch.zeros((R, V + 1), dtype=dtype, device=dev)  # column V takes the padding of the laws
+        q_dense.scatter_(1, torch.where(ids >= 0, ids, V), tree.law_probs.reshape(R, -1).to(dtype))
+        q_dense = q_dense[:, :V]
+        law_row = torch.where(n_rej.reshape(R) > 0, torch.arange(R, device=dev), -1).to(torch.int32)
+    return DecisionTables(
+        child_tokens=torch.cat([child_tok, pad], -1).reshape(R, cmax).to(torch.int32),
+        child_rows=torch.cat([table, pad], -1).reshape(R, cmax).to(torch.int32),
+        num_children=n_tested.reshape(R).to(torch.int32),
+        num_rejection=n_rej.reshape(R).to(torch.int32),
+        without_replacement=wor.reshape(R),
+        law_row=law_row,
+        walk=torch.empty(0, dtype=torch.int32, device=dev),
+        node=torch.arange(n, dtype=torch.int64, device=dev).repeat(B),
+        q_dense=q_dense.contiguous() if q_dense is not None else None,
+        offsets=(),
+    )
+
+
+def fused_verify_batch(
+    verifier: Verifier,
+    tree: Any,
+    x: torch.Tensor,
+    rng: Any,
+    *,
+    inputs: str = "probs",
+    sampling: SamplingConfig | None = None,
+    bad_rows: torch.Tensor | None = None,
+    block: int | None = None,
+) -> Any:
+    """Verify every tree of a batch in ONE launch of the fused kernel, each row
+    drawing from its own counter-based stream; no host read.
+
+    Row ``b``'s node ``i`` decides with ``U(seed_b, w_b, i, t)``, where
+    ``seed_b`` is row ``b``'s :class:`~specdec.rng.CounterRandom` and ``w_b``
+    its next walk (:meth:`~specdec.rng.RowStreams.begin_walks`): exactly the
+    uniforms of :meth:`RowStreams.verify_uniforms <specdec.rng.RowStreams.verify_uniforms>`
+    (the batched torch reference, :func:`specdec.verify.fast.decide_tree_batch`)
+    and of row ``b``'s batch-1 :func:`fused_verify`. So a row's tokens depend
+    on its own tree, rows of ``x`` and seed only, never on the other rows.
+    The accepted path of every tree is then followed on the device, as
+    :func:`~specdec.verify.fast.decide_tree_batch` does.
+
+    Args:
+        verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
+        tree: a :class:`~specdec.tree_batch.TreeBatch` of ``B`` trees, ``n`` node slots.
+        x: ``[B, n, V]`` processed probabilities ``p`` (``inputs="probs"``) or
+            raw target logits (``inputs="logits"``, needs ``sampling``:
+            temperature > 0, ``top_p == 1``).
+        rng: a :class:`~specdec.rng.RowStreams` of ``B`` :class:`~specdec.rng.CounterRandom`
+            (each row's walk advances by one).
+        inputs, sampling, block: see :func:`node_decisions`.
+        bad_rows: ``[B, n]`` bool rows known bad (:func:`~specdec.sampling.row_is_bad`);
+            a visited row that is bad, or that the kernel flags, sets ``bad_visited``.
+
+    Returns:
+        A :class:`~specdec.verify.fast.TreeDecision` on ``x``'s device.
+
+    Raises:
+        InvalidConfigError: Triton missing, an unsupported verifier or
+            sampling, or ``rng`` not counter-based per row.
+    """
+    from specdec.rng import RowStreams
+    from specdec.verify.fast import TreeDecision
+
+    rule = fused_rule(verifier)
+    if rule is None:
+        raise InvalidConfigError(
+            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
+            f"fused: {', '.join(r.name for r in _RULES.values())}"
+        )
+    if not isinstance(rng, RowStreams) or not rng.counter_based:
+        raise InvalidConfigError("the batched fused kernel draws from RowStreams of CounterRandom (one per row)")
+    if inputs not in ("probs", "logits"):
+        raise InvalidConfigError(f"inputs must be 'probs' or 'logits', got {inputs!r}")
+    B, n = tree.tokens.shape
+    if x.dim() != 3 or tuple(x.shape[:2]) != (B, n) or x.shape[2] != tree.vocab_size:
+        raise InvalidDistributionError(f"x must be [{B}, {n}, {tree.vocab_size}], got {tuple(x.shape)}")
+    if len(rng.sources) != B:
+        raise InvalidConfigError(f"{len(rng.sources)} row streams for a batch of {B} trees")
+    block = 1024 if block is None else block
+    if not isinstance(block, int) or not 16 <= block <= 4096 or block & (block - 1):
+        raise InvalidConfigError(f"block must be a power of two in [16, 4096], got {block!r}")
+    temperature = 1.0
+    if inputs == "logits":
+        if not isinstance(sampling, SamplingConfig) or sampling.greedy or sampling.top_p < 1.0:
+            raise InvalidConfigError("inputs='logits' fuses temperature > 0 and top-k only (needs the SamplingConfig)")
+        temperature = float(sampling.temperature)
+    V, R, dev = x.shape[2], B * n, x.device
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    tables = batch_tables(rule, tree, compute)
+    keys, walk = rng.begin_walks(dev)  # [B, 2]; int, or [B] when the rows' walks differ
+    xs = x.reshape(R, V)
+    if xs.stride(1) != 1:
+        xs = xs.contiguous()
+    kth = None
+    if inputs == "logits":
+        kth = top_k_logit_threshold(xs, sampling).contiguous()  # type: ignore[arg-type]  # as process_logits
+    walk_rows = (walk.view(B, 1).expand(B, n).reshape(R) if isinstance(walk, torch.Tensor)
+                 else torch.full((R,), walk, dtype=torch.int64, device=dev))
+    out = _kernels().launch_decisions(
+        xs, logits=inputs == "logits", temperature=temperature, kth=kth, q_dense=tables.q_dense,
+        law_row=tables.law_row, child_tokens=tables.child_tokens, child_rows=tables.child_rows,
+        num_children=tables.num_children, num_rejection=tables.num_rejection,
+        without_replacement=tables.without_replacement, walk=walk_rows, node=tables.node, seed=0,
+        atol=1e-9 if compute == torch.float64 and inputs == "probs" else 1e-4, block=block,
+        keys=keys.view(B, 1, 2).expand(B, n, 2).reshape(R, 2),
+    ).view(B, n, 4).long()  # [B, n, 4]: accepted child slot or -1, bonus or -1, draws, status
+    child = out[..., 0]  # [B, n]
+    # the accepted path (as decide_tree_batch): node j is reached when every node on its path is its parent's child
+    D = tree.max_depth
+    node_ids = torch.arange(n, device=dev)
+    picked = (child.gather(1, tree.parents.clamp_min(0)) == node_ids) | (node_ids == 0)  # [B, n]
+    reached = ~(tree.ancestors & ~picked.unsqueeze(1)).any(dim=-1)  # [B, n]
+    depth_at = torch.where(reached, tree.depths, D + 1)
+    by_depth = torch.full((B, D + 2), -1, dtype=torch.int64, device=dev).scatter_(1, depth_at, node_ids.expand(B, n))
+    accepted = by_depth[:, 1 : D + 1]  # [B, D]
+    num_accepted = reached.sum(dim=-1) - 1  # [B]
+    stop = torch.where(reached, tree.depths, -1).argmax(dim=-1)  # [B] the deepest reached node
+    has_kids = (tables.child_rows.view(B, n, -1) >= 0).any(dim=-1)  # [B, n]
+    attempted = num_accepted + has_kids.gather(1, stop.unsqueeze(-1)).squeeze(-1)
+    flagged = out[..., 3] != 0
+    if bad_rows is not None:
+        flagged = flagged | bad_rows
+    bad = (reached & flagged).any(dim=-1)
+    bonus = out[..., 1].gather(1, stop.unsqueeze(-1)).squeeze(-1)  # [B]
+    path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
+    tokens = torch.cat([path_tok, torch.full((B, 1), -1, dtype=torch.int64, device=dev)], dim=-1)
+    tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
+    return TreeDecision(accepted, num_accepted, tokens, bonus, attempted, bad, stop)
 
 
 class StepVerifier:

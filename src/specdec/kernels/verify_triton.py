@@ -12,7 +12,8 @@ One program per tree row (node). Program ``r``:
 
 1. *p*: in ``probs`` mode loads the processed row ``p[r]`` and its mass
    ``m0 = sum(p)``; in ``logits`` mode computes ``p`` on the fly from raw
-   logits: top-k (keep logits ``>=`` the row's ``k``-th largest, given),
+   logits: top-k (keep logits ``>=`` the row's given threshold, the smallest
+   logit of process_logits' top-k set),
    temperature and softmax, ``p = exp((l - max) / T) / Z`` (the steps of
    :func:`~specdec.sampling.process_logits` without top-p).
 2. *child tests*, in the verifier's order (rejection children first, then
@@ -386,6 +387,7 @@ def launch_decisions(
     seed: int,
     atol: float,
     block: int,
+    keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch :func:`_fused_verify_kernel` over the ``R`` rows of ``x``.
 
@@ -407,6 +409,9 @@ def launch_decisions(
         seed: the 64-bit key.
         atol: tolerance on ``sum(p) = 1`` (probs mode).
         block: vocabulary block (power of two).
+        keys: ``[R, 2]`` int64 per-row key words ``(k0, k1)`` (a batch of rows
+            with their own seeds, :meth:`~specdec.rng.RowStreams.counter_keys`);
+            None: every row is keyed by ``seed``.
 
     Returns:
         ``[R, 4]`` int32 (see the module docstring).
@@ -433,7 +438,7 @@ def launch_decisions(
         num_children,
         num_rejection,
         without_replacement,
-        uniform_table(seed, walk, node, cmax),
+        uniform_table(seed, walk, node, cmax, keys=keys),
         torch.zeros(rows * cmax * 3, dtype=torch.int32, device=x.device),
         torch.zeros(rows * cmax * 2, dtype=torch.float64, device=x.device),
         torch.empty(rows * triton.cdiv(vocab, block), dtype=torch.float64, device=x.device),
@@ -454,16 +459,21 @@ def launch_decisions(
 UNIFORM_BLOCK = 1024
 
 
-def uniform_table(seed: int, walk: torch.Tensor, node: torch.Tensor, width: int) -> torch.Tensor:
+def uniform_table(seed: int, walk: torch.Tensor, node: torch.Tensor, width: int,
+                  keys: torch.Tensor | None = None) -> torch.Tensor:
     """``[R, width]`` float64 table ``U(seed, walk[r], node[r], t)`` for ``t < width``:
-    every uniform the rows' rules may draw, in one vectorised launch."""
+    every uniform the rows' rules may draw, in one vectorised launch. With
+    ``keys`` (``[R, 2]`` int64 words), row ``r`` is keyed by ``keys[r]`` instead of ``seed``."""
     rows = walk.shape[0]
     out = torch.empty((rows, width), dtype=torch.float64, device=walk.device)
     total = rows * width
     if total:
         grid = (triton.cdiv(total, UNIFORM_BLOCK),)
-        _uniform_kernel[grid](walk, node, walk, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, out, total,
-                              TABLE=True, WIDTH=width, BLOCK=UNIFORM_BLOCK, enable_fp_fusion=False)
+        row_keys = keys is not None
+        _uniform_kernel[grid](walk, node, walk, keys.contiguous() if row_keys else walk,
+                              0 if row_keys else seed & 0xFFFFFFFF, 0 if row_keys else (seed >> 32) & 0xFFFFFFFF,
+                              out, total, TABLE=True, ROW_KEYS=row_keys, WIDTH=width, BLOCK=UNIFORM_BLOCK,
+                              enable_fp_fusion=False)
     return out
 
 
@@ -474,14 +484,14 @@ def launch_uniforms(seed: int, walk: torch.Tensor, node: torch.Tensor, draw: tor
     out = torch.empty(total, dtype=torch.float64, device=walk.device)
     if total:
         grid = (triton.cdiv(total, UNIFORM_BLOCK),)
-        _uniform_kernel[grid](walk, node, draw, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, out, total,
-                              TABLE=False, WIDTH=1, BLOCK=UNIFORM_BLOCK, enable_fp_fusion=False)
+        _uniform_kernel[grid](walk, node, draw, walk, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, out, total,
+                              TABLE=False, ROW_KEYS=False, WIDTH=1, BLOCK=UNIFORM_BLOCK, enable_fp_fusion=False)
     return out
 
 
 @triton.jit(do_not_specialize=["k0_in", "k1_in"])
-def _uniform_kernel(walk_ptr, node_ptr, draw_ptr, k0_in, k1_in, out_ptr, total,
-                    TABLE: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+def _uniform_kernel(walk_ptr, node_ptr, draw_ptr, key_ptr, k0_in, k1_in, out_ptr, total,
+                    TABLE: tl.constexpr, ROW_KEYS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < total
     if TABLE:
@@ -492,5 +502,10 @@ def _uniform_kernel(walk_ptr, node_ptr, draw_ptr, k0_in, k1_in, out_ptr, total,
         draw = tl.load(draw_ptr + idx, mask=mask, other=0)
     walk = tl.load(walk_ptr + r, mask=mask, other=0)
     node = tl.load(node_ptr + r, mask=mask, other=0)
-    u = _philox_uniform(k0_in, k1_in, draw, node, walk, 0x5EC0DEC0)
+    if ROW_KEYS:  # every row its own stream (a batch of rows, each keyed by its own seed)
+        k0 = tl.load(key_ptr + 2 * r, mask=mask, other=0)
+        k1 = tl.load(key_ptr + 2 * r + 1, mask=mask, other=0)
+        u = _philox_uniform(k0, k1, draw, node, walk, 0x5EC0DEC0)
+    else:
+        u = _philox_uniform(k0_in, k1_in, draw, node, walk, 0x5EC0DEC0)
     tl.store(out_ptr + idx, u, mask=mask)
