@@ -112,11 +112,12 @@ def test_end_to_end_results_and_plots(capsys, tiny_dirs, tmp_path):
             assert len(r["acceptance_by_depth"]) <= 3
             if r["temperature"] == 0:
                 assert r["matches_autoregressive"] == 1.0
-    runs = (out / "runs.jsonl").read_text().splitlines()
+    header, *runs = (out / "runs.jsonl").read_text().splitlines()
+    assert json.loads(header)["format"] == "specdec-bench-runs"  # the resumable log's header (issue 18)
     assert len(runs) == len(rows) * 2 * 3  # rows x prompts x (1 unit at T=0 + 2 seeds at T=1)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["budget"] == {"nodes": 6, "depth": 3, "auto": False} and meta["prompts"]["count"] == 2
-    for name in ("tau.png", "acceptance.png", "speedup.png"):
+    for name in ("tau.png", "acceptance.png", "speedup.png", "temperature.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -187,7 +188,7 @@ def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dir
             assert r["matches_autoregressive"] == 1.0  # greedy rows equal the batched greedy baseline
     meta = json.loads((out / "meta.json").read_text())
     assert meta["batch_size"] == 2
-    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()[1:]]  # after the header
     assert {r["prompt_index"] for r in runs} == {0, 1, 2}
 
 

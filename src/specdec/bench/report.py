@@ -25,13 +25,19 @@ __all__ = [
     "goal_summary",
     "check_out_dir",
     "remove_stale_outputs",
+    "open_out_dir",
+    "write_report",
+    "write_meta",
+    "write_temperature_plot",
+    "spec_bench_summary",
+    "spec_bench_report",
     "PLOT_FILES",
     "OUTPUT_FILES",
 ]
 
-PLOT_FILES: tuple[str, ...] = ("tau.png", "acceptance.png", "speedup.png")
+PLOT_FILES: tuple[str, ...] = ("tau.png", "acceptance.png", "speedup.png", "temperature.png")
 
-OUTPUT_FILES: tuple[str, ...] = ("results.json", "meta.json", "runs.jsonl", *PLOT_FILES)
+OUTPUT_FILES: tuple[str, ...] = ("results.json", "meta.json", "runs.jsonl", "spec_bench.json", *PLOT_FILES)
 """Every file ``specdec bench --out DIR`` writes: a folder holding one of them holds an earlier run's results."""
 
 
@@ -296,3 +302,267 @@ def goal_lines(goals: Mapping[str, Any]) -> list[str]:
         ok = "met" if b["speedup"] > 1.0 else "NOT met"
         lines.append(f"T=0: best speedup {b['speedup']:.2f}x ({b['method']}) (goal > 1.0: {ok})")
     return lines
+
+
+# ------------------------------------------------------------ resumable output folders (runs.jsonl)
+def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwrite: bool = False) -> tuple[Path, Any]:
+    """Check ``--out`` before any model loads; returns ``(folder, RunLog or None)``.
+
+    - ``overwrite``: the folder is checked for writing; the run starts over
+      (a fresh ``runs.jsonl`` replaces the old one once measuring starts).
+    - The folder holds a ``runs.jsonl`` of the same identity (the same
+      command): it is returned, to be resumed. A cut last line is dropped.
+    - It holds a ``runs.jsonl`` of another identity, a corrupt or foreign
+      one: refused, naming what differs; nothing is touched.
+    - It holds other result files but no ``runs.jsonl`` (an earlier
+      specdec's run): refused as :func:`check_out_dir` does.
+
+    Raises:
+        InvalidConfigError: as above, or the folder cannot be written.
+    """
+    from specdec.bench.runlog import RUNS_FILE, identity_differences, read_runlog
+
+    p = Path(path).expanduser()
+    if overwrite or not (p / RUNS_FILE).exists():
+        return check_out_dir(p, overwrite=overwrite), None
+    log = read_runlog(p / RUNS_FILE)
+    diffs = identity_differences(log.config, identity)
+    if diffs:
+        raise InvalidConfigError(
+            f"--out {p} holds a sweep of another configuration ({'; '.join(diffs)}): rerun that sweep's command to "
+            "resume it, pass --overwrite to start over, or choose another folder"
+        )
+    check_out_dir(p, overwrite=True)  # writable
+    if log.dropped_tail:
+        log = read_runlog(p / RUNS_FILE, repair=True)
+    return p, log
+
+
+def _report_inputs(header: Mapping[str, Any]) -> dict[str, Any]:
+    """aggregate()'s arguments from a run-log header."""
+    from specdec.bench.budget import Budget
+    from specdec.bench.runner import RowSpec
+
+    res, cfg = header["resolved"], header["config"]
+    return {
+        "rows": [RowSpec(**r) for r in res["rows"]],
+        "temperatures": [float(t) for t in cfg["temperatures"]],
+        "budget": Budget(int(res["budget"]["nodes"]), int(res["budget"]["depth"])),
+        "options": {(name, float(t)): o for name, t, o in res.get("options", [])},
+        "descriptions": dict(res.get("models") or {}),
+        "batch_size": int(cfg.get("batch_size", 1)),
+    }
+
+
+def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.PathLike | None, *, console: Any,
+                 plots: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any], list[Path]]:
+    """Aggregate ``runs`` as the header describes, print the table, the models and
+    the goal lines on ``console``, and (``out`` given) write ``results.json`` and
+    the plots. Returns ``(records, goals, files written)``."""
+    from rich.markup import escape
+
+    from specdec.bench.runner import aggregate
+
+    inp = _report_inputs(header)
+    records = aggregate(runs, inp["rows"], inp["temperatures"], budget=inp["budget"], options=inp["options"],
+                        descriptions=inp["descriptions"], batch_size=inp["batch_size"])
+    cfg, res = header["config"], header["resolved"]
+    budget = inp["budget"]
+    title = (f"specdec bench --preset {cfg['preset']}: {res['prompts']['count']} prompts x {cfg['max_new_tokens']} new "
+             f"tokens, budget {budget}" + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else ""))
+    console.print(results_table(records, title=title))
+
+    def say(text: str) -> None:
+        console.print(escape(text), soft_wrap=True, highlight=False)
+
+    desc = inp["descriptions"]
+    say(f"target: {desc.get('target', '?')}")
+    for kind in ("lm", "eagle2", "eagle3"):
+        if kind in desc and any(r.draft == kind for r in inp["rows"]):
+            say(f"draft {kind}: {desc[kind]}")
+    console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
+                  "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
+                  "equal to the baseline's.")
+    goals = goal_summary(records)
+    for line in goal_lines(goals):
+        say(line)
+    files: list[Path] = []
+    if out is not None:
+        p = Path(out)
+        f = p / "results.json"
+        f.write_text(json.dumps(_clean(list(records)), indent=2, allow_nan=False) + "\n")
+        files.append(f)
+        if plots:
+            label = f"{desc.get('target', 'target').split(' ')[0]}, budget {budget}"
+            files += write_plots(p, records, title=label)
+            files.append(write_temperature_plot(p, records, title=label))
+    return records, goals, files
+
+
+def write_meta(out: str | os.PathLike, meta: Mapping[str, Any]) -> Path:
+    """Write ``meta.json``; returns its path."""
+    f = Path(out) / "meta.json"
+    f.write_text(json.dumps(_clean(dict(meta)), indent=2, allow_nan=False) + "\n")
+    return f
+
+
+def write_temperature_plot(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], title: str = "") -> Path:
+    """``temperature.png``: tau (left) and speedup (right) against the temperature, one line per method.
+
+    The figure of the one-hot dilemma: a tree built from the draft's top-k
+    children keeps its tau at T = 0 and loses it as T grows, while rheo's
+    sampled slot holds it up (docs/bench.md, "The temperature sweep").
+    """
+    plt = _pyplot()
+    p = Path(out)
+    names: list[str] = []
+    for r in sorted(records, key=_row_rank):
+        if r["method"] not in names:
+            names.append(r["method"])
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    for ax, metric, ylabel in ((axes[0], "tau", "tau (tokens per target forward)"),
+                               (axes[1], "speedup", "speedup vs autoregressive")):
+        for n in names:
+            pts = sorted((r["temperature"], r[metric]) for r in records if r["method"] == n
+                         and r.get(metric) is not None and not (isinstance(r[metric], float) and math.isnan(r[metric])))
+            if not pts or (n == "autoregressive"):
+                continue
+            ax.plot([t for t, _ in pts], [v for _, v in pts], marker="o", label=n)
+        ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")  # the baseline: tau 1, speedup 1
+        ax.set_xlabel("temperature")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel.split(' (')[0]} vs temperature", fontsize=10)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    f = p / "temperature.png"
+    fig.savefig(f, dpi=110)
+    plt.close(fig)
+    return f
+
+
+# ------------------------------------------------------------------------------ Spec-Bench's report
+def spec_bench_summary(header: Mapping[str, Any], runs: Sequence[Any]) -> dict[str, Any]:
+    """Spec-Bench's figures per task (and per category) from a sweep's runs, computed as Spec-Bench's
+    ``evaluation/speed.py`` does.
+
+    For every temperature, method and group (``task:<task>`` for each Spec-Bench
+    task, ``category:<category>``, ``overall``):
+
+    - ``mean_accepted_tokens``: the mean, over all decoding steps, of the tokens a
+      step emits (accepted drafts + the bonus token): Spec-Bench's ``#Mean accepted
+      tokens``, EAGLE's tau, our ``tau`` (emitted tokens / steps);
+    - ``tokens_per_s``: the mean over generations of new tokens / wall time
+      (Spec-Bench averages per-answer speeds; our table pools tokens and seconds);
+    - ``speedup``: that mean / the baseline's on the same generations' prompts
+      (Spec-Bench's ``ratio``);
+    - ``walltime``: mean seconds per generation; ``runs``; ``new_tokens``;
+    - ``greedy_equal`` (T = 0): the share of outputs equal to the baseline's for
+      the same prompt and seed (Spec-Bench's equality check), else None.
+
+    Raises:
+        InvalidConfigError: a prompt's category is not one of Spec-Bench's 13.
+    """
+    from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, spec_bench_task
+    from specdec.bench.runner import AUTOREGRESSIVE
+
+    cats = list(header["resolved"]["prompts"]["categories"])
+    bad = sorted({c for c in cats if c not in SPEC_BENCH_CATEGORIES})
+    if bad:
+        raise InvalidConfigError(
+            f"--format spec-bench needs Spec-Bench's question.jsonl categories ({', '.join(SPEC_BENCH_CATEGORIES)}); "
+            f"this sweep's prompts have {', '.join(map(repr, bad))}"
+        )
+    base_tokens = {(r.prompt_index, r.temperature, r.seed): r.tokens for r in runs if r.row == AUTOREGRESSIVE}
+    cells: dict[tuple[float, str, str], list[Any]] = {}
+    for r in runs:
+        c = cats[r.prompt_index]
+        for key in ("overall", f"task:{spec_bench_task(c)}", f"category:{c}"):
+            cells.setdefault((r.temperature, r.row, key), []).append(r)
+
+    def speed(rs: Sequence[Any]) -> float:
+        v = [r.new_tokens / r.time_total for r in rs if r.time_total > 0]
+        return sum(v) / len(v) if v else float("nan")
+
+    out: dict[str, Any] = {}
+    order = {r["name"]: i for i, r in enumerate(header["resolved"]["rows"])}
+    for (t, row, key), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99), kv[0][2])):
+        base = cells.get((t, AUTOREGRESSIVE, key))
+        tps = speed(rs)
+        b = speed(base) if base else float("nan")
+        steps = sum(r.steps for r in rs)
+        eq = None
+        if t == 0:
+            pairs = [(r.tokens, base_tokens.get((r.prompt_index, r.temperature, r.seed))) for r in rs]
+            pairs = [(x, y) for x, y in pairs if y is not None]
+            eq = sum(x == y for x, y in pairs) / len(pairs) if pairs else None
+        out.setdefault(f"T={t:g}", {}).setdefault(row, {})[key] = {
+            "mean_accepted_tokens": sum(r.emitted for r in rs) / steps if steps else float("nan"),
+            "speedup": tps / b if b == b and b > 0 else float("nan"),
+            "walltime": sum(r.time_total for r in rs) / len(rs),
+            "tokens_per_s": tps, "runs": len(rs), "new_tokens": sum(r.new_tokens for r in rs),
+            "greedy_equal": eq,
+        }
+    return out
+
+
+def spec_bench_report(header: Mapping[str, Any], runs: Sequence[Any], *, console: Any,
+                      out_dir: str | os.PathLike | None = None, by: str = "task") -> int:
+    """Print Spec-Bench's table (speedup per task, mean accepted tokens, walltime, overall), the mean
+    accepted tokens, speedup and walltime per task (``by="task"``) or per category (``by="category"``),
+    and its greedy equality check; with ``out_dir``, write ``spec_bench.json``
+    (:func:`spec_bench_summary`: both levels). Returns 0."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, SPEC_BENCH_TASK_NAMES
+
+    if by not in ("task", "category"):
+        raise InvalidConfigError(f"--by must be task or category, got {by!r}")
+
+    summary = spec_bench_summary(header, runs)
+    kinds = {r["name"]: r["kind"] for r in header["resolved"]["rows"]}
+    for tkey, methods in summary.items():
+        table = Table(title=f"Spec-Bench report, {tkey} (speedup per task; #MAT = mean accepted tokens, bonus counted)")
+        table.add_column("method", no_wrap=True)
+        for name in SPEC_BENCH_TASK_NAMES.values():
+            table.add_column(name, justify="right", no_wrap=True)
+        for col in ("#MAT", "overall", "walltime s", "=AR"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for method, g in sorted(methods.items(), key=lambda kv: _row_rank({"kind": kinds.get(kv[0], "")})):
+            cells = [_fmt(g.get(f"task:{t}", {}).get("speedup"), ".2f") + ("x" if f"task:{t}" in g else "")
+                     for t in SPEC_BENCH_TASK_NAMES]
+            o = g["overall"]
+            eq = o.get("greedy_equal")
+            table.add_row(method, *cells, _fmt(o["mean_accepted_tokens"]), _fmt(o["speedup"]) + "x",
+                          _fmt(o["walltime"], ".3f"), "-" if eq is None else f"{100 * eq:.0f}%")
+        console.print(table)
+        long = Table(title=f"Spec-Bench report, {tkey}, per {by}")
+        for col, just in (("method", "left"), (by, "left"), ("questions", "right"), ("#MAT", "right"),
+                          ("speedup", "right"), ("walltime s", "right"), ("tok/s", "right"), ("=AR", "right")):
+            long.add_column(col, justify=just, no_wrap=True)
+        order = list(SPEC_BENCH_TASK_NAMES) if by == "task" else list(SPEC_BENCH_CATEGORIES)
+        for method, g in sorted(methods.items(), key=lambda kv: _row_rank({"kind": kinds.get(kv[0], "")})):
+            for name in order:
+                e = g.get(f"{by}:{name}")
+                if e is None:
+                    continue
+                eq = e.get("greedy_equal")
+                long.add_row(method, name, str(e["runs"]), _fmt(e["mean_accepted_tokens"]), _fmt(e["speedup"]) + "x",
+                             _fmt(e["walltime"], ".3f"), _fmt(e["tokens_per_s"], ".1f"),
+                             "-" if eq is None else f"{100 * eq:.0f}%")
+        console.print(long)
+        if tkey == "T=0":
+            for method, g in methods.items():
+                eq = g["overall"].get("greedy_equal")
+                if eq is None or kinds.get(method) == "autoregressive":
+                    continue
+                verdict = "all equal" if eq == 1.0 else "NOT all equal"
+                console.print(escape(f"greedy equality: {method}: {100 * eq:.0f}% of {g['overall']['runs']} outputs "
+                                     f"equal the baseline's ({verdict})"), soft_wrap=True, highlight=False)
+    if out_dir is not None:
+        f = Path(out_dir) / "spec_bench.json"
+        f.write_text(json.dumps(_clean(summary), indent=2, allow_nan=False) + "\n")
+        console.print(escape(f"wrote {f}"), soft_wrap=True, highlight=False)
+    return 0

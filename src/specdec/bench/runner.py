@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,6 +39,7 @@ import torch
 
 from specdec.bench.budget import Budget, method_options, method_tree, supports_budget
 from specdec.bench.models import BenchModels
+from specdec.bench.runlog import run_key
 from specdec.errors import InvalidConfigError, UnknownNameError
 from specdec.registry import get
 from specdec.sampling import SamplingConfig
@@ -367,8 +368,8 @@ def batch_refusal(row: RowSpec) -> str | None:
     shaped = isinstance(cls, type) and issubclass(cls, ShapedTreeBuilder)
     if not (levelwise or shaped):
         return f"{row.name}: its tree builder ({method_tree(row.method)}) does not grow batches of trees yet"  # type: ignore[arg-type]
-    if row.draft not in ("eagle2", "eagle3", "lm"):
-        return f"{row.name}: the {row.draft} draft has no rows mode yet (the EAGLE heads and the draft LM have)"
+    if row.draft not in ("eagle2", "eagle3", "lm", "ngram"):
+        return f"{row.name}: the {row.draft} draft has no rows mode yet (the EAGLE heads, the draft LM and ngram have)"
     return None
 
 
@@ -391,6 +392,8 @@ def run_bench(
     options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
     on_run: Callable[[RunRecord], None] | None = None,
     on_start: Callable[[str], None] | None = None,
+    skip: Collection[tuple[str, int, float, int]] = frozenset(),
+    units: Collection[int] | None = None,
 ) -> list[RunRecord]:
     """Run every row on every unit, interleaved (see the module docstring).
 
@@ -403,9 +406,16 @@ def run_bench(
         on_run: called after each generate call (progress bars).
         on_start: called with a short description before the warm-up and
             before each call.
+        skip: generations already done (:func:`~specdec.bench.runlog.run_key`
+            of a resumed ``runs.jsonl``): not run again.
+        units: indices of the units to run (of :func:`bench_units`, or of
+            :func:`batch_chunks` with ``batch_size`` > 1); None: all. A Ray
+            worker gets a subset; each unit keeps its index, so rows rotate
+            as in a one-process run.
 
     Returns:
-        one :class:`RunRecord` per generate call, in run order.
+        one :class:`RunRecord` per generate call made, in run order (with
+        ``batch_size`` > 1: one per prompt of each batched call).
     """
     from specdec.generate import autoregressive_generate
 
@@ -436,23 +446,27 @@ def run_bench(
                     time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens))
 
     if config.batch_size > 1:
-        return _run_batched(models, config, prompts, gens, eos, on_run, on_start)
-    if config.warmup:
+        return _run_batched(models, config, prompts, gens, eos, on_run, on_start, skip, units)
+    plan = [(u, row) for u, (pi, t, seed) in enumerate(bench_units(len(prompts), config.temperatures, config.seeds))
+            if units is None or u in units
+            for row in unit_order(config.rows, u) if run_key(row.name, pi, t, seed) not in skip]
+    if config.warmup and plan:
         if on_start:
             on_start("warm-up")
         for row in config.rows:  # one short untimed call per row (allocator, caches, lazy imports)
             call(row, prompts[0], config.temperatures[-1], config.seeds[0], min(8, config.max_new_tokens))
     records: list[RunRecord] = []
-    for u, (pi, t, seed) in enumerate(bench_units(len(prompts), config.temperatures, config.seeds)):
-        for row in unit_order(config.rows, u):
-            if on_start:
-                on_start(f"{row.name} T={t:g} prompt {pi + 1}/{len(prompts)}")
-            result = call(row, prompts[pi], t, seed, config.max_new_tokens)
-            rec = RunRecord(sequence=len(records), unit=u, prompt_index=pi, temperature=t, seed=seed,
-                            row=row.name, **result)
-            records.append(rec)
-            if on_run:
-                on_run(rec)
+    all_units = bench_units(len(prompts), config.temperatures, config.seeds)
+    for u, row in plan:
+        pi, t, seed = all_units[u]
+        if on_start:
+            on_start(f"{row.name} T={t:g} prompt {pi + 1}/{len(prompts)}")
+        result = call(row, prompts[pi], t, seed, config.max_new_tokens)
+        rec = RunRecord(sequence=len(records), unit=u, prompt_index=pi, temperature=t, seed=seed,
+                        row=row.name, **result)
+        records.append(rec)
+        if on_run:
+            on_run(rec)
     return records
 
 
@@ -481,6 +495,8 @@ def _run_batched(
     eos: Any,
     on_run: Callable[[RunRecord], None] | None,
     on_start: Callable[[str], None] | None,
+    skip: Collection[tuple[str, int, float, int]] = frozenset(),
+    units: Collection[int] | None = None,
 ) -> list[RunRecord]:
     """:func:`run_bench` with ``batch_size`` > 1: each chunk of prompts is decoded
     together by every row (rows rotated per chunk). One :class:`RunRecord` per
@@ -505,7 +521,11 @@ def _run_batched(
             return autoregressive_generate_batch(models.target, batch, n, sampling, seeds, eos)
         return gens[(row.name, t)].generate_batch(batch, n, sampling, seeds, eos)
 
-    if config.warmup:
+    chunks = batch_chunks(len(prompts), config.temperatures, config.seeds, config.batch_size)
+    # a (chunk, row) call runs again unless every prompt of it is done; only its missing records are kept
+    plan = [(c, row) for c, (chunk, t, seed) in enumerate(chunks) if units is None or c in units
+            for row in unit_order(config.rows, c) if any(run_key(row.name, pi, t, seed) not in skip for pi in chunk)]
+    if config.warmup and plan:
         if on_start:
             on_start("warm-up")
         first = tuple(range(min(config.batch_size, len(prompts))))
@@ -513,22 +533,24 @@ def _run_batched(
             call(row, first, config.temperatures[-1], config.seeds[0], min(8, config.max_new_tokens))
     records: list[RunRecord] = []
     nan = float("nan")
-    for c, (chunk, t, seed) in enumerate(batch_chunks(len(prompts), config.temperatures, config.seeds, config.batch_size)):
-        for row in unit_order(config.rows, c):
-            if on_start:
-                on_start(f"{row.name} T={t:g} prompts {chunk[0] + 1}-{chunk[-1] + 1}/{len(prompts)}")
-            out = call(row, chunk, t, seed, config.max_new_tokens)
-            for j, pi in enumerate(chunk):
-                rec = RunRecord(
-                    sequence=len(records), unit=unit_of[(pi, t, seed)], prompt_index=pi, temperature=t, seed=seed,
-                    row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
-                    emitted=out.emitted_by_row[j], depth_attempted=(), depth_accepted=(),
-                    time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
-                    time_verify=nan, tokens=tuple(out.tokens[j]),
-                )
-                records.append(rec)
-                if on_run:
-                    on_run(rec)
+    for c, row in plan:
+        chunk, t, seed = chunks[c]
+        if on_start:
+            on_start(f"{row.name} T={t:g} prompts {chunk[0] + 1}-{chunk[-1] + 1}/{len(prompts)}")
+        out = call(row, chunk, t, seed, config.max_new_tokens)
+        for j, pi in enumerate(chunk):
+            if run_key(row.name, pi, t, seed) in skip:
+                continue
+            rec = RunRecord(
+                sequence=len(records), unit=unit_of[(pi, t, seed)], prompt_index=pi, temperature=t, seed=seed,
+                row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
+                emitted=out.emitted_by_row[j], depth_attempted=(), depth_accepted=(),
+                time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
+                time_verify=nan, tokens=tuple(out.tokens[j]),
+            )
+            records.append(rec)
+            if on_run:
+                on_run(rec)
     return records
 
 

@@ -1,0 +1,305 @@
+"""``runs.jsonl``: the resumable log of a ``specdec bench --out DIR`` sweep (docs/bench.md).
+
+Layout: the first line is a *header* object (``"format": "specdec-bench-runs"``)
+holding the run's *identity* (``config``: everything that decides what the
+records mean: target, drafts, rows, temperatures, seeds, tokens, budget
+request, prompts) and what the run resolved before measuring (``resolved``:
+the tree budget, ``--budget auto``'s measurements, Sequoia's acceptance
+profiles, the prompts used with their categories, the model descriptions).
+Every further line is one finished generation (a
+:class:`~specdec.bench.runner.RunRecord` as a JSON object), appended and
+flushed to disk as soon as it completes.
+
+Resuming: rerunning the same command with the same ``--out`` reads the log,
+checks that the identity is the same (a different one is refused: results of
+two configurations are never mixed), reuses the resolved budget and profiles
+(nothing is re-measured: the remaining records mean the same thing as the
+finished ones) and skips the generations already in the log. A kill can only
+lose the generations in flight: a last line cut by the kill is dropped (and the
+log rewritten without it) on the next read; any other unreadable line is an
+error.
+
+The header is written to a temporary file and moved into place, so
+``runs.jsonl`` either does not exist or starts with a complete header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specdec.errors import InvalidConfigError
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "RUNS_FILE",
+    "RunLog",
+    "RunLogWriter",
+    "run_key",
+    "prompts_digest",
+    "read_runlog",
+    "write_header",
+    "identity_differences",
+    "record_from_dict",
+]
+
+FORMAT = "specdec-bench-runs"
+VERSION = 1
+RUNS_FILE = "runs.jsonl"
+
+_RECORD_KEYS: dict[str, type | tuple[type, ...]] = {
+    "sequence": int, "unit": int, "prompt_index": int, "temperature": (int, float), "seed": int, "row": str,
+    "new_tokens": int, "steps": int, "emitted": int, "depth_attempted": list, "depth_accepted": list,
+    "time_total": (int, float, type(None)), "time_prefill": (int, float, type(None)),
+    "time_draft": (int, float, type(None)), "time_target": (int, float, type(None)),
+    "time_verify": (int, float, type(None)), "tokens": list,
+}
+
+
+def run_key(row: str, prompt_index: int, temperature: float, seed: int) -> tuple[str, int, float, int]:
+    """What identifies one generation of a sweep: ``(row, prompt index, temperature, seed)``."""
+    return (str(row), int(prompt_index), float(temperature), int(seed))
+
+
+def prompts_digest(prompts: Iterable[Any]) -> str:
+    """SHA-256 over the prompts' ids, categories and texts (a ``BenchPrompt`` sequence)."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps([str(p.question_id), p.category, p.text], ensure_ascii=False).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+@attrs.frozen
+class RunLog:
+    """A read ``runs.jsonl``.
+
+    Attributes:
+        path: the file.
+        header: the header object (``config``, ``resolved``).
+        records: the generations, as dicts (in file order).
+        dropped_tail: a last line cut by a kill was dropped.
+    """
+
+    path: Path
+    header: dict[str, Any]
+    records: tuple[dict[str, Any], ...] = attrs.field(converter=tuple)
+    dropped_tail: bool = False
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.header["config"]
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        return self.header["resolved"]
+
+    def keys(self) -> set[tuple[str, int, float, int]]:
+        return {run_key(r["row"], r["prompt_index"], r["temperature"], r["seed"]) for r in self.records}
+
+    def expected(self) -> int:
+        """Generations the whole sweep makes (from the header)."""
+        return int(self.resolved["expected_runs"])
+
+    @property
+    def complete(self) -> bool:
+        return len(self.records) >= self.expected()
+
+
+def _foreign(path: Path, why: str) -> InvalidConfigError:
+    return InvalidConfigError(
+        f"{path} is not a specdec bench run log ({why}); `specdec bench --out` refuses that folder unless "
+        "--overwrite is given (which replaces its results): choose another folder to keep them"
+    )
+
+
+def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
+    """Read and check ``runs.jsonl`` (``path`` is the file or its folder).
+
+    Args:
+        repair: rewrite the file without a last line cut by a kill (resuming
+            does, so that appends start on a fresh line).
+
+    Raises:
+        InvalidConfigError: a missing or foreign header, a newer format, a
+            corrupt line other than a cut last line, a malformed record, a
+            record outside the sweep the header describes, or a generation
+            logged twice (the message names the file and the line).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / RUNS_FILE
+    if not p.is_file():
+        raise InvalidConfigError(f"{p} does not exist (a specdec bench --out folder holds one)")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _foreign(p, "not UTF-8 text") from None
+    lines = text.split("\n")
+    ends_clean = text.endswith("\n")
+    if ends_clean:
+        lines = lines[:-1]
+    if not lines or not lines[0].strip():
+        raise _foreign(p, "empty, no header line")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        raise _foreign(p, "line 1 is not JSON") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise _foreign(p, f"line 1 is not a {FORMAT!r} header; logs of specdec before resumable runs cannot be resumed")
+    if not isinstance(header.get("version"), int) or header["version"] > VERSION:
+        raise InvalidConfigError(f"{p}: run log version {header.get('version')!r} is newer than this specdec's ({VERSION})")
+    if not isinstance(header.get("config"), dict) or not isinstance(header.get("resolved"), dict):
+        raise _foreign(p, "the header has no config or resolved object")
+    cfg, res = header["config"], header["resolved"]
+    rows = set(cfg.get("rows") or ())
+    temps = {float(t) for t in cfg.get("temperatures") or ()}
+    seeds = [int(s) for s in cfg.get("seeds") or ()]
+    n_prompts = len(res.get("prompts", {}).get("ids") or ())
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    dropped = False
+    for n, line in enumerate(lines[1:], start=2):
+        last = n == len(lines)
+        if not line.strip():
+            if last:
+                continue
+            raise InvalidConfigError(f"{p}:{n}: empty line inside the run log (corrupt file)")
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if last and not ends_clean:  # the write a kill cut short: that generation was in flight
+                dropped = True
+                break
+            raise InvalidConfigError(f"{p}:{n}: not JSON (corrupt run log; only a cut last line is dropped)") from None
+        where = f"{p}:{n}"
+        if not isinstance(rec, dict):
+            raise InvalidConfigError(f"{where}: expected a JSON object (one generation per line)")
+        for key, typ in _RECORD_KEYS.items():
+            if key not in rec:
+                raise InvalidConfigError(f"{where}: record without {key!r} (corrupt or foreign run log)")
+            v = rec[key]
+            if isinstance(v, bool) or not isinstance(v, typ):
+                raise InvalidConfigError(f"{where}: {key!r} has the wrong type ({type(v).__name__})")
+        if rec["row"] not in rows or float(rec["temperature"]) not in temps or rec["seed"] not in seeds \
+                or not 0 <= rec["prompt_index"] < n_prompts:
+            raise InvalidConfigError(
+                f"{where}: generation {rec['row']!r} T={rec['temperature']} seed {rec['seed']} prompt "
+                f"{rec['prompt_index']} is outside the sweep the header describes (foreign or edited run log)"
+            )
+        key = run_key(rec["row"], rec["prompt_index"], rec["temperature"], rec["seed"])
+        if key in seen:
+            raise InvalidConfigError(f"{where}: the generation of line {seen[key]} is logged twice (corrupt run log)")
+        seen[key] = n
+        records.append(rec)
+    log = RunLog(p, header, records, dropped)
+    if repair and (dropped or not ends_clean):
+        _atomic_write(p, [lines[0], *(json.dumps(r, allow_nan=False) for r in records)])
+    return log
+
+
+def _clean(value: Any) -> Any:
+    """NaN -> None, recursively (strict JSON)."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _atomic_write(path: Path, lines: Sequence[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_header(out: str | os.PathLike, config: Mapping[str, Any], resolved: Mapping[str, Any]) -> Path:
+    """Start a fresh ``runs.jsonl`` in ``out`` (replacing any earlier one) with its header."""
+    path = Path(out) / RUNS_FILE
+    header = {"format": FORMAT, "version": VERSION, "config": _clean(dict(config)), "resolved": _clean(dict(resolved))}
+    _atomic_write(path, [json.dumps(header, allow_nan=False)])
+    return path
+
+
+class RunLogWriter:
+    """Appends finished generations to ``runs.jsonl``, each flushed and synced to disk.
+
+    ``sequence`` numbers continue from ``start_sequence`` in the order the
+    records reach the writer (with Ray workers: the order they arrive).
+    """
+
+    def __init__(self, path: str | os.PathLike, start_sequence: int = 0) -> None:
+        self.path = Path(path)
+        self.next_sequence = start_sequence
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        rec = _clean(dict(record))
+        rec["sequence"] = self.next_sequence
+        self.next_sequence += 1
+        self._fh.write(json.dumps(rec, allow_nan=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        return rec
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> RunLogWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def identity_differences(logged: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Human-readable differences between two run identities (empty when they match)."""
+    out = []
+    for key in sorted(set(logged) | set(current)):
+        a, b = logged.get(key), current.get(key)
+        if _clean(a) != _clean(b):
+            out.append(f"{key}: {_short(a)} in the log, {_short(b)} now")
+    return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def record_from_dict(rec: Mapping[str, Any]) -> Any:
+    """A :class:`~specdec.bench.runner.RunRecord` from a logged line (null times -> NaN)."""
+    from specdec.bench.runner import RunRecord
+
+    nan = float("nan")
+    return RunRecord(
+        sequence=int(rec["sequence"]), unit=int(rec["unit"]), prompt_index=int(rec["prompt_index"]),
+        temperature=float(rec["temperature"]), seed=int(rec["seed"]), row=str(rec["row"]),
+        new_tokens=int(rec["new_tokens"]), steps=int(rec["steps"]), emitted=int(rec["emitted"]),
+        depth_attempted=tuple(int(x) for x in rec["depth_attempted"]),
+        depth_accepted=tuple(int(x) for x in rec["depth_accepted"]),
+        time_total=nan if rec["time_total"] is None else float(rec["time_total"]),
+        time_prefill=nan if rec["time_prefill"] is None else float(rec["time_prefill"]),
+        time_draft=nan if rec["time_draft"] is None else float(rec["time_draft"]),
+        time_target=nan if rec["time_target"] is None else float(rec["time_target"]),
+        time_verify=nan if rec["time_verify"] is None else float(rec["time_verify"]),
+        tokens=tuple(int(t) for t in rec["tokens"]),
+    )
