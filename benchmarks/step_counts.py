@@ -16,10 +16,16 @@ verifier's walk through ``StepVerifier``), at T=1, 60-node depth-6 trees:
    ``SpeculativeGenerator(..., compile=BACKEND)``). The stub's own host work
    (``CallableLM`` builds every node's prefix and scores the tree's host view)
    counts as outside; only its logits function is subtracted.
+3. ``--stub-ops``: ATen ops per step outside the logits function with the
+   same stub models (``--vocab``, e.g. 4096): hardware-free, so it can be
+   measured on a busy machine (the eager step path's op diet, issue 14).
+
+``--step-only`` skips the per-node path (``--real``, ``--stub-ops``).
 
 Usage::
 
     python benchmarks/step_counts.py --stub --real --threads 2 --json benchmarks/results/step_counts.json
+    python benchmarks/step_counts.py --stub-ops --vocab 4096 --threads 1
 """
 
 from __future__ import annotations
@@ -146,10 +152,32 @@ def stub(vocab: int, repeats: int, compile_backend: str | None = None) -> dict[s
     return results
 
 
+def stub_ops(vocab: int, tokens: int, step_only: bool) -> dict[str, Any]:
+    """ATen ops (and host syncs) per step outside the stub's logits function, ``T = 1``, seed 1."""
+    results: dict[str, Any] = {}
+    for method in METHODS:
+        name = "eagle2" if method == "eagle3" else method
+        row: dict[str, Any] = {}
+        for label, tensor_step in (("per_node", False), ("step", True)):
+            if step_only and not tensor_step:
+                continue
+            lm, _ = stub_models(vocab)
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto")
+            row[label] = _per_step(gen, [1, 2, 3], tokens, tensor_step, seed=1)
+            r = row[label]
+            print(f"stub ops {name} {label} (V = {vocab}): {r['ops_outside_models']:.1f} ops/step outside the logits "
+                  f"({r['compute_ops_outside_models']:.1f} not views), {r['syncs_outside_models']:.1f} syncs/step, "
+                  f"{r['steps']} steps", flush=True)
+        results[name] = row
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--real", action="store_true", help="SmolLM2 + shipped EAGLE-3 head: counts per step")
     ap.add_argument("--stub", action="store_true", help="fixed-logit CallableLM models: time per step")
+    ap.add_argument("--stub-ops", action="store_true", help="fixed-logit CallableLM models: ATen ops per step")
+    ap.add_argument("--step-only", action="store_true", help="skip the per-node path (--real, --stub-ops)")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--repeats", type=int, default=3)
@@ -161,14 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads}
     if args.stub:
         out["stub"] = stub(args.vocab, args.repeats, args.compile)
+    if args.stub_ops:
+        out["stub_ops"] = {"vocab": args.vocab, **stub_ops(args.vocab, args.tokens, args.step_only)}
     if args.real:
         target, draft, prompt = load_real()
         out["real"] = {}
         for method in METHODS:
             gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto")
-            out["real"][method] = {label: _per_step(gen, prompt, args.tokens, tensor_step)
-                                   for label, tensor_step in (("per_node", False), ("step", True))}
-            for label in ("per_node", "step"):
+            labels = (("step", True),) if args.step_only else (("per_node", False), ("step", True))
+            out["real"][method] = {label: _per_step(gen, prompt, args.tokens, tensor_step) for label, tensor_step in labels}
+            for label, _ in labels:
                 r = out["real"][method][label]
                 print(f"real {method} {label}: {r['syncs_outside_models']:.1f} syncs/step outside models "
                       f"({r['syncs_inside_models']:.1f} inside), {r['ops_outside_models']:.0f} ops/step outside "

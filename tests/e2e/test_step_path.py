@@ -86,6 +86,24 @@ def test_host_syncs_per_step_outside_the_models(method):
     assert counter.syncs <= steps + accepted + 2, counter.report()
 
 
+# ATen ops per step outside the models with 60-node depth-6 trees (V = 1000, T = 1): what the eager step path
+# (level-wise builder, rerank, tensor verification, the one read) issued after the op diet of issue 14, with
+# about 7% headroom; before it the same run gave about 700 (eagle2) and 1170 (rheo).
+OPS_PER_STEP = {"eagle2": 530, "rheo": 980}
+
+
+@pytest.mark.parametrize("method", sorted(OPS_PER_STEP))
+def test_aten_ops_per_step_outside_the_models(method):
+    vocab = 1000
+    fixed = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    lm = CallableLM(lambda prefixes: fixed.expand(len(prefixes), vocab).clone(), vocab_size=vocab)
+    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, kernel="torch")
+    gen.generate([1, 2, 3], 2, specdec.SamplingConfig(temperature=1.0), seed=1)  # warm-up: per-shape index tensors
+    with StepCounter() as counter:
+        out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
+    assert counter.ops / out.stats.steps <= OPS_PER_STEP[method], counter.report()
+
+
 def test_a_mode_the_verifier_cannot_verify_fails_when_composed_or_on_the_first_step():
     from specdec.errors import UnsupportedTreeError
     from specdec.trees.static import StaticTreeBuilder

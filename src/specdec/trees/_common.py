@@ -74,8 +74,10 @@ def normalised_law(q: torch.Tensor, *, on_device: bool = False) -> torch.Tensor:
         this law, so the recorded law is exactly the one sampled from.
     """
     device = q.device if on_device and q.device.type == "cuda" else torch.device("cpu")
-    q64 = q.detach().to(device, torch.float64)
-    return q64 / q64.sum(dim=-1, keepdim=True)
+    q64 = (q.detach() if q.requires_grad else q).to(device, torch.float64)  # (no detach op where no graph is kept)
+    if q64.data_ptr() == q.data_ptr():  # already float64 there: a new tensor
+        return q64 / q64.sum(dim=-1, keepdim=True)
+    return q64.div_(q64.sum(dim=-1, keepdim=True))  # the copy made above, divided in place (the same bits)
 
 
 def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
@@ -165,14 +167,14 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     ids, perm = torch.sort(ids, dim=-1)
     values, order = torch.sort(values.gather(-1, perm), dim=-1, descending=True, stable=True)
     ids = ids.gather(-1, order)
-    # the places of the tied tokens go to the tokens equal to the cut with the smallest ids: a top-c over V - id
-    n_above = (values > kth).sum(dim=-1, keepdim=True)  # [R, 1]
-    tied_key = torch.topk(torch.where(q == kth, torch.arange(V, 0, -1, device=q.device), 0), c, dim=-1).values  # [R, c]
-    slot = torch.arange(c, device=q.device)
-    from_tied = slot >= n_above  # [R, c]
-    ids = torch.where(from_tied, V - tied_key.gather(-1, (slot - n_above).clamp_min(0)), ids)
-    valid = values > 0  # a token of probability 0 is never proposed (the tied ones included, when the cut is 0)
-    return torch.where(valid, ids, -1), torch.where(valid, values, 0.0)
+    # the places of the tied tokens go to the tokens equal to the cut with the smallest ids: the k-th slot holding
+    # the cut's value takes the k-th of them, found by a binary search in their running count over V
+    wanted = torch.cumsum(values == kth, dim=-1, dtype=torch.int32)  # [R, c]: 0 above the cut, then 1, 2, ...
+    running = torch.cumsum(q == kth, dim=-1, dtype=torch.int32)  # [R, V] (int32: half the bytes of the pass over V)
+    tied = torch.searchsorted(running, wanted)  # [R, c] int64 ids (slots above the cut: unused)
+    ids = torch.where(wanted > 0, tied, ids)
+    # a token of probability 0 is never proposed (the tied ones included, when the cut is 0); probs are >= 0
+    return torch.where(values > 0, ids, -1), values
 
 
 def draw_rows(

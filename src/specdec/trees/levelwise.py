@@ -28,6 +28,7 @@ check that both give the identical tree for the same draws
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -38,7 +39,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import draw_rows, normalised_law, residual_masses, row_mass, top_tokens_fixed
+from specdec.trees._common import draw_rows, normalised_law, row_mass, top_tokens_fixed
 
 __all__ = ["CompiledLevelFn", "LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
 
@@ -76,10 +77,16 @@ def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
     """EAGLE-2's children: each node's top-``K`` tokens, deterministic, weight ``q(x)``
     (the tensor form of :func:`~specdec.trees.dynamic.eagle_proposal`)."""
     ids, probs = top_tokens_fixed(q, K)  # [R, C]
-    valid = ids >= 0
-    kinds = torch.where(valid, int(NodeKind.DETERMINISTIC), PAD)
-    empty = torch.empty(q.shape[0], 0, dtype=torch.int64, device=q.device)
-    return LevelChildren(ids, probs, kinds, empty, empty.to(torch.float64), torch.zeros_like(valid[:, 0]))
+    kinds = torch.where(ids >= 0, int(NodeKind.DETERMINISTIC), PAD)
+    return LevelChildren(ids, probs, kinds, *_no_laws(q.shape[0], q.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _no_laws(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The law fields of ``rows`` nodes without sampled children: ``[R, 0]`` ids and probs,
+    ``[R]`` False; made once per size and device (never written to: the driver only reads them)."""
+    empty = torch.empty(rows, 0, dtype=torch.int64, device=device)
+    return empty, empty.to(torch.float64), torch.zeros(rows, dtype=torch.bool, device=device)
 
 
 def rheo_level(
@@ -102,44 +109,55 @@ def rheo_level(
     """
     R = q.shape[0]
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
-    det_ids, det_probs = ids[:, : K - m], probs[:, : K - m]  # [R, K - m]
+    det_ids = ids[:, : K - m]  # [R, K - m]
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
-    residual = residual_masses(q, det_ids)  # [R]
-    n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
-    has_slot = (n_cand > 0) & (residual > 0) & (residual >= threshold)  # [R]
+    # residual mass 1 - q(S), the sum of q outside S (residual_masses' sum): S is the row's top K - m, so
+    # where S is padded (-1, read as token 0 here) the row has no positive entry outside S and the sum is 0 either way
+    residual = row_mass(q.scatter(-1, det_ids.clamp_min(0), 0.0))  # [R]
+    # a positive residual leaves a positive entry outside S, so q' has one (the first candidate)
+    has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
     if live is not None:
         has_slot = has_slot & live
     mass = row_mass(cand_probs)  # [R]
-    law_probs = cand_probs / torch.where(has_slot, mass, 1.0).unsqueeze(-1)  # [R, L]: q'
+    law_probs = cand_probs / torch.where(has_slot, mass, float("inf")).unsqueeze(-1)  # [R, L]: q' (0 without a slot)
     mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
     drawn = draw_rows(law_probs, m, mode, rng, has_slot)  # [R, m] columns of q'
     was_drawn = drawn >= 0
     sampled_tok = torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)  # [R, m]
     if proxy == "displaced":
+        n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=q.device), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
         sampled_w = cand_probs.gather(-1, rank)
     else:
         c = proxy_scale if proxy == "scaled" else 1.0
-        n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
-        sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
+        if m == 1:  # one draw: c * residual / 1, the same bits
+            sampled_w = torch.clamp(c * residual, max=1.0).unsqueeze(-1)  # [R, 1]
+        else:
+            n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
+            sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
     sampled_w = torch.where(was_drawn, sampled_w, 0.0)
-    det_kind = torch.where(det_ids >= 0, int(NodeKind.DETERMINISTIC), PAD)
-    slot_tokens = torch.cat([sampled_tok, det_ids], dim=-1)  # [R, K]
-    slot_weights = torch.cat([sampled_w, det_probs], dim=-1)
-    slot_kinds = torch.cat([torch.where(was_drawn, int(NodeKind.SAMPLED), PAD), det_kind], dim=-1)
-    top_ids, top_probs = ids[:, :K], probs[:, :K]  # the EAGLE-2 node
-    top_kinds = torch.where(top_ids >= 0, int(NodeKind.DETERMINISTIC), PAD)
+    # a node with a slot: the m sampled children, then the K - m deterministic ones; else the EAGLE-2 node's top K
     use = has_slot.unsqueeze(-1)
+    tokens = torch.where(use, torch.cat([sampled_tok, det_ids], dim=-1), ids[:, :K])  # [R, K]
+    weights = torch.where(use, torch.cat([sampled_w, probs[:, : K - m]], dim=-1), probs[:, :K])
+    sampled_slot = use & _first_slots(m, K, q.device)  # [R, K]
+    kinds = torch.where(tokens >= 0, torch.where(sampled_slot, int(NodeKind.SAMPLED), int(NodeKind.DETERMINISTIC)), PAD)
     return LevelChildren(
-        tokens=torch.where(use, slot_tokens, top_ids),
-        weights=torch.where(use, slot_weights, top_probs),
-        kinds=torch.where(use, slot_kinds, top_kinds),
+        tokens=tokens,
+        weights=weights,
+        kinds=kinds,
         law_ids=torch.where(use, cand_ids, -1),
-        law_probs=torch.where(use, law_probs, 0.0),
+        law_probs=law_probs,
         law_wor=has_slot & (m > 1),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _first_slots(m: int, K: int, device: torch.device) -> torch.Tensor:
+    """``[K]`` bool: the first ``m`` slots (a node's sampled ones), once per shape and device (never written to)."""
+    return torch.arange(K, device=device) < m
 
 
 def grow_levelwise(
@@ -183,7 +201,8 @@ def grow_levelwise(
     vocab_ids = draft.proposal_ids  # [Vd] or None
     reduced = vocab_ids is not None
     q, bad = draft.root_rows_flagged(sampling, proposal=reduced)  # [B, Vd], [B]: one row per tree
-    q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True)).unsqueeze(1)  # [B, 1, Vd]
+    q = normalised_law(q, on_device=True).masked_fill_(bad.unsqueeze(-1), 0.0)  # [B * R, Vd], R = 1 row per tree
+    draft_bad = bad  # [B] the roots' rows; with the expanded rows', raised by the step's one read
     B = q.shape[0]
     dev = q.device
     vocab = draft.vocab_size
@@ -196,37 +215,33 @@ def grow_levelwise(
     kind = [start.kind.expand(B, 1)]
     weight = [start.weight.expand(B, 1)]
     score = [start.score.expand(B, 1)]
-    laws: list[LevelChildren] = []  # one per expansion, in expansion order, fields [B, R, ...]
-    expanded = [start.index.expand(B, 1)]  # creation indices of the expanded nodes, in expansion order
-    parent_score = score[0]  # [B, R]
+    laws: list[tuple[int, LevelChildren]] = []  # per expansion: (R, the level's children, fields [B * R, ...])
+    beams: list[torch.Tensor] = []  # per expansion after the root's: the beam, [B, width] indices into its level
+    lives: list[torch.Tensor] = []  # per expansion after the root's: [B, width] the beam rows that are real nodes
+    bads: list[torch.Tensor] = []  # per expansion after the root's: [B, width] rows whose draft law was not a law
+    parent_score = start.score.expand(B, 1)  # [B * R, 1] path scores of the expanded rows
     level_sizes = [1]  # created nodes per level and tree (Python ints: the shapes)
-    first_ci = 1  # creation index of the newest level's first node
     rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
-    live = start.live.expand(B, 1)  # [B, R] the expanded rows that are real nodes
-    bad_rows = [bad]  # per expansion: rows whose draft law was not a law (real rows only)
+    live = start.live.expand(B)  # [B * R] the expanded rows that are real nodes
     for d in range(1, depth + 1):
-        R = q.shape[1]
-        flat_q, flat_live = q.reshape(B * R, -1), live.reshape(B * R)  # the level function sees B * R rows
+        R = q.shape[0] // B  # the level function sees B * R rows, tree-major
         if compiled_level is None:
-            lv = level(flat_q, rng, flat_live)
+            lv = level(q, rng, live)
         else:
             u = (
                 rng.uniforms((B * R, draws_per_node), device=dev)
                 if draws_per_node
                 else torch.empty(B * R, 0, dtype=torch.float64, device=dev)
             )  # [B * R, draws]
-            lv = compiled_level(flat_q, u, flat_live)
+            lv = compiled_level(q, u, live)
         if reduced:  # draft ids -> target ids (padding -1 stays -1)
             lv = lv._replace(
                 tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
             )
         C = lv.tokens.shape[-1]
-        laws.append(lv._replace(  # the rerank reads the laws only, per tree
-            law_ids=lv.law_ids.reshape(B, R, lv.law_ids.shape[-1]), law_probs=lv.law_probs.reshape(B, R, lv.law_probs.shape[-1]),
-            law_wor=lv.law_wor.reshape(B, R),
-        ))
+        laws.append((R, lv))  # the rerank reads the laws only
         lv_tok = lv.tokens.reshape(B, R * C)  # [B, R * C]
-        lv_score = (parent_score.unsqueeze(-1) + torch.log(lv.weights).reshape(B, R, C)).reshape(B, R * C)  # unused: -inf
+        lv_score = (parent_score + torch.log(lv.weights)).reshape(B, R * C)  # path scores; unused slots: -inf
         tok.append(lv_tok)
         kind.append(lv.kinds.reshape(B, R * C))
         weight.append(lv.weights.reshape(B, R * C))
@@ -236,26 +251,30 @@ def grow_levelwise(
             break
         width = min(beam_width, R * C)
         beam = torch.sort(lv_score, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, width] (-score, creation index)
-        beam_tok = lv_tok.gather(1, beam)
-        parent_draft = beam // C + rows_first_id  # [B, width] draft ids of the beam nodes' parents
-        # an unused slot in the beam (fewer than B real nodes) is expanded with the root's token; its children score -inf
+        beam_score = lv_score.gather(1, beam)  # [B, width]
+        beam_live = beam_score > float("-inf")  # a node of finite score is a real node (its token is >= 0)
+        # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token; its children
+        # score -inf and it never counts as bad
         q, bad = draft.expand_rows_flagged(
-            parent_draft, torch.where(beam_tok >= 0, beam_tok, root), sampling, proposal=reduced
+            beam // C + rows_first_id, torch.where(beam_live, lv_tok.gather(1, beam), root), sampling, proposal=reduced
         )  # [B, width, Vd], [B, width]
-        q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))
-        parent_score = lv_score.gather(1, beam)
-        live = parent_score > float("-inf")
-        bad_rows.append(bad & live)
-        expanded.append(beam + first_ci)  # [B, width] creation indices of the new beam
-        first_ci += R * C
+        q = normalised_law(q, on_device=True).masked_fill_(bad.unsqueeze(-1), 0.0).reshape(B * width, -1)  # (a new tensor)
+        beams.append(beam)
+        lives.append(beam_live)
+        bads.append(bad)
+        parent_score, live = beam_score.reshape(B * width, 1), beam_live.reshape(B * width)
         rows_first_id, next_id = next_id, next_id + width
-    all_expanded = torch.cat(expanded, dim=1)  # [B, E]
+    shape = _shape_constants(tuple(level_sizes), tuple(b.shape[1] for b in beams), dev)
+    # creation indices of the expanded nodes, in expansion order (the root's is 0)
+    all_expanded = torch.cat([start.index.expand(B, 1), *beams], dim=1) + shape.first_index  # [B, E]
     # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
-    par = torch.cat([start.no_parent.expand(B, 1), all_expanded.repeat_interleave(C, dim=1)], dim=1)
-    draft_bad = torch.cat([b.reshape(B, -1) for b in bad_rows], dim=1).any(dim=-1)  # [B] raised by the step's one read
+    # (the root's parent is the column T, which _assemble maps to -1)
+    par = torch.cat([shape.root_parent.expand(B, 1), all_expanded.repeat_interleave(C, dim=1)], dim=1)
+    if beams:
+        draft_bad = (torch.cat(bads, dim=1) & torch.cat(lives, dim=1)).any(dim=-1) | draft_bad
     return _assemble(
         torch.cat(tok, dim=1), par, torch.cat(kind, dim=1), torch.cat(weight, dim=1), torch.cat(score, dim=1),
-        _levels(tuple(level_sizes), dev), all_expanded, laws, num_keep=num_keep, vocab=vocab,
+        shape.levels, all_expanded, laws, num_keep=num_keep, vocab=vocab,
         children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
     )
 
@@ -265,7 +284,6 @@ class _RootConstants(NamedTuple):
     weight: torch.Tensor  # [1] float64 1
     score: torch.Tensor  # [1] float64 0
     index: torch.Tensor  # [1] int64 0: the root's creation index
-    no_parent: torch.Tensor  # [1] int64 -1
     live: torch.Tensor  # [1] bool True
 
 
@@ -277,15 +295,37 @@ def _root_constants(device: torch.device) -> _RootConstants:
         weight=torch.ones(1, dtype=torch.float64, device=device),
         score=torch.zeros(1, dtype=torch.float64, device=device),
         index=torch.zeros(1, dtype=torch.int64, device=device),
-        no_parent=torch.full((1,), -1, dtype=torch.int64, device=device),
         live=torch.ones(1, dtype=torch.bool, device=device),
     )
 
 
+class _ShapeConstants(NamedTuple):
+    levels: torch.Tensor  # [T] int64 the level of every created node
+    first_index: torch.Tensor  # [E] int64 creation index of the first node of each expanded row's level
+    root_parent: torch.Tensor  # [1] int64 T: the root's parent column (mapped to -1 by _assemble)
+
+
 @functools.lru_cache(maxsize=64)
-def _levels(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``[sum(sizes)]`` int64: the level of every created node (``sizes[d]`` nodes at level ``d``), once per shape."""
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+def _shape_constants(sizes: tuple[int, ...], widths: tuple[int, ...], device: torch.device) -> _ShapeConstants:
+    """Index tensors of one tree shape (``sizes[d]`` nodes at level ``d``, ``widths[d - 1]`` of
+    them expanded for level ``d + 1``), made once per shape and device (never written to)."""
+    firsts = [0, *itertools.accumulate(sizes)]  # creation index of each level's first node
+    first_index = [0] + [firsts[d + 1] for d, w in enumerate(widths) for _ in range(w)]
+    return _ShapeConstants(
+        levels=torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)),
+        first_index=torch.tensor(first_index, dtype=torch.int64, device=device),
+        root_parent=torch.full((1,), sum(sizes), dtype=torch.int64, device=device),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _node_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[n]`` node ids, ``[n, n]`` ``j < i`` and ``[n, n]`` identity (bool), once per size and device (never written to)."""
+    return (
+        torch.arange(n, device=device),
+        torch.ones(n, n, dtype=torch.bool, device=device).tril(-1),
+        torch.eye(n, dtype=torch.bool, device=device),
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -302,7 +342,7 @@ def _assemble(
     score: torch.Tensor,
     lvl: torch.Tensor,
     expanded: torch.Tensor,
-    laws: list[LevelChildren],
+    laws: list[tuple[int, LevelChildren]],
     *,
     num_keep: int,
     vocab: int,
@@ -312,47 +352,48 @@ def _assemble(
     max_sampled: int,
 ) -> TreeBatch:
     """The global rerank and the layout of the kept nodes of every tree (the
-    ``[B, T]`` inputs are over each tree's created nodes; ``lvl`` ``[T]`` is
-    shared; ``expanded`` ``[B, E]``)."""
+    ``[B, T]`` inputs are over each tree's created nodes, ``par`` with the
+    root's parent ``T``; ``lvl`` ``[T]`` is shared; ``expanded`` ``[B, E]``;
+    ``laws``: ``(R, children)`` per expansion, fields ``[B * R, ...]``)."""
     B, T = tok.shape
     dev = tok.device
-    keep = min(num_keep, T - 1)
-    best = torch.sort(score[:, 1:], dim=-1, descending=True, stable=True).indices[:, :keep] + 1  # [B, keep]
-    valid = score.gather(1, best) > float("-inf")  # (-score, creation index)
-    slots = torch.sort(torch.where(valid, best, best + T), dim=-1).values  # valid first, creation order
-    slots = torch.cat([slots.new_zeros(B, 1), torch.where(slots >= T, slots - T, slots)], dim=1)  # [B, n]
-    n = slots.shape[1]
-    node_ids = torch.arange(n, device=dev)  # [n]
-    live = torch.cat([valid.new_ones(B, 1), node_ids[:keep] < valid.sum(dim=-1, keepdim=True)], dim=1)  # [B, n]
-    position = torch.full((B, T), -1, dtype=torch.int64, device=dev).scatter(1, slots, node_ids.expand(B, n))
-    node_par = par.gather(1, slots)
-    parents = torch.where(live & (node_par >= 0), position.gather(1, node_par.clamp_min(0)), -1)  # [B, n]
+    n = min(num_keep, T - 1) + 1
+    # (-score, creation index) with the root first: every other score is <= 0 (weights <= 1) and the sort is stable
+    best = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :n]  # [B, n]
+    valid = score.gather(1, best) > float("-inf")
+    slots = torch.sort(torch.where(valid, best, best + T), dim=-1).values.remainder(T)  # valid first, creation order
+    node_ids, earlier, eye = _node_constants(n, dev)  # [n], [n, n] j < i, [n, n]
+    live = node_ids < valid.sum(dim=-1, keepdim=True)  # [B, n]
+    position = torch.full((B, T + 1), -1, dtype=torch.int64, device=dev).scatter(1, slots, node_ids.expand(B, n))
+    parents = torch.where(live, position.gather(1, par.gather(1, slots)), -1)  # [B, n]; the root's column T: -1
     kinds = torch.where(live, kind.gather(1, slots), PAD)
     tokens = torch.where(live, tok.gather(1, slots), tok[:, :1])
-    weights = torch.where(live, weight.gather(1, slots), 0.0)
-    weights[:, 0] = 1.0
+    weights = torch.where(live, weight.gather(1, slots), 0.0)  # the root's weight is 1
     depths = torch.where(live, lvl[slots], 0)
-    # dense ranks among kept siblings of one kind, in creation order
-    same = (parents.unsqueeze(1) == parents.unsqueeze(2)) & (kinds.unsqueeze(1) == kinds.unsqueeze(2))  # [B, n, n]
-    earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
-    draw_order = (same & earlier & live.unsqueeze(1)).sum(dim=-1) * live  # [B, n]
+    # dense ranks among kept siblings of one kind, in creation order (the kept nodes are a prefix of the slots)
+    key = torch.add(kinds, parents, alpha=4)  # [B, n] (parent, kind), kinds in {-1, 0, 1, 2}
+    draw_order = ((key.unsqueeze(1) == key.unsqueeze(2)) & earlier).sum(dim=-1) * live  # [B, n]
     # laws: the expansion row of each kept node, kept where one of its sampled children survived
-    L = max(lv.law_ids.shape[-1] for lv in laws)
-    all_ids = torch.cat([torch.nn.functional.pad(lv.law_ids, (0, L - lv.law_ids.shape[-1]), value=-1) for lv in laws], dim=1)
-    all_probs = torch.cat([torch.nn.functional.pad(lv.law_probs, (0, L - lv.law_probs.shape[-1])) for lv in laws], dim=1)
-    all_wor = torch.cat([lv.law_wor for lv in laws], dim=1)  # [B, E]
-    E = expanded.shape[1]
-    row_of = torch.full((B, T), -1, dtype=torch.int64, device=dev).scatter(
-        1, expanded, torch.arange(E, device=dev).expand(B, E)
-    ).gather(1, slots)  # [B, n]
-    sampled_kid = (parents.unsqueeze(1) == node_ids.view(1, n, 1)) & (kinds == int(NodeKind.SAMPLED)).unsqueeze(1)  # [B, i, j]
-    has_law = sampled_kid.any(dim=-1) & (row_of >= 0)  # [B, n]
-    row = row_of.clamp_min(0)
-    law_ids = torch.where(has_law.unsqueeze(-1), all_ids.gather(1, row.unsqueeze(-1).expand(B, n, L)), -1)  # [B, n, L]
-    law_probs = torch.where(has_law.unsqueeze(-1), all_probs.gather(1, row.unsqueeze(-1).expand(B, n, L)), 0.0)
-    law_wor = has_law & all_wor.gather(1, row)
+    L = max(lv.law_ids.shape[-1] for _, lv in laws)
+    if L > 0:
+        all_ids = torch.cat([_padded(lv.law_ids.reshape(B, R, -1), L, -1) for R, lv in laws], dim=1)  # [B, E, L]
+        all_probs = torch.cat([_padded(lv.law_probs.reshape(B, R, -1), L, 0.0) for R, lv in laws], dim=1)
+        all_wor = torch.cat([lv.law_wor.reshape(B, R) for R, lv in laws], dim=1)  # [B, E]
+        E = expanded.shape[1]
+        row = torch.zeros(B, T, dtype=torch.int64, device=dev).scatter(
+            1, expanded, torch.arange(E, device=dev).expand(B, E)
+        ).gather(1, slots)  # [B, n] the expansion row of each kept node (0 where not expanded: no law)
+        sampled_parent = torch.where(kinds == int(NodeKind.SAMPLED), parents, n)  # [B, n]; n: a discard column
+        has_law = torch.zeros(B, n + 1, dtype=torch.bool, device=dev).scatter(1, sampled_parent, True)[:, :n]
+        at = row.unsqueeze(-1).expand(B, n, L)
+        law_ids = torch.where(has_law.unsqueeze(-1), all_ids.gather(1, at), -1)  # [B, n, L]
+        law_probs = torch.where(has_law.unsqueeze(-1), all_probs.gather(1, at), 0.0)
+        law_wor = has_law & all_wor.gather(1, row)
+    else:  # no node has a sampled-slot law (EAGLE-2)
+        law_ids = torch.empty(B, n, 0, dtype=torch.int64, device=dev)
+        law_probs = torch.empty(B, n, 0, dtype=torch.float64, device=dev)
+        law_wor = torch.zeros(B, n, dtype=torch.bool, device=dev)
     # ancestor mask, grown one level at a time
-    eye = torch.eye(n, dtype=torch.bool, device=dev)
     up = torch.where(parents >= 0, parents, node_ids).unsqueeze(-1).expand(B, n, n)  # the root and padding point to themselves
     anc = eye.expand(B, n, n)
     for _ in range(depth):
@@ -363,3 +404,8 @@ def _assemble(
         law_ids=law_ids, law_probs=law_probs, law_wor=law_wor, ancestors=anc,
         vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad, max_sampled=max_sampled,
     )
+
+
+def _padded(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    """``x`` ``[..., L]`` padded with ``value`` to ``[..., width]`` (``x`` itself where ``L == width``)."""
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)

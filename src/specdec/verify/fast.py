@@ -20,6 +20,8 @@ the bonus row alone is rebuilt over the vocabulary.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
 
@@ -69,15 +71,15 @@ def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, tor
     """``[B, n, C]`` child slots of every node in test order (``-1`` padded) and ``[B, n]`` sampled-children counts."""
     B, n = tree.tokens.shape
     C = tree.max_children
-    is_child = (tree.kinds == int(NodeKind.DETERMINISTIC)) | (tree.kinds == int(NodeKind.SAMPLED))  # [B, n]
-    sampled = tree.kinds == int(NodeKind.SAMPLED)
+    sampled = tree.kinds == int(NodeKind.SAMPLED)  # [B, n]
+    is_child = (tree.kinds == int(NodeKind.DETERMINISTIC)) | sampled
     parent = tree.parents.clamp_min(0)
     n_sampled = torch.zeros(B, n, dtype=torch.int64, device=tree.device).scatter_add_(1, parent, sampled.long())
     # test order: sampled children by draw order first, then deterministic ones by rank
     slot = torch.where(sampled, tree.draw_order, n_sampled.gather(1, parent) + tree.draw_order)  # [B, n]
     flat = torch.where(is_child & (slot < C), parent * C + slot, n * C)  # [B, n]; n * C = a discard column
     table = torch.full((B, n * C + 1), -1, dtype=torch.int64, device=tree.device)
-    table.scatter_(1, flat, torch.arange(n, device=tree.device).expand(B, n))
+    table.scatter_(1, flat, _arange(n, tree.device).expand(B, n))
     return table[:, : n * C].reshape(B, n, C), n_sampled
 
 
@@ -116,52 +118,55 @@ def decide_tree_batch(
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
     p_total = p.sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
     P_child = p.gather(-1, child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
-    first = torch.full((B, n), C, dtype=torch.int64, device=dev)  # first accepted slot (C = none)
-    slots = torch.arange(C, device=dev)
+    slots = _arange(C, dev)
     n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
-    off = torch.ones(B, n, dtype=work, device=dev)  # residual mass outside the support of q'
     ids = tree.law_ids  # [B, n, L]
-    r_s = torch.zeros(ids.shape, dtype=work, device=dev)  # residual on the support (unnormalised)
-    start = torch.zeros(B, n, dtype=torch.int64, device=dev)  # first matched slot
-    if rule.rejection and ids.shape[-1] > 0:
+    rejecting = rule.rejection and ids.shape[-1] > 0
+    Z: torch.Tensor | float = 1.0  # the residual's mass: 1 (p normalised) until rules 3/4 reject
+    first: torch.Tensor | None = None  # first accepted slot by rules 3/4, [B, n] (C = none)
+    matched = has  # the children tested by rule 2
+    if rejecting:
         on = ids >= 0
-        r_s = torch.where(on, p.gather(-1, ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L]
-        off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)
+        r_s = torch.where(on, p.gather(-1, ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L] residual on q's support
+        off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)  # [B, n] residual mass outside it
         q = tree.law_probs.to(work)  # [B, n, L] q' (updated by rule 4)
         wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
         S = min(C if tree.max_sampled is None else tree.max_sampled, ids.shape[-1])
         for t in range(S):  # rules 3/4 on the t-th sampled child of every node at once
-            testing = (t < n_sampled) & (first == C)  # [B, n]
+            testing = t < n_sampled if first is None else (t < n_sampled) & (first == C)  # [B, n]
             pos = (ids == child_tok[..., t : t + 1]).long().argmax(dim=-1, keepdim=True)  # [B, n, 1]
             Z = (off + r_s.sum(dim=-1)).unsqueeze(-1)  # [B, n, 1]
             ratio = (r_s.gather(-1, pos) / (Z * q.gather(-1, pos)).clamp_min(1e-300)).clamp(max=1.0).squeeze(-1)
             accept = testing & (u[..., t] < ratio)
-            first = torch.where(accept, t, first)
+            first = torch.where(accept, t, C if first is None else first)
             rejected = (testing & ~accept).unsqueeze(-1)  # [B, n, 1]
             r_s = torch.where(rejected, (r_s - Z * q).clamp_min(0.0), r_s)
-            q_wor = q.scatter(-1, pos, 0.0)
-            q_wor = q_wor / q_wor.sum(dim=-1, keepdim=True).clamp_min(1e-300)
-            q = torch.where(rejected & wor.unsqueeze(-1), q_wor, q)
-        start = n_sampled
+            if t + 1 < S:  # q' for the next test (no later use after the last)
+                q_wor = q.scatter(-1, pos, 0.0)
+                q_wor = q_wor / q_wor.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+                q = torch.where(rejected & wor.unsqueeze(-1), q_wor, q)
+        Z = off + r_s.sum(dim=-1)  # [B, n]
+        matched = has & (slots >= n_sampled.unsqueeze(-1))  # the children after the sampled ones
     # rule 2 over the matched children (all of them for "match"; the deterministic ones after rule 5's rejections)
-    matched = has & (slots >= start.unsqueeze(-1)) & (rule.match_deterministic or not rule.rejection)  # [B, n, C]
-    if rule.rejection and ids.shape[-1] > 0:  # after rejections the residual differs from p on q's support
+    if not (rule.match_deterministic or not rule.rejection):
+        matched = torch.zeros_like(has)  # [B, n, C]
+    if rejecting:  # after rejections the residual differs from p on q's support
         in_support = ids.unsqueeze(-2) == child_tok.unsqueeze(-1)  # [B, n, C, L]
         r_child = torch.where(in_support.any(dim=-1), (in_support * r_s.unsqueeze(-2)).sum(dim=-1), P_child)
     else:
         r_child = P_child  # [B, n, C]
     repeat = ((child_tok.unsqueeze(-1) == child_tok.unsqueeze(-2)) & matched.unsqueeze(-2)).tril(-1).any(dim=-1)
     r_child = torch.where(matched & ~repeat, r_child, 0.0)
-    Z = off + r_s.sum(dim=-1)  # [B, n]
     before = torch.cumsum(r_child, dim=-1) - r_child
-    accept = matched & (u[..., :C] * (Z.unsqueeze(-1) - before) < r_child)  # u < P(x) on the current residual
+    Z_col = Z.unsqueeze(-1) if isinstance(Z, torch.Tensor) else Z  # [B, n, 1]
+    accept = matched & (u[..., :C] * (Z_col - before) < r_child)  # u < P(x) on the current residual
     match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, n]
-    first = torch.where(first < C, first, match_first)
+    first = match_first if first is None else torch.where(first < C, first, match_first)
     child = torch.where(first < C, table.gather(-1, first.clamp(max=C - 1).unsqueeze(-1)).squeeze(-1), -1)  # [B, n]
     # the accepted path, found for all nodes at once: node j is reached when every node on its path
     # from the root (itself included) is its parent's accepted child (TreeBatch.ancestors)
-    node_ids = torch.arange(n, device=dev)  # [n]
-    picked = (child.gather(1, tree.parents.clamp_min(0)) == node_ids) | (node_ids == 0)  # [B, n]; the root counts
+    node_ids = _arange(n, dev)  # [n]
+    picked = (child.gather(1, tree.parents.clamp_min(0)) == node_ids) | _is_first(n, dev)  # [B, n]; the root counts
     reached = ~(tree.ancestors & ~picked.unsqueeze(1)).any(dim=-1)  # [B, n]
     depth_at = torch.where(reached, tree.depths, D + 1)  # [B, n]; D + 1: a discard column
     by_depth = torch.full((B, D + 2), -1, dtype=torch.int64, device=dev).scatter_(1, depth_at, node_ids.expand(B, n))
@@ -174,22 +179,35 @@ def decide_tree_batch(
     # the bonus: the stop node's final residual over the vocabulary, inverse CDF with the node's next uniform
     rows = node.view(B, 1, 1)
     P = (p.gather(1, rows.expand(B, 1, V)).squeeze(1).to(work) / p_total.gather(1, rows).squeeze(-1))  # [B, V]
-    stop_ids = ids.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)  # [B, L]
-    stop_rs = r_s.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)
-    if ids.shape[-1] > 0 and rule.rejection:
+    if rejecting:
+        stop_ids = ids.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)  # [B, L]
+        stop_rs = r_s.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)
         tested_rej = (n_sampled.gather(1, node.unsqueeze(-1)) > 0)  # [B, 1]
         delta = torch.where((stop_ids >= 0) & tested_rej, stop_rs - P.gather(-1, stop_ids.clamp_min(0)), 0.0)
         P = P.scatter_add(-1, stop_ids.clamp_min(0), delta)
     stop_tok = child_tok.gather(1, rows.expand(B, 1, C)).squeeze(1)  # [B, C]
     stop_matched = matched.gather(1, rows.expand(B, 1, C)).squeeze(1)
-    hit = torch.zeros(B, V, dtype=torch.int64, device=dev).scatter_add_(-1, stop_tok.clamp_min(0), stop_matched.long())
-    P = torch.where(hit > 0, 0.0, P.clamp_min(0.0))
+    # the matched children's tokens leave the residual: min with 0 there (with +inf at the other slots, padding included)
+    zap = torch.where(stop_matched, 0.0, float("inf")).to(work)  # [B, C]
+    P = P.clamp_min(0.0).scatter_reduce(-1, stop_tok.clamp_min(0), zap, "amin")
     cdf = torch.cumsum(P, dim=-1)  # [B, V]
     u_bonus = u.gather(1, rows.expand(B, 1, C + 1)).squeeze(1).gather(-1, n_tested.gather(1, node.unsqueeze(-1)))  # [B, 1]
     bonus = torch.searchsorted(cdf, u_bonus * cdf[:, -1:], right=True).squeeze(-1)
-    last_positive = torch.where(P > 0, torch.arange(V, device=dev), -1).amax(dim=-1)
+    last_positive = torch.where(P > 0, _arange(V, dev), -1).amax(dim=-1)
     bonus = torch.minimum(bonus, last_positive)
     path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
-    tokens = torch.cat([path_tok, torch.full((B, 1), -1, dtype=torch.int64, device=dev)], dim=-1)
+    tokens = torch.nn.functional.pad(path_tok, (0, 1), value=-1)  # [B, D + 1]
     tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
     return accepted, num_accepted, tokens, bonus, attempted, bad, node
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` int64 ``0 .. n - 1``, once per size and device (never written to)."""
+    return torch.arange(n, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_first(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` bool, True at 0 only (the root), once per size and device (never written to)."""
+    return torch.arange(n, device=device) == 0
