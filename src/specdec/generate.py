@@ -32,8 +32,9 @@ from specdec.kernels.verify_fused import StepVerifier
 from specdec.lease import hold
 from specdec.regions import model_call
 from specdec.rng import CounterRandom, RandomSource, TorchRandom
-from specdec.sampling import SamplingConfig
-from specdec.step import StepCompiler, StepOutcome, commit_step, speculative_step, step_supported
+from specdec.processors import LogitsProcessorLike, check_processor, process_host_tree
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.step import StepCompiler, StepOutcome, commit_step, emitted_logprobs, speculative_step, step_supported
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
@@ -190,11 +191,15 @@ class GenerationOutput:
         tokens: the new tokens (prompt excluded).
         stats: :class:`GenerationStats`.
         stop_reason: ``"eos"`` or ``"length"``.
+        logprobs: with ``return_logprobs=True``, one float per token: its
+            log-probability under the processed target law it was drawn from
+            (docs/generation.md, "Log-probabilities"); else None.
     """
 
     tokens: list[int]
     stats: GenerationStats
     stop_reason: str
+    logprobs: tuple[float, ...] | None = None
 
 
 class RootOnlyBuilder(TreeBuilder):
@@ -259,9 +264,15 @@ def _run(
     compiler: StepCompiler | None = None,
     random: str = "torch",
     what: str = "a generation",
+    logits_processor: LogitsProcessorLike | None = None,
+    logprob_sink: list[torch.Tensor] | None = None,
 ) -> Iterator[list[int]]:
     """The step loop; yields the tokens kept at each step. ``what`` names the
-    call in a :class:`~specdec.errors.ModelBusyError` of a later caller."""
+    call in a :class:`~specdec.errors.ModelBusyError` of a later caller.
+    ``logits_processor`` is applied to every tree node's target logits in
+    its own context (:mod:`specdec.processors`); with ``logprob_sink``, each
+    step appends the kept tokens' log-probabilities there (a device tensor,
+    read by the caller once at the end)."""
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
         raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingConfig):
@@ -275,6 +286,9 @@ def _run(
         _check_length(len(prompt), max_new_tokens, builder.max_depth, getattr(draft, "max_length", None), "draft")
     eos: set[int] = as_eos_ids(eos_token_id)
     seed = as_seed(seed)
+    logits_processor = check_processor(logits_processor)
+    # the committed sequence (prompt + emitted), on the target's device: every node's context starts with it
+    context = torch.tensor(prompt, dtype=torch.int64, device=_target_device(target)) if logits_processor is not None else None
     verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
     rng: RandomSource = TorchRandom.seeded(seed) if random == "torch" else CounterRandom.seeded(seed)
     # the step (specdec.step: the verifier's parallel rule, or its walk for a verifier without one),
@@ -310,9 +324,13 @@ def _run(
             # inference mode per step, never across a yield (the caller's code runs between yields)
             with torch.inference_mode():
                 t0 = clock()
+                step_logprobs: torch.Tensor | None = None
                 if tensor_step:
                     outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
-                                                  check_tree=tally.steps == 0, clock_kind=clock_kind)
+                                                  check_tree=tally.steps == 0, clock_kind=clock_kind,
+                                                  logits_processor=logits_processor, context=context,
+                                                  logprobs=logprob_sink is not None)
+                    step_logprobs = outcome.device_logprobs
                     result, num_nodes = outcome.result, outcome.tree_nodes
                     t1 = t0 + outcome.time_draft
                     t2 = t1 + outcome.time_target
@@ -323,7 +341,15 @@ def _run(
                     with model_call():
                         logits = target.score_tree(tree)
                     t2 = clock()
+                    if logits_processor is not None:  # before the fused kernel, which takes logits
+                        logits = process_host_tree(logits_processor, logits, context, tree)
                     result = step_verifier(tree, logits, rng)
+                    if logprob_sink is not None:
+                        chain = torch.tensor([0, *result.accepted_nodes], dtype=torch.int64, device=logits.device)
+                        rows = logits.index_select(0, chain)
+                        step_logprobs = emitted_logprobs(rows, process_logits(rows, sampling, check=False),
+                                                         torch.arange(len(result.tokens), device=logits.device),
+                                                         torch.tensor(result.tokens, dtype=torch.int64), sampling)
                     t3 = clock()
                     num_nodes = tree.num_nodes
             tally.record(result, num_nodes, t1 - t0, t2 - t1, t3 - t2)
@@ -337,15 +363,29 @@ def _run(
                     tally.stop_reason = "eos"
                     break
             produced += len(kept)
+            if logprob_sink is not None and step_logprobs is not None:
+                logprob_sink.append(step_logprobs[: len(kept)])
             yield kept
             if stop or produced >= max_new_tokens:
                 return
+            if context is not None:  # the emitted tokens join every later node's context (on the device)
+                emitted = (outcome.device_tokens if tensor_step and outcome.device_tokens is not None
+                           else torch.tensor(result.tokens, dtype=torch.int64))
+                context = torch.cat([context, emitted.to(context.device)])
             t0 = clock()
             with torch.inference_mode():
                 commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
             tally.time_draft += clock() - t0
             # the next root: on the device for the tensor builders (no host-to-device copy), else the int
             root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
+
+
+def _target_device(target: TargetModel) -> torch.device:
+    """Where the target's logits live: its model's first parameter's device, else the CPU."""
+    model = getattr(target, "model", None)
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if params is not None else None
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _on_cuda(target: TargetModel) -> bool:
@@ -372,17 +412,58 @@ def _generate(
     compiler: StepCompiler | None = None,
     random: str = "torch",
     what: str = "a generation",
+    logits_processor: LogitsProcessorLike | None = None,
+    return_logprobs: bool = False,
 ) -> GenerationOutput:
     tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
+    sink: list[torch.Tensor] | None = [] if return_logprobs else None
     for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, tally, kernel, compiler, random, what):
+                      eos_token_id, tally, kernel, compiler, random, what, logits_processor, sink):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
+    logprobs = None
+    if sink is not None:  # the one read of every step's log-probabilities
+        logprobs = tuple(torch.cat(sink).to("cpu", torch.float64).tolist()) if sink else ()
     total = time.perf_counter() - start
-    return GenerationOutput(tokens=tokens, stats=tally.stats(len(tokens), total), stop_reason=tally.stop_reason)
+    return GenerationOutput(tokens=tokens, stats=tally.stats(len(tokens), total), stop_reason=tally.stop_reason,
+                            logprobs=logprobs)
+
+
+def _chain(first: LogitsProcessorLike, then: LogitsProcessorLike) -> LogitsProcessorLike:
+    def chained(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return then(input_ids, first(input_ids, scores))
+
+    return chained
+
+
+def _resolve(
+    sampling: Any,
+    max_new_tokens: int | None,
+    eos_token_id: int | Sequence[int] | None,
+    logits_processor: Any,
+    prompt_ids: Sequence[int],
+    target: TargetModel,
+) -> tuple[SamplingConfig, Any, Any, LogitsProcessorLike | None]:
+    """``(sampling, max_new_tokens, eos_token_id, logits_processor)`` from the
+    caller's arguments: ``sampling`` may be a ``SamplingConfig``, None
+    (temperature 1) or a ``transformers.GenerationConfig``
+    (:mod:`specdec.hf_generation`: its processors run first, then the caller's)."""
+    from specdec.hf_generation import from_generation_config, is_generation_config
+
+    processor = check_processor(logits_processor)
+    if sampling is None:
+        return SamplingConfig(), max_new_tokens, eos_token_id, processor
+    if not is_generation_config(sampling):
+        return sampling, max_new_tokens, eos_token_id, processor
+    hf = from_generation_config(sampling, len(as_token_ids(prompt_ids)), max_new_tokens=max_new_tokens,
+                                eos_token_id=eos_token_id, device=_target_device(target))
+    implied = check_processor(hf.processors)
+    if implied is not None:
+        processor = implied if processor is None else _chain(implied, processor)
+    return hf.sampling, hf.max_new_tokens, hf.eos_token_id, processor
 
 
 def _is_hf_model(model: Any) -> bool:
@@ -522,40 +603,60 @@ class SpeculativeGenerator:
     def generate(
         self,
         prompt_ids: Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingConfig | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Any = None,
         seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         callback: Callable[[list[int]], None] | None = None,
+        *,
+        logits_processor: LogitsProcessorLike | None = None,
+        return_logprobs: bool = False,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` new tokens after ``prompt_ids``.
 
-        The output law equals the target's (sampled with ``sampling``) exactly.
+        The output law equals the target's (sampled with ``sampling``, after
+        ``logits_processor``) exactly.
 
         Args:
             prompt_ids: the prompt's token ids (non-empty).
-            max_new_tokens: positive number of tokens to produce.
-            sampling: the sampling configuration (default: temperature 1).
+            max_new_tokens: positive number of tokens to produce (may be left
+                out when ``sampling`` is a GenerationConfig that gives a length).
+            sampling: a :class:`~specdec.sampling.SamplingConfig` (default:
+                temperature 1) or a ``transformers.GenerationConfig``
+                (:func:`specdec.hf_generation.from_generation_config`: its
+                sampling, lengths, EOS and the processors it implies).
             seed: seeds the one generator behind every random draw.
             eos_token_id: id(s) that end generation (kept in the output).
             callback: called with each step's new tokens as they are emitted.
+            logits_processor: transformers' ``LogitsProcessorList`` (or any
+                callable ``(input_ids [b, len], scores [b, V]) -> [b, V]``),
+                applied to the target's logits at every tree node with that
+                node's own context, before temperature / top-k / top-p
+                (:mod:`specdec.processors`; docs/generation.md, "Logits processors").
+            return_logprobs: fill :attr:`GenerationOutput.logprobs` (docs/generation.md, "Log-probabilities").
         """
-        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, callback, self.kernel, self.compiler,
-                         self.random, "SpeculativeGenerator.generate")
+        sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
+                                                                     logits_processor, prompt_ids, self.target)
+        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
+                         sampling, seed, eos_token_id, callback, self.kernel, self.compiler,
+                         self.random, "SpeculativeGenerator.generate", processor, return_logprobs)
 
     def stream(
         self,
         prompt_ids: Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingConfig | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Any = None,
         seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        *,
+        logits_processor: LogitsProcessorLike | None = None,
     ) -> Iterator[list[int]]:
-        """Yield each step's new tokens as soon as they are verified."""
-        yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                        (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, StepTally(), self.kernel, self.compiler,
-                        self.random, "SpeculativeGenerator.stream")
+        """Yield each step's new tokens as soon as they are verified (arguments as :meth:`generate`)."""
+        sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
+                                                                     logits_processor, prompt_ids, self.target)
+        yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
+                        sampling, seed, eos_token_id, StepTally(), self.kernel, self.compiler,
+                        self.random, "SpeculativeGenerator.stream", processor)
 
     def stream_batch(
         self,
@@ -564,15 +665,19 @@ class SpeculativeGenerator:
         sampling: SamplingConfig | None = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        *,
+        logits_processor: LogitsProcessorLike | None = None,
     ) -> Iterator[dict[int, list[int]]]:
         """Decode every prompt at once (batched); yield ``{row: new tokens}``
         after each step (:func:`specdec.batch.speculative_stream_batch`: the
-        requirements and the per-row guarantees)."""
+        requirements and the per-row guarantees). Logits processors are not
+        supported with batches yet (an :class:`~specdec.errors.InvalidConfigError`)."""
         from specdec.batch import speculative_stream_batch
 
-        self._check_batch_options()
+        self._check_batch_options(logits_processor, sampling)
         yield from speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                            max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id)
+                                            max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
+                                            kernel=self.kernel, random=self.random)
 
     def generate_batch(
         self,
@@ -581,6 +686,8 @@ class SpeculativeGenerator:
         sampling: SamplingConfig | None = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        *,
+        logits_processor: LogitsProcessorLike | None = None,
     ) -> "BatchOutput":
         """:meth:`stream_batch`, collected: a :class:`~specdec.batch.BatchOutput`
         (one tuple of new tokens per prompt, in order; per-row stop reasons;
@@ -589,43 +696,62 @@ class SpeculativeGenerator:
         Each row's output law is the target's, and row ``b`` draws only from
         ``seeds[b]`` (default ``0 .. B - 1``), so it equals the row's
         :meth:`generate` with that seed wherever the models' logits agree
-        across batch sizes (at T = 0: token for token)."""
+        across batch sizes (at T = 0: token for token). ``kernel`` and
+        ``random`` apply as in :meth:`generate`, per row: with the kernel, one
+        launch verifies every row's tree, each row on its own counter stream
+        (docs/generation.md, "Batched decoding"); ``compile=`` is refused."""
         from specdec.batch import check_prompts, collect_batch, speculative_stream_batch
 
-        self._check_batch_options()
+        self._check_batch_options(logits_processor, sampling)
         check_prompts(prompts)
         return collect_batch(
             lambda stats: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
                                                    max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
-                                                   _stats=stats),
+                                                   kernel=self.kernel, random=self.random, _stats=stats),
             len(prompts),
         )
 
-    def _check_batch_options(self) -> None:
-        if self.kernel == "triton" or self.compiler is not None or self.random != "torch":
+    def _check_batch_options(self, logits_processor: Any = None, sampling: Any = None) -> None:
+        from specdec.hf_generation import is_generation_config
+
+        if check_processor(logits_processor) is not None or is_generation_config(sampling):
             raise InvalidConfigError(
-                "batched generation runs the torch step path with TorchRandom row streams: "
-                "kernel='triton', compile= and random='counter' are not supported with batches yet"
+                "batched generation (generate_batch, stream_batch) does not apply logits processors or "
+                "take a GenerationConfig yet: each row would need its own contexts; decode the prompts "
+                "one at a time with generate(..., logits_processor=) (docs/generation.md, \"Logits processors\")"
+            )
+        if self.compiler is not None:
+            raise InvalidConfigError(
+                "batched generation does not compile the step yet: compile= is not supported with batches "
+                "(kernel= and random= are: the fused kernel verifies every row in one launch)"
             )
 
 
 def autoregressive_generate(
     target: Any,
     prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    sampling: SamplingConfig | None = None,
+    max_new_tokens: int | None = None,
+    sampling: Any = None,
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     callback: Callable[[list[int]], None] | None = None,
+    *,
+    logits_processor: LogitsProcessorLike | None = None,
+    return_logprobs: bool = False,
 ) -> GenerationOutput:
     """Plain decoding from the target: the baseline and the reference law.
 
     The same loop as :class:`SpeculativeGenerator` with a root-only tree: each
     step draws one token from the processed ``p`` (``argmax`` at temperature 0).
+    ``sampling``, ``logits_processor`` and ``return_logprobs`` as in
+    :meth:`SpeculativeGenerator.generate` (the processor sees the sequence so far).
     """
     from specdec.registry import get
 
     model = _as_target(target)
+    sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
+                                                                 logits_processor, prompt_ids, model)
     verifier = get("verifier", "match")()  # with no children: the bonus is drawn from p itself
-    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,
-                     (SamplingConfig() if sampling is None else sampling), seed, eos_token_id, callback, what="autoregressive_generate")
+    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
+                     sampling, seed, eos_token_id, callback, what="autoregressive_generate",
+                     logits_processor=processor, return_logprobs=return_logprobs)

@@ -28,6 +28,7 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.processors import LogitsProcessorLike, process_batch_row
 from specdec.regions import model_call
 from specdec.rng import RandomSource, UniformTable
 from specdec.sampling import SamplingConfig, check_distribution, process_logits, row_is_bad
@@ -44,6 +45,7 @@ __all__ = [
     "StepCompiler",
     "StepOutcome",
     "commit_step",
+    "emitted_logprobs",
     "speculative_step",
     "step_supported",
     "validate_steps",
@@ -84,6 +86,9 @@ class StepOutcome:
             (draft forwards included), in the target's forward, and processing
             ``p`` + verifying + the read (``perf_counter``; on a CPU the ops run
             synchronously, so the split is exact).
+        device_logprobs: ``[k + 1]`` float64 log-probability of each emitted
+            token under the law it was drawn from, on the device
+            (``speculative_step(..., logprobs=True)``; :func:`emitted_logprobs`).
     """
 
     result: VerifyResult
@@ -93,6 +98,34 @@ class StepOutcome:
     time_verify: float = 0.0
     device_path: torch.Tensor | None = None
     device_tokens: torch.Tensor | None = None
+    device_logprobs: torch.Tensor | None = None
+
+
+def emitted_logprobs(
+    logits: torch.Tensor, p: torch.Tensor, chain: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig
+) -> torch.Tensor:
+    """``[k + 1]`` float64 log-probability of each emitted token under the law it was drawn
+    from, on the device (docs/generation.md, "Log-probabilities").
+
+    Emitted token ``t`` was drawn from the processed target law at its parent
+    node ``chain[t]`` (the root, then the accepted nodes). At ``T > 0`` that is
+    ``log p`` (processors, temperature, top-k, top-p). At ``T = 0`` ``p`` is
+    one-hot; the log-probability is then that of the processed logits'
+    softmax (processors applied; no temperature, top-k or top-p), as vLLM's
+    processed log-probs under greedy sampling.
+
+    Args:
+        logits: ``[n, V]`` the target's logits after the logits processors.
+        p: ``[n, V]`` the processed law (:func:`~specdec.sampling.process_logits` of ``logits``).
+        chain: ``[k + 1]`` int64 node of the law of each emitted token (``0`` first).
+        tokens: ``[k + 1]`` int64 the emitted tokens.
+    """
+    chain = chain.to(logits.device)
+    tokens = tokens.to(logits.device).view(-1, 1)
+    if sampling.greedy:
+        rows = torch.log_softmax(logits.index_select(0, chain).to(torch.float64), dim=-1)
+        return rows.gather(1, tokens).view(-1)
+    return p.index_select(0, chain).gather(1, tokens).view(-1).to(torch.float64).log()
 
 
 CLOCKS = ("perf_counter", "cuda_events")
@@ -174,6 +207,9 @@ def speculative_step(
     *,
     check_tree: bool = True,
     clock_kind: str = "perf_counter",
+    logits_processor: LogitsProcessorLike | None = None,
+    context: torch.Tensor | None = None,
+    logprobs: bool = False,
 ) -> tuple[StepOutcome, TreeBatch]:
     """One speculative step (module docstring); returns the outcome and the scored tree.
 
@@ -183,6 +219,12 @@ def speculative_step(
     reads; the generation loop asks for it on its first step, and on every
     step in :func:`validate_steps` mode). ``clock_kind`` (:data:`CLOCKS`)
     times the build / score / verify split.
+
+    ``logits_processor`` (:mod:`specdec.processors`) is applied to the
+    target's logits of every node with that node's own context: ``context``
+    ``[L]`` (the committed sequence, ending with ``root_token``) followed by
+    the node's path; ``p`` is then the processed target law. ``logprobs``
+    fills :attr:`StepOutcome.device_logprobs` (:func:`emitted_logprobs`, on the device).
 
     A verifier without a parallel rule (or a source that draws no uniform
     tables, :func:`step_supported`) is run by its walk on the tree's host view
@@ -211,14 +253,23 @@ def speculative_step(
             verifier.check_tree(tree.tree(b))
     elif check_tree:
         verifier.check_batch(tree)
+    if logits_processor is not None:  # each node's row in its own context (specdec.processors)
+        if context is None or tree.batch_size != 1:
+            raise InvalidConfigError("a logits processor needs the committed context of a one-tree batch")
+        logits = process_batch_row(logits_processor, logits[0], context, tree).unsqueeze(0)
     if rule is None:  # the verifier's walk, on the host view
         if tree.batch_size != 1:
             raise NotImplementedError("the walk of a verifier without a parallel rule verifies one tree at a time")
         host = tree.tree(0)
         p_host = process_logits(logits[0, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
         result = verifier.verify(host, p_host, rng)
+        walk_logprobs = None
+        if logprobs:
+            chain = torch.tensor([0, *result.accepted_nodes], dtype=torch.int64)
+            walk_logprobs = emitted_logprobs(logits[0, : host.num_nodes], p_host, chain,
+                                             torch.tensor(result.tokens, dtype=torch.int64), sampling)
         clock.mark()
-        return StepOutcome(result, host.num_nodes, *clock.splits()), tree
+        return StepOutcome(result, host.num_nodes, *clock.splits(), device_logprobs=walk_logprobs), tree
     bad = row_is_bad(logits)  # [B, n]
     p = process_logits(logits, sampling, check=False)  # [B, n, V]
     if _VALIDATE:  # every node's row that is not flagged bad (those raise only where visited)
@@ -245,9 +296,14 @@ def speculative_step(
     tokens = tuple(row[5 + D : 5 + D + num_accepted + 1])
     clock.mark()
     k = num_accepted
+    step_logprobs = None
+    if logprobs:  # gathered on the device after the read; the caller reads them once, at the end
+        chain = torch.cat([decision.accepted.new_zeros(1), decision.accepted[0, :k]])
+        step_logprobs = emitted_logprobs(logits[0], p[0], chain, decision.tokens[0, : k + 1], sampling)
     return StepOutcome(
         VerifyResult(accepted, tokens, attempted), row[-2], *clock.splits(),
         device_path=decision.accepted[0, :k], device_tokens=decision.tokens[0, : k + 1],
+        device_logprobs=step_logprobs,
     ), tree
 
 

@@ -1,0 +1,146 @@
+"""Logits processors on a draft tree: every node scored with its own path as context.
+
+A *logits processor* is transformers' ``LogitsProcessor`` signature (a
+``LogitsProcessorList`` included, or any callable with it)::
+
+    processor(input_ids: LongTensor [b, len], scores: FloatTensor [b, V]) -> FloatTensor [b, V]
+
+Autoregressive decoding calls it once per token, with the sequence so far as
+``input_ids``. In a speculative step the target scores a whole tree at once,
+and each node's row of logits predicts the token after *that node's path*:
+the node's context is the committed sequence (prompt + emitted tokens, whose
+last token is the tree's root) followed by the tokens on the path from the
+root to the node, the node's own token last (docs/generation.md, "Logits
+processors"). The processed law at every node is then exactly the law
+autoregressive decoding with the same processor would use after that context,
+so the verifier reproduces the *processed* target law (docs/concepts.md,
+glossary: processed target law).
+
+Nodes of one depth ``d`` share a context length ``L + d``, so
+:func:`process_tree_logits` calls the processor once per depth with
+``input_ids [n, L + d]`` and keeps the rows of the nodes at depth ``d``; the
+contexts are gathered from the tree's tensors on the device (no host read,
+no Python loop over nodes). Processors run on the raw logits, before
+temperature, top-k and top-p (transformers' order: processors, then warpers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from specdec.errors import InvalidConfigError
+
+__all__ = [
+    "LogitsProcessorLike",
+    "check_processor",
+    "node_contexts",
+    "node_paths",
+    "process_batch_row",
+    "process_host_tree",
+    "process_tree_logits",
+]
+
+LogitsProcessorLike = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(input_ids [b, len] int64, scores [b, V] float) -> [b, V] float``: transformers'
+``LogitsProcessor`` / ``LogitsProcessorList`` or any callable with that signature."""
+
+
+def check_processor(processor: Any, name: str = "logits_processor") -> LogitsProcessorLike | None:
+    """``processor`` itself if callable (None passes), else :class:`InvalidConfigError`.
+
+    An empty ``LogitsProcessorList`` is returned as None (nothing to apply).
+    """
+    if processor is None:
+        return None
+    if not callable(processor):
+        raise InvalidConfigError(
+            f"{name} must be a callable (input_ids [b, len], scores [b, V]) -> [b, V], such as "
+            f"transformers' LogitsProcessorList, got {type(processor).__name__}"
+        )
+    if isinstance(processor, list) and len(processor) == 0:
+        return None
+    return processor
+
+
+def node_paths(tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """``[n, D]`` int64: row ``i`` holds node ``i``'s path below the root, the token at depth
+    ``k`` in column ``k - 1`` (its own token at column ``depth_i - 1``), 0 past its depth.
+
+    Args:
+        tokens: ``[n]`` int64 node tokens.
+        depths: ``[n]`` int64 node depths (root and padding 0).
+        ancestors: ``[n, n]`` bool, ``[i, j]`` iff ``j`` is ``i`` or an ancestor of ``i``.
+        max_depth: ``D``, a bound on ``depths``.
+    """
+    n = tokens.shape[0]
+    if max_depth == 0:
+        return tokens.new_zeros((n, 0))
+    levels = torch.arange(1, max_depth + 1, device=tokens.device)  # [D]
+    # at_level[k, i, j]: j is the ancestor-or-self of i at depth k + 1 (at most one j per (k, i))
+    at_level = ancestors.unsqueeze(0) & (depths.unsqueeze(0) == levels.unsqueeze(1)).unsqueeze(1)  # [D, n, n]
+    path = (at_level.to(tokens.dtype) * tokens.view(1, 1, n)).sum(-1)  # [D, n]
+    return path.transpose(0, 1)  # [n, D]
+
+
+def node_contexts(context: torch.Tensor, paths: torch.Tensor, depth: int) -> torch.Tensor:
+    """``[n, L + depth]``: the context of a depth-``depth`` node, for every row of ``paths``
+    (``context [L]`` the committed sequence, ending with the root's token)."""
+    n = paths.shape[0]
+    return torch.cat([context.view(1, -1).expand(n, -1), paths[:, :depth]], dim=1)
+
+
+def process_tree_logits(
+    processor: LogitsProcessorLike,
+    logits: torch.Tensor,
+    context: torch.Tensor,
+    tokens: torch.Tensor,
+    depths: torch.Tensor,
+    ancestors: torch.Tensor,
+    max_depth: int,
+) -> torch.Tensor:
+    """The tree's logits with ``processor`` applied to each node's row in that node's context.
+
+    Args:
+        processor: a :data:`LogitsProcessorLike`.
+        logits: ``[n, V]`` raw target (or draft) logits, row ``i`` after node ``i``.
+        context: ``[L]`` int64 committed sequence (prompt + emitted; its last token is the root's).
+        tokens, depths, ancestors: ``[n]``, ``[n]``, ``[n, n]`` the tree's
+            tensors (:class:`~specdec.tree_batch.TreeBatch` row ``b``).
+        max_depth: a bound on ``depths`` (the processor is called ``max_depth + 1`` times).
+
+    Returns:
+        ``[n, V]`` processed logits (a new tensor; ``logits`` is not modified).
+
+    Raises:
+        InvalidConfigError: the processor returned a tensor of another shape.
+    """
+    context = context.to(device=logits.device, dtype=torch.int64)
+    paths = node_paths(tokens.to(logits.device), depths.to(logits.device), ancestors.to(logits.device), max_depth)
+    depths = depths.to(logits.device)
+    out = logits
+    for d in range(max_depth + 1):
+        ids = node_contexts(context, paths, d)  # [n, L + d]
+        scores = processor(ids, logits.clone())  # a copy: processors may write in place
+        if not isinstance(scores, torch.Tensor) or scores.shape != logits.shape:
+            got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+            raise InvalidConfigError(
+                f"the logits processor returned {got} for scores of shape {tuple(logits.shape)}; "
+                "it must return one row of scores per input row"
+            )
+        out = torch.where((depths == d).unsqueeze(1), scores.to(logits.dtype), out)
+    return out
+
+
+def process_batch_row(processor: LogitsProcessorLike, logits: torch.Tensor, context: torch.Tensor, tree: Any, b: int = 0) -> torch.Tensor:
+    """:func:`process_tree_logits` for row ``b`` of a :class:`~specdec.tree_batch.TreeBatch` (``logits [n, V]``)."""
+    return process_tree_logits(processor, logits, context, tree.tokens[b], tree.depths[b], tree.ancestors[b], tree.max_depth)
+
+
+def process_host_tree(processor: LogitsProcessorLike, logits: torch.Tensor, context: torch.Tensor, tree: Any) -> torch.Tensor:
+    """:func:`process_tree_logits` for a host :class:`~specdec.tree.DraftTree` (``logits [n, V]``)."""
+    depths = tree.depths
+    return process_tree_logits(processor, logits, context, torch.as_tensor(tree.tokens, dtype=torch.int64),
+                               depths, tree.ancestor_mask(), int(depths.max()) if len(depths) else 0)
