@@ -242,7 +242,7 @@ def test_bad_processors_are_refused():
     with pytest.raises(InvalidConfigError, match="callable"):
         gen.generate([0, 1], 4, logits_processor=3)
     with pytest.raises(InvalidConfigError, match="returned"):
-        gen.generate([0, 1], 4, logits_processor=lambda ids, s: s[:1])
+        gen.generate([0, 1], 4, logits_processor=lambda ids, s: s[:, :-1])
     with pytest.raises(InvalidConfigError, match="batched generation"):
         gen.generate_batch([[0, 1], [1, 2]], 4, logits_processor=RepetitionPenaltyLogitsProcessor(1.2))
 
