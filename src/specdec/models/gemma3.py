@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from specdec.errors import InvalidConfigError
-from specdec.models.smollm2 import cache_root
+from specdec.models.smollm2 import cache_root, write_dequantized
 
 __all__ = [
     "CHUNK_PACKAGES",
@@ -143,8 +143,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     if missing:
         raise ImportError(f"converting a GGUF file needs {', '.join(missing)}: pip install {' '.join(missing)}")
     import transformers
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
     try:
@@ -155,28 +154,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
             "(a GGUF architecture it has no mapping for; see transformers' GGUF documentation)"
         ) from exc
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    # a GGUF-dequantized model refuses save_pretrained: write its float weights and a clean config
-    config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
-    state: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, tensor in quantized.state_dict().items():
-        if tensor.data_ptr() in seen:  # tied weights (lm_head = embeddings) are stored once
-            continue
-        seen.add(tensor.data_ptr())
-        state[key] = tensor.detach().to(torch.float32).contiguous()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
-        config.save_pretrained(tmp)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps(_marker()))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    write_dequantized(quantized, tokenizer, out, _MARKER, _marker())
 
 
 def load_gemma3(dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> tuple[Any, Any]:

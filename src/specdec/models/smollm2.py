@@ -90,22 +90,32 @@ def _convert(gguf: Path, out: Path) -> None:
             f"converting the SmolLM2 GGUF file needs {', '.join(missing)}: pip install {' '.join(missing)} "
             "(or pip install 'specdec-trees[demo]')"
         )
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    # A GGUF-dequantized model refuses save_pretrained ("quantized with gguf and
-    # is not serializable"): write its (float) weights and a clean config directly.
+    write_dequantized(quantized, tokenizer, out, _MARKER, _marker(gguf))
+
+
+def write_dequantized(quantized: Any, tokenizer: Any, out: Path, marker_name: str, marker: dict[str, Any]) -> None:
+    """Write a GGUF-loaded model as float32 safetensors, its config and tokenizer to ``out``
+    (atomically: a temporary folder renamed), with ``marker`` as JSON in ``out / marker_name``.
+
+    A GGUF-dequantized model refuses ``save_pretrained`` ("quantized with gguf and is not
+    serializable"): its float weights and a config without the quantization block are written
+    directly; tied weights (lm_head = embeddings) are stored once.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
     config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
-    state = {}
-    seen: dict[int, str] = {}
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
     for key, tensor in quantized.state_dict().items():
-        ptr = tensor.data_ptr()
-        if ptr in seen:  # tied weights (lm_head = embeddings) are stored once
+        if tensor.data_ptr() in seen:
             continue
-        seen[ptr] = key
+        seen.add(tensor.data_ptr())
         state[key] = tensor.detach().to(torch.float32).contiguous()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
@@ -113,7 +123,7 @@ def _convert(gguf: Path, out: Path) -> None:
         config.save_pretrained(tmp)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps(_marker(gguf)))
+        (tmp / marker_name).write_text(json.dumps(marker))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
