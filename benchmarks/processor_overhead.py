@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--kernel", default="auto", help="the generator's kernel= (auto, torch, triton)")
     ap.add_argument("--tiny", action="store_true", help="tiny random Llamas instead of SmolLM2 + EAGLE-3 (a check)")
+    ap.add_argument("--process-draft", action="store_true",
+                    help="also run with the draft wrapped in ProcessedDraft (the same processor on the draft's logits)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -84,12 +86,21 @@ def main() -> None:
                 LogitsProcessorList([RepetitionPenaltyLogitsProcessor(args.penalty)])}
     gen.generate(prompt, 8, sampling, seed=0)  # warm-up (allocations, kernels)
     rows = []
-    for name, processor in settings.items():
+    runs = [(name, processor, gen) for name, processor in settings.items()]
+    if args.process_draft:
+        from specdec.drafts import ProcessedDraft
+
+        name, processor = list(settings.items())[1]
+        processed = specdec.SpeculativeGenerator(target=target, draft=ProcessedDraft(draft, processor), method="eagle3",
+                                                 kernel=args.kernel, K=10, depth=args.depth, N=args.nodes)
+        processed.generate(prompt, 8, sampling, seed=0, logits_processor=processor)  # warm-up
+        runs.append((name + " + draft", processor, processed))
+    for name, processor, generator in runs:
         best = None
         for r in range(args.repeats):
             _sync(args.device)
             t0 = time.perf_counter()
-            out = gen.generate(prompt, args.tokens, sampling, seed=r, logits_processor=processor)
+            out = generator.generate(prompt, args.tokens, sampling, seed=r, logits_processor=processor)
             _sync(args.device)
             s = out.stats
             wall = time.perf_counter() - t0 - s.time_prefill

@@ -27,6 +27,7 @@ from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, Repe
 
 import specdec
 import specdec.processors as processors_module
+from specdec.drafts import ProcessedDraft
 from specdec.errors import InvalidConfigError
 from specdec.methods import resolve_method
 from specdec.registry import get, list_registered
@@ -116,9 +117,13 @@ def processed_law(target: MarkovLM, processor, sampling: SamplingConfig, num_tok
     return law
 
 
-def speculative_law(name: str, processor, sampling: SamplingConfig, num_tokens: int, **model_options) -> dict:
-    """The law of the first ``num_tokens`` tokens of the real step, chained in one enumeration."""
+def speculative_law(name: str, processor, sampling: SamplingConfig, num_tokens: int, *, draft_processor=None,
+                    **model_options) -> dict:
+    """The law of the first ``num_tokens`` tokens of the real step, chained in one enumeration
+    (``draft_processor``: the draft wrapped in a :class:`~specdec.drafts.ProcessedDraft`)."""
     target, draft = models(**model_options)
+    if draft_processor is not None:
+        draft = ProcessedDraft(draft, draft_processor)
     builder, verifier = small_method(name)
 
     def program(rng):
@@ -283,3 +288,55 @@ def test_processors_run_before_the_fused_kernel():
     plain = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", kernel="torch", random="counter",
                                          K=2, depth=3, N=4, M=4)
     assert any(plain.generate(list(PROMPT), 10, T1, seed=s).tokens != outs["torch"][s].tokens for s in range(3))
+
+
+# ---------------------------------------------------------------- the draft processed too
+
+
+@pytest.mark.parametrize("proc_name", ["repetition", "no-immediate-repeat"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_processed_draft_keeps_the_processed_target_law_exactly(method, proc_name):
+    """``ProcessedDraft``: the draft's q is the processed draft law (each node in its own context);
+    the builders record it and the verifiers correct for it, so the law is the processed target's.
+    The draft keeps two tokens per row and each processor bans at most one (a processor that bans
+    every token of a draft row makes it no law, which the step refuses)."""
+    processor = PROCESSORS[proc_name]() if proc_name in PROCESSORS else NoImmediateRepeat()
+    target, _ = models()
+    law = speculative_law(method, processor, T1, NUM_TOKENS, draft_processor=processor, draft_is_target=True)
+    assert deviation(law, processed_law(target, processor, T1, NUM_TOKENS)) < EXACT
+
+
+def test_a_processed_draft_processes_each_node_in_its_own_context():
+    _, draft = models()
+    wrapped = ProcessedDraft(draft, NoImmediateRepeat())
+    wrapped.begin([0, 1])
+    root = wrapped.root_logits()
+    assert root[1] == float("-inf") and torch.equal(root[[0, 2, 3]], draft.root_logits()[[0, 2, 3]])
+    level1 = wrapped.tree_logits([0, 0], [2, 3])  # nodes 1, 2
+    level2 = wrapped.tree_logits([2, 1], [0, 1])  # nodes 3 (path 3 0), 4 (path 2 1)
+    for row, token in zip([*level1, *level2], [2, 3, 0, 1]):
+        assert row[token] == float("-inf")  # banned: the node's own token
+        assert (row > float("-inf")).sum() >= 1
+    seen = []
+    probe = ProcessedDraft(draft, lambda ids, s: (seen.append(ids.tolist()), s)[1])
+    probe.begin([0, 1])
+    probe.root_logits()
+    probe.tree_logits([0, 0], [2, 3])
+    probe.tree_logits([2], [1])
+    probe.commit([3, 1])
+    probe.root_logits()
+    assert seen == [[[0, 1]], [[0, 1, 2], [0, 1, 3]], [[0, 1, 3, 1]], [[0, 1, 3, 1]]]
+
+
+def test_a_processed_draft_refuses_bad_input():
+    _, draft = models()
+    with pytest.raises(InvalidConfigError, match="DraftModel"):
+        ProcessedDraft(object(), NoImmediateRepeat())
+    with pytest.raises(InvalidConfigError, match="callable"):
+        ProcessedDraft(draft, 3)
+    with pytest.raises(InvalidConfigError, match="empty"):
+        ProcessedDraft(draft, LogitsProcessorList([]))
+    bad = ProcessedDraft(draft, lambda ids, s: s[:, :-1])
+    bad.begin([0, 1])
+    with pytest.raises(InvalidConfigError, match="returned"):
+        bad.root_logits()

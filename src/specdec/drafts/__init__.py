@@ -4,5 +4,6 @@ from specdec.drafts.base import DraftModel
 from specdec.drafts.eagle import Eagle2Draft, Eagle3Draft
 from specdec.drafts.hf import HFDraft
 from specdec.drafts.ngram import NgramDraft
+from specdec.drafts.processed import ProcessedDraft
 
-__all__ = ["DraftModel", "Eagle2Draft", "Eagle3Draft", "HFDraft", "NgramDraft"]
+__all__ = ["DraftModel", "Eagle2Draft", "Eagle3Draft", "HFDraft", "NgramDraft", "ProcessedDraft"]
