@@ -36,6 +36,7 @@ from specdec.errors import InvalidConfigError
 
 __all__ = [
     "LogitsProcessorLike",
+    "call_processor",
     "check_processor",
     "node_contexts",
     "node_paths",
@@ -64,6 +65,22 @@ def check_processor(processor: Any, name: str = "logits_processor") -> LogitsPro
     if isinstance(processor, list) and len(processor) == 0:
         return None
     return processor
+
+
+def call_processor(processor: LogitsProcessorLike, ids: torch.Tensor, scores: torch.Tensor, whose: str = "") -> torch.Tensor:
+    """``processor(ids, scores)``, checked to be one row of scores per input row.
+
+    Raises:
+        InvalidConfigError: the processor returned something else (``whose``: e.g. ``"draft "``).
+    """
+    out = processor(ids, scores)
+    if not isinstance(out, torch.Tensor) or out.shape != scores.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InvalidConfigError(
+            f"the logits processor returned {got} for {whose}scores of shape {tuple(scores.shape)}; "
+            "it must return one row of scores per input row"
+        )
+    return out
 
 
 def node_paths(tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -134,14 +151,7 @@ def process_tree_logits(
         start += count
         ids = node_contexts(context, paths.index_select(0, rows), d)  # [count, L + d]
         rows_logits = logits.index_select(0, rows)  # [count, V], a copy: processors may write in place
-        scores = processor(ids, rows_logits)
-        if not isinstance(scores, torch.Tensor) or scores.shape != rows_logits.shape:
-            got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
-            raise InvalidConfigError(
-                f"the logits processor returned {got} for scores of shape {tuple(rows_logits.shape)}; "
-                "it must return one row of scores per input row"
-            )
-        out.index_copy_(0, rows, scores.to(logits.dtype))
+        out.index_copy_(0, rows, call_processor(processor, ids, rows_logits).to(logits.dtype))
     return out
 
 

@@ -29,7 +29,7 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
-from specdec.processors import LogitsProcessorLike, check_processor
+from specdec.processors import LogitsProcessorLike, call_processor, check_processor
 
 __all__ = ["ProcessedDraft"]
 
@@ -118,12 +118,5 @@ class ProcessedDraft(DraftModel):
             ids = torch.tensor([self._context + list(paths[i]) for i in rows], dtype=torch.int64, device=logits.device)
             index = torch.tensor(rows, dtype=torch.int64, device=logits.device)  # [n]
             scores = logits.index_select(0, index)  # [n, V], a copy: processors may write in place
-            processed = self.processor(ids, scores)
-            if not isinstance(processed, torch.Tensor) or processed.shape != scores.shape:
-                got = tuple(processed.shape) if isinstance(processed, torch.Tensor) else type(processed).__name__
-                raise InvalidConfigError(
-                    f"the logits processor returned {got} for draft scores of shape {tuple(scores.shape)}; "
-                    "it must return one row of scores per input row"
-                )
-            out.index_copy_(0, index, processed.to(logits.dtype))
+            out.index_copy_(0, index, call_processor(self.processor, ids, scores, "draft ").to(logits.dtype))
         return out
