@@ -325,6 +325,77 @@ def test_top_p_fast_path_equals_full_sort() -> None:
                 assert torch.equal(_top_p_keep_by_values(scores, top_p), full)
 
 
+def test_tail_softmax_is_the_full_rows_softmax_bit_for_bit() -> None:
+    """The short softmax layout (length congruent to V modulo 1024) gives the
+    bits of the full ``[R, V]`` row that is -inf but for its tail, on this
+    machine's vector width; the plain softmax of the tail alone does not
+    (which is why the layout is needed)."""
+    from specdec.sampling import _tail_softmax
+
+    g = torch.Generator().manual_seed(3)
+    plain_differs = 0
+    for dtype in (torch.float32, torch.float64):
+        for V in (1000, 4099, 32000, 49152, 128256):
+            for c in (1, 7, 50, 64, 65, 114, 1088):
+                if c > V:
+                    continue
+                tail = (4 * torch.randn(6, c, generator=g, dtype=dtype)).sort(dim=-1).values
+                tail[0, : c // 3] = float("-inf")  # -inf among the candidates too
+                full = torch.full((6, V), float("-inf"), dtype=dtype)
+                full[:, V - c:] = tail
+                want = torch.softmax(full, dim=-1)[:, V - c:]
+                assert torch.equal(_tail_softmax(tail, V), want), (dtype, V, c)
+                plain_differs += not torch.equal(torch.softmax(tail, dim=-1), want)
+    assert plain_differs > 0
+
+
+def _warped_by_full_sort(logits: torch.Tensor, cfg) -> torch.Tensor:
+    """warped_scores by the long way: every pass over ``[R, V]``, a full stable sort for top-p."""
+    from specdec.sampling import _top_p_keep_full, temperature_scores
+
+    scores = temperature_scores(logits, cfg.temperature)
+    kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        scores = scores.masked_fill(~_top_p_keep_full(scores, cfg.top_p), float("-inf"))
+    return scores
+
+
+def test_top_k_candidates_path_equals_the_full_path(monkeypatch) -> None:
+    """CPU rows with top-k on are warped from their top_k + 64 largest logits
+    (temperature, top-k and top-p on those alone): the same scores, bit for
+    bit, as the passes over every entry with a full sort; rows whose top-k
+    ties overflow the candidates take the full path."""
+    import specdec.sampling as sampling
+    from specdec.sampling import SamplingConfig, warped_scores
+
+    calls: list[bool] = []
+    narrowed = sampling._top_k_top_p_scores
+
+    def spy(logits, cfg):
+        out = narrowed(logits, cfg)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(sampling, "_top_k_top_p_scores", spy)
+    g = torch.Generator().manual_seed(4)
+    for trial in range(24):
+        V = 2000 + 331 * trial
+        logits = torch.randn(5, V, generator=g) * (0.5 + trial % 6)
+        if trial % 3 == 0:
+            logits = (logits * 4).round() / 4  # exact ties at the k-th value and at the cut
+        if trial % 4 == 1:
+            logits[1, : V - 20] = float("-inf")  # fewer finite logits than top-k
+        if trial % 5 == 2:
+            logits[2, :] = logits[2, :1]  # a flat row: every token tied (the full path)
+        for dtype in (torch.float32, torch.float64):
+            for cfg in (SamplingConfig(temperature=0.7, top_k=50, top_p=0.9), SamplingConfig(top_k=5, top_p=0.5),
+                        SamplingConfig(temperature=1.3, top_k=300), SamplingConfig(temperature=0.31, top_k=1, top_p=0.8)):
+                x = logits.to(dtype)
+                assert torch.equal(warped_scores(x, cfg), _warped_by_full_sort(x, cfg)), (trial, dtype, cfg)
+    assert any(calls) and not all(calls)  # both paths were taken
+
+
 def test_sync_free_top_p_reads_nothing_and_keeps_the_same_set() -> None:
     """The CUDA form of top-p (sync_free, the default on CUDA tensors) sorts in
     full with no host read; the narrowed form reads once when a row is unsettled."""

@@ -12,6 +12,7 @@ transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 import numpy as np
@@ -216,15 +217,89 @@ def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         raise InvalidConfigError("warped_scores needs temperature > 0 (greedy rows are one-hot, see process_logits)")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
+    vocab = logits.shape[-1]
+    if 0 < config.top_k < vocab and not logits.is_cuda and logits.dim() >= 1 and logits.numel() > 0:
+        narrowed = _top_k_top_p_scores(logits.reshape(-1, vocab), config)
+        if narrowed is not None:
+            return narrowed.reshape(logits.shape)
     scores = temperature_scores(logits, config.temperature)
-    vocab = scores.shape[-1]
+    fresh = scores is not logits  # a new tensor: mask it in place
     if 0 < config.top_k < vocab:
         kth = torch.topk(scores, config.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
+        fresh = True
     if config.top_p < 1.0:
-        keep = top_p_keep(scores.reshape(-1, vocab), config.top_p).reshape(scores.shape)
-        scores = scores.masked_fill(~keep, float("-inf"))
+        flat = scores.reshape(-1, vocab)
+        if config.top_k <= 0 and flat.device.type == "cpu" and vocab > _TOP_P_CANDIDATES:
+            keep = _top_p_keep_by_values(flat, config.top_p)  # no top-k: no row is narrow enough to skip the sort
+        else:
+            keep = top_p_keep(flat, config.top_p)
+        keep = keep.reshape(scores.shape)
+        scores = scores.masked_fill_(~keep, float("-inf")) if fresh else scores.masked_fill(~keep, float("-inf"))
     return scores
+
+
+_TOP_K_MARGIN = 64
+"""Candidates beyond ``top_k`` taken by :func:`_top_k_top_p_scores` (room for ties at the k-th score)."""
+
+_SOFTMAX_PERIOD = 1024
+"""A short softmax layout congruent to ``V`` modulo this sums in the same order (see :func:`_tail_softmax`)."""
+
+
+def _tail_softmax(tail: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[R, C]``: the last ``C`` entries of ``softmax`` over ``[R, vocab]`` rows
+    that hold ``-inf`` everywhere but their last ``C`` entries, ``tail``, bit
+    for bit, without the ``[R, vocab]`` row.
+
+    torch's CPU softmax sums a row in vector lanes by position (entry ``i`` in
+    lane ``i mod W``, ``W`` at most 64 entries for every vector width). Leading
+    ``-inf`` entries add exact zeros, so a row of ``L`` entries with
+    ``L = vocab (mod 1024)`` and ``tail`` at its end gives every lane, hence
+    the sum, the same bits (tests/test_sampling.py checks it against the full
+    layout on this machine's vector width).
+    """
+    rows, c = tail.shape
+    length = c + (vocab - c) % _SOFTMAX_PERIOD
+    if length == c:
+        return torch.softmax(tail, dim=-1)
+    layout = tail.new_full((rows, length), float("-inf"))
+    layout[:, length - c:] = tail
+    return torch.softmax(layout, dim=-1)[:, length - c:]
+
+
+def _top_k_top_p_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor | None:
+    """:func:`warped_scores` of ``[R, V]`` CPU logits with top-k on, from each
+    row's ``top_k + 64`` largest logits alone; None when a row has more than
+    that many tokens tied into the top-k set (the caller takes the full path).
+
+    The logits are scored (temperature) and top-k-ed on those candidates:
+    ``logits / T`` is monotone, so the candidates are the largest scores, and
+    when the smallest candidate scores below the k-th, every token the top-k
+    warper keeps is a candidate. Top-p then sorts the kept candidates: the
+    ascending sort of the full row is its ``-inf`` entries followed by them, so
+    their softmax and cumulative sum are the full row's (:func:`_tail_softmax`).
+    One host read (is every row's top-k set among its candidates?).
+    """
+    rows, vocab = logits.shape
+    c = min(vocab, config.top_k + _TOP_K_MARGIN)
+    values, index = torch.topk(logits, c, dim=-1)  # [R, C] descending, ids [R, C]
+    scores = temperature_scores(values, config.temperature)  # [R, C]; the row's max is its first candidate
+    kth = scores[:, config.top_k - 1:config.top_k]  # [R, 1] the k-th largest score
+    if c < vocab:
+        last = scores[:, -1:]  # [R, 1]
+        complete = (last < kth) | (last == float("-inf"))  # [R, 1]; NaN rows: False (full path flags them)
+        if not bool(complete.all()):
+            return None
+    scores = scores.masked_fill(scores < kth, float("-inf"))  # [R, C] top-k (ties with the k-th kept)
+    if config.top_p < 1.0:
+        # ascending by (score, token id), as the stable full sort orders them
+        ids, perm = torch.sort(index, dim=-1)  # [R, C]
+        ordered, order = torch.sort(scores.gather(-1, perm), dim=-1, stable=True)  # [R, C] ascending
+        cumulative = _tail_softmax(ordered, vocab).cumsum_(dim=-1)  # [R, C]
+        remove = cumulative <= (1 - config.top_p)  # [R, C] in sorted order
+        remove[:, -1] = False
+        scores = scores.scatter(-1, perm.gather(-1, order), ordered.masked_fill(remove, float("-inf")))
+    return torch.full_like(logits, float("-inf"), dtype=scores.dtype).scatter_(-1, index, scores)
 
 
 def temperature_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -291,6 +366,32 @@ def _top_p_keep_full(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
+_SORT_POOL: ThreadPoolExecutor | None = None
+
+
+def _sorted_values(scores: torch.Tensor) -> torch.Tensor:
+    """``[R, V]`` each CPU row of ``scores`` sorted ascending (values only; NumPy,
+    whose sort releases the GIL: rows split over ``torch.get_num_threads()``
+    threads)."""
+    global _SORT_POOL
+    source = scores.contiguous().numpy()
+    out = np.empty_like(source)
+    rows = source.shape[0]
+    parts = min(torch.get_num_threads(), rows, 8)
+    if parts <= 1 or source.size < (1 << 16):
+        out[...] = np.sort(source, axis=-1)
+        return torch.from_numpy(out)
+    if _SORT_POOL is None:
+        _SORT_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="specdec-sort")
+    bounds = [rows * i // parts for i in range(parts + 1)]
+
+    def sort_rows(i: int) -> None:
+        out[bounds[i]:bounds[i + 1]] = np.sort(source[bounds[i]:bounds[i + 1]], axis=-1)
+
+    list(_SORT_POOL.map(sort_rows, range(parts)))
+    return torch.from_numpy(out)
+
+
 def _top_p_keep_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """The top-p keep mask of CPU rows from their sorted values alone.
 
@@ -301,8 +402,11 @@ def _top_p_keep_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     below the smallest kept value, then the lowest ids among the tokens equal
     to it: what the stable sort removes.
     """
-    ordered = torch.from_numpy(np.sort(scores.numpy(), axis=-1))  # [R, V] ascending
-    removed = _top_p_remove_sorted(ordered, top_p).sum(dim=-1, keepdim=True)  # [R, 1]
+    rows, vocab = scores.shape
+    ordered = _sorted_values(scores)  # [R, V] ascending
+    cumulative = torch.softmax(ordered, dim=-1).cumsum_(dim=-1)  # [R, V] non-decreasing (a running sum of >= 0)
+    limit = torch.full((rows, 1), 1 - top_p, dtype=cumulative.dtype)  # [R, 1]; c <= 1 - top_p in the scores' dtype
+    removed = torch.searchsorted(cumulative, limit, right=True).clamp_(max=vocab - 1)  # [R, 1] the last never
     cut = ordered.gather(-1, removed)  # [R, 1] the smallest kept value
     below = torch.searchsorted(ordered, cut)  # [R, 1] entries < cut (the first index of cut)
     tied_removed = removed - below  # [R, 1] tokens equal to cut that are removed
