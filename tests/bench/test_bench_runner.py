@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 
+import attrs
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from specdec.bench.runner import (
     bench_units,
     check_rows,
     parse_rows,
+    row_options,
     run_bench,
     unit_order,
 )
@@ -65,11 +67,43 @@ def test_parse_rows_defaults_and_overrides():
         ("rheo@eagle2", InvalidConfigError, "not available"),
         ("sd,sd@lm", InvalidConfigError, "twice"),
         ("hf-assisted,hf-assisted", InvalidConfigError, "twice"),
+        ("rheo[x=1]", InvalidConfigError, "no option 'x'"),
+        ("rheo[m=2", InvalidConfigError, "unclosed"),
+        ("rheo]m=2", InvalidConfigError, "unbalanced"),
+        ("rheo[m]", InvalidConfigError, "not name=value"),
+        ("rheo[]", InvalidConfigError, "method\\[name=value"),
+        ("rheo[m=2,m=3]", InvalidConfigError, "twice"),
+        ("rheo[m=2],rheo[m=2]@lm", InvalidConfigError, "twice"),
     ],
 )
 def test_parse_rows_errors(text, error, match):
     with pytest.raises(error, match=match):
         parse_rows(text, ["lm"])
+
+
+def test_rows_with_builder_options_override_the_budget():
+    """``method[k=v,...]`` rows (ablations): parsed values, distinct rows per
+    option set, the options layered over the budget's mapping, and the
+    options reach the tree builder (rheo at m=1, m=2 and EAGLE-2's tree)."""
+    rows = parse_rows("rheo,rheo[m=2,K=3,proxy=residual,threshold=0.05]@lm,rheo[K=4]", ["lm"])
+    assert [(r.name, r.options) for r in rows[1:]] == [
+        ("rheo", ()), ("rheo[m=2,K=3,proxy=residual,threshold=0.05]@lm", (("m", 2), ("K", 3), ("proxy", "residual"), ("threshold", 0.05))),
+        ("rheo[K=4]", (("K", 4),))]
+    config = BenchConfig(rows, (1.0,), (0,), max_new_tokens=8, budget=Budget(6, 3), warmup=False)
+    options = row_options(config)
+    assert options[("rheo", 1.0)] == {"N": 6, "depth": 3, "K": 2, "B": 2}
+    assert options[(rows[2].name, 1.0)] == {"N": 6, "depth": 3, "K": 3, "B": 2, "m": 2, "proxy": "residual",
+                                            "threshold": 0.05}
+    assert options[("rheo[K=4]", 1.0)]["K"] == 4
+    from specdec.bench.runner import _generators
+
+    gens = _generators(_models(), config, options)
+    assert (gens[("rheo", 1.0)].builder.m, gens[("rheo", 1.0)].builder.K) == (1, 2)
+    built = gens[(rows[2].name, 1.0)].builder
+    assert (built.m, built.K, built.proxy, built.threshold) == (2, 3, "residual", 0.05)
+    runs = run_bench(_models(), config, [[1, 2]])
+    assert {r.row for r in runs} == {AUTOREGRESSIVE, "rheo", rows[2].name, "rheo[K=4]"}
+    assert RowSpec(**attrs.asdict(rows[2])) == rows[2]  # a JSON-like round trip (meta.json) keeps the row
 
 
 def test_units_and_rotation():

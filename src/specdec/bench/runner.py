@@ -81,6 +81,9 @@ class RowSpec:
         method: registered method name (speculative rows).
         draft: draft kind (``"lm"``, ``"eagle2"``, ``"eagle3"``), None for the baseline.
         note: why the draft differs from the method's default, if it does.
+        options: builder options written in the row (``rheo[m=2,proxy=residual]``),
+            ``(name, value)`` pairs that override the budget's mapping
+            (:func:`row_options`); empty for the method's defaults.
     """
 
     name: str
@@ -88,6 +91,63 @@ class RowSpec:
     method: str | None = None
     draft: str | None = None
     note: str = ""
+    options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(tuple(x) for x in o))
+
+
+def _split_entries(text: str) -> list[str]:
+    """``--methods`` split at the commas outside ``[...]``."""
+    entries, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise InvalidConfigError(f"unbalanced ']' in --methods {text!r}")
+        if ch == "," and depth == 0:
+            entries.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise InvalidConfigError(f"unclosed '[' in --methods {text!r}")
+    entries.append("".join(current).strip())
+    return [e for e in entries if e]
+
+
+def _option_value(text: str) -> Any:
+    """An option's value from its text: int, float, bool (``true``/``false``) or the string itself."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _parse_options(method: str, text: str, entry: str) -> tuple[tuple[str, Any], ...]:
+    """``k=v,k=v`` of ``method[...]`` checked against the method's tree builder's options."""
+    from specdec.registry import get
+
+    builder = get("tree", method_tree(method))
+    known = sorted(f.name for f in attrs.fields(builder)) if attrs.has(builder) else []
+    out: dict[str, Any] = {}
+    for item in (i.strip() for i in text.split(",")):
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not name or not value:
+            raise InvalidConfigError(f"option {item!r} in {entry!r} is not name=value")
+        if name not in known:
+            raise InvalidConfigError(
+                f"{entry!r}: the {method} tree builder has no option {name!r} (its options: {', '.join(known)})"
+            )
+        if name in out:
+            raise InvalidConfigError(f"{entry!r} sets {name!r} twice")
+        out[name] = _option_value(value)
+    return tuple(out.items())
 
 
 def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True) -> list[RowSpec]:
@@ -97,6 +157,9 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
         text: comma-separated entries: a registered method (its default draft,
             :data:`DEFAULT_DRAFT`), ``method@draft`` with a draft kind, or
             ``hf-assisted``. ``autoregressive`` is accepted and always present.
+            A method may carry builder options, ``method[k=v,...]`` or
+            ``method[k=v,...]@draft`` (ablations: ``rheo[m=2]``,
+            ``rheo[proxy=residual,M=64]``); they override the budget's mapping.
         available: draft kinds that can be loaded (``"lm"`` always).
         add_baseline: put the autoregressive row first.
 
@@ -107,11 +170,13 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
     Example:
         >>> [r.name for r in parse_rows("sd,rheo@lm,hf-assisted", ["lm"])]
         ['autoregressive', 'sd', 'rheo@lm', 'hf-assisted']
+        >>> [(r.name, r.options) for r in parse_rows("rheo[m=2,proxy=residual]@lm", ["lm"], add_baseline=False)]
+        [('rheo[m=2,proxy=residual]@lm', (('m', 2), ('proxy', 'residual')))]
     """
     from specdec.bench.models import DRAFT_KINDS
     from specdec.registry import list_registered
 
-    entries = [e.strip() for e in text.split(",") if e.strip()]
+    entries = _split_entries(text)
     if not entries:
         raise InvalidConfigError("--methods is empty: give at least one method (see `specdec list method`)")
     rows: list[RowSpec] = [RowSpec(AUTOREGRESSIVE, "autoregressive")] if add_baseline else []
@@ -124,7 +189,11 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
             key: tuple[Any, ...] = (PEER,)
             row = RowSpec(PEER, "peer", draft="lm")
         else:
-            method, _, draft = entry.partition("@")
+            spec, _, draft = entry.partition("@")
+            method, bracket, rest = spec.partition("[")
+            method = method.strip()
+            if bracket and (not rest.endswith("]") or not rest[:-1].strip()):
+                raise InvalidConfigError(f"{entry!r}: write builder options as method[name=value,...]")
             if method not in methods:
                 glob = " (--methods takes method names, not glob patterns)" if any(c in entry for c in "*?[") else ""
                 raise UnknownNameError(
@@ -133,6 +202,8 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
                 )
             if not supports_budget(method):
                 raise InvalidConfigError(f"method {method!r} has no tree-budget mapping in specdec bench")
+            options = _parse_options(method, rest[:-1], entry) if bracket else ()
+            label = f"{method}[{rest[:-1].strip()}]" if bracket else method
             note = ""
             if draft:
                 if draft not in DRAFT_KINDS:
@@ -149,10 +220,10 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
                 if draft not in available:
                     note = f"{draft} head not available: runs with the draft LM"
                     draft = "lm"
-            key = (method, draft)
+            key = (method, draft, options)
             default = DEFAULT_DRAFT.get(method, "lm")
-            name = method if draft == default or (note and not entry.count("@")) else f"{method}@{draft}"
-            row = RowSpec(name, "speculative", method, draft, note)
+            name = label if draft == default or (note and not entry.count("@")) else f"{label}@{draft}"
+            row = RowSpec(name, "speculative", method, draft, note, options)
         if key in seen:
             raise InvalidConfigError(f"--methods lists {entry!r} twice (same method and draft as {seen[key]!r})")
         seen[key] = entry
@@ -346,7 +417,7 @@ def row_options(
             continue
         for t in config.temperatures:
             a = (acceptance or {}).get((row.draft, t))
-            out[(row.name, t)] = method_options(row.method, config.budget, acceptance=a)
+            out[(row.name, t)] = {**method_options(row.method, config.budget, acceptance=a), **dict(row.options)}
     return out
 
 
