@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -60,12 +61,19 @@ def inverse_cdf_rows(probs: torch.Tensor, u: torch.Tensor, active: torch.Tensor)
         >>> inverse_cdf_rows(probs, torch.tensor([0.3, 0.9], dtype=torch.float64), torch.tensor([True, False])).tolist()
         [2, -1]
     """
-    cdf = torch.cumsum(probs.detach().to(torch.float64).clamp_min(0), dim=-1)  # [R, L]
-    x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
+    wide = probs.detach() if probs.requires_grad else probs  # (no op where there is nothing to detach or convert)
+    wide = wide if wide.dtype == torch.float64 else wide.to(torch.float64)
+    cdf = torch.cumsum(wide.clamp_min(0), dim=-1)  # [R, L]
+    x = ((u if u.device == cdf.device else u.to(cdf.device)) * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
     index = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # [R]
-    cols = torch.arange(probs.shape[-1], device=probs.device)
-    last_positive = torch.where(probs > 0, cols, -1).amax(dim=-1)  # [R]
+    last_positive = torch.where(probs > 0, _columns(probs.shape[-1], probs.device), -1).amax(dim=-1)  # [R]
     return torch.where(active, torch.minimum(index, last_positive), -1)
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` int64 ``0 .. n - 1``, once per size and device (never written to)."""
+    return torch.arange(n, device=device)
 
 
 class RandomSource(ABC):
@@ -184,7 +192,7 @@ class TorchRandom(RandomSource):
     def uniforms(self, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
         """One ``torch.rand`` call from the generator (moved to ``device`` if the generator lives elsewhere)."""
         u = torch.rand(shape, generator=self.generator, device=self.generator.device, dtype=torch.float64)
-        return u.to(device, non_blocking=True)
+        return u if u.device == torch.device(device) else u.to(device, non_blocking=True)
 
     def categorical_rows(self, probs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Batched inverse-CDF draws (:func:`inverse_cdf_rows`), one uniform per row (inactive rows too), no host read."""

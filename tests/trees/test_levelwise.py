@@ -20,8 +20,10 @@ from specdec.registry import get, list_registered
 from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.tree_batch import TreeBatch
-from specdec.trees._common import top_tokens_fixed, top_tokens_tensors
+import specdec.trees._common as common
+from specdec.trees._common import draft_law, normalised_law, top_tokens_fixed, top_tokens_tensors
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder
+from specdec.trees.levelwise import eagle_level, rheo_level
 from specdec.trees.rheo import RheoTreeBuilder
 
 
@@ -132,6 +134,61 @@ def test_top_tokens_fixed_equals_top_tokens_tensors(seed, vocab, counts):
             k = ri.numel()
             assert ids[r, :k].tolist() == ri.tolist() and probs[r, :k].tolist() == rp.tolist()
             assert (ids[r, k:] == -1).all() and (probs[r, k:] == 0).all()
+
+
+
+def _long_rows(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[7, vocab]`` float32 processed draft laws with the cases the grouped ranking must get
+    right (exact ties across groups, mass in the short last group, few positive entries, a bad
+    row of NaN), and their bad flags."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.softmax(torch.randn(7, vocab, generator=g) * 3, dim=-1)
+    q[0] = (q[0] * 4096).round() / 4096  # coarse: many exact ties at every cut, across groups
+    q[1] = 1.0 / vocab  # flat: every entry tied
+    q[2] = 0.0
+    q[2, -3:] = 0.25  # all mass in the last (short) group
+    q[2, 5] = 0.25
+    q[3, 40:] = 0.0  # fewer positive entries than places
+    q[4] = float("nan")  # a bad row
+    q[5] = (q[5] * 64).round() / 64  # very coarse: ties of zeros at the cut
+    bad = torch.zeros(7, dtype=torch.bool)
+    bad[4] = True
+    return q, bad
+
+
+@pytest.mark.parametrize("vocab", [16384 + 37, 40000, 131072])
+@pytest.mark.parametrize("seed", range(3))
+def test_grouped_ranking_of_a_draft_law_equals_the_full_ranking_of_its_float64_law(seed, vocab, monkeypatch):
+    """``top_tokens_fixed`` of a ``DraftLaw`` (float32 ``probs`` ranked, in two stages on long
+    CPU rows; the ranked entries divided after the gather) gives the bits of the one-stage ranking
+    of the float64 law ``normalised_law`` makes (bad rows zeroed), ties included."""
+    q, bad = _long_rows(vocab, seed)
+    dense = normalised_law(q).masked_fill(bad.unsqueeze(-1), 0.0)
+    for count in (1, 10, 50, 1024):
+        assert common._group_size(vocab, count) or count == 1024 and vocab < 65536
+        got = top_tokens_fixed(draft_law(q, bad), count)
+        grouped64 = top_tokens_fixed(dense, count)
+        with monkeypatch.context() as m:
+            m.setattr(common, "_GROUP_MIN_VOCAB", 1 << 40)  # the one-stage ranking
+            want = top_tokens_fixed(dense, count)
+        for a, b in ((got, want), (grouped64, want)):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[1].dtype == torch.float64
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_level_functions_on_a_draft_law_equal_them_on_its_float64_law(m):
+    """RheoSampling's residual is summed in the law's own float64 copy; the children are the
+    float64 law's, bit for bit (the same draws: a replayed stream)."""
+    q, bad = _long_rows(40000, 7)
+    dense = normalised_law(q).masked_fill(bad.unsqueeze(-1), 0.0)
+    live = torch.ones(7, dtype=torch.bool)
+    for proxy in ("scaled", "displaced"):
+        got = rheo_level(draft_law(q, bad), 5, m, 64, 0.0, TorchRandom.seeded(3), proxy, 0.25, live)
+        want = rheo_level(dense, 5, m, 64, 0.0, TorchRandom.seeded(3), proxy, 0.25, live)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b) and a.dtype == b.dtype
+    for a, b in zip(eagle_level(draft_law(q, bad), 10), eagle_level(dense, 10)):
+        assert torch.equal(a, b) and a.dtype == b.dtype
 
 
 def _follows_the_law(draw) -> bool:

@@ -7,7 +7,10 @@ Every random draw goes through a :class:`~specdec.rng.RandomSource`
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +22,8 @@ __all__ = [
     "check_int",
     "check_mode",
     "check_paths",
+    "DraftLaw",
+    "draft_law",
     "draw_children",
     "draw_rows",
     "log_weight",
@@ -138,20 +143,111 @@ def top_tokens_tensors(q: torch.Tensor, count: int) -> list[tuple[torch.Tensor, 
     return [(c[:count], v[:count]) for c, v in zip(cols[order].split(sizes), values[order].split(sizes))]
 
 
-def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+class DraftLaw(NamedTuple):
+    """Draft laws ``q = probs / total`` of ``R`` rows, with no ``[R, V]`` float64 law made
+    (:func:`draft_law`; what the level-wise driver hands its level functions).
+
+    ``q`` in float64 is ``probs.to(float64) / total`` entry by entry, the bits
+    :func:`normalised_law` gives, so only the entries that are read need the
+    division: ranking by ``probs`` ranks by ``q`` (dividing by one positive
+    ``total`` keeps the order and the ties of values with 24 or 53 bits of
+    mantissa), and the few ranked entries are divided after the gather.
+
+    Attributes:
+        probs: ``[R, V]`` processed draft probabilities (any float dtype; rows flagged ``bad`` are not laws).
+        wide: ``[R, V]`` ``probs`` in float64 (``probs`` itself when float64; otherwise a copy
+            that the level function may overwrite: RheoSampling's residual is computed in it).
+        total: ``[R, 1]`` float64 the sum of each row of ``wide`` (:func:`normalised_law`'s divisor).
+        bad: ``[R, 1]`` bool rows whose draft logits were not a distribution: ``q`` is 0 there.
+    """
+
+    probs: torch.Tensor
+    wide: torch.Tensor
+    total: torch.Tensor
+    bad: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.probs.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.probs.device
+
+    def dense(self) -> torch.Tensor:
+        """``[R, V]`` float64 ``q`` (a new tensor): :func:`normalised_law` with the bad rows zeroed
+        (before a level function has overwritten ``wide``)."""
+        return (self.wide / self.total).masked_fill_(self.bad, 0.0)
+
+
+def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
+    """:class:`DraftLaw` of processed draft probabilities ``q`` ``[R, V]`` and their flags
+    ``bad`` (``R`` of them, any shape): :func:`normalised_law` (``on_device=True``) without its
+    ``[R, V]`` division (the sum over the float64 row is the same op on the same tensor).
+
+    On a CPU the float64 copy of a float32 ``q`` is written into a buffer
+    reused by the next call in the same thread (a fresh ``[R, V]`` float64
+    tensor per level costs more in page faults than the copy): the law's
+    ``wide`` is valid until then (the level-wise driver consumes each law in
+    its level function before drafting the next)."""
+    device = q.device if q.device.type in ("cuda", "cpu") else torch.device("cpu")
+    probs = q.detach() if q.requires_grad else q
+    if probs.device != device:  # (no op where it is already there)
+        probs, bad = probs.to(device), bad.to(device)
+    scratch = device.type == "cpu" and probs.dtype != torch.float64 and probs.dim() == 2
+    if scratch and _BUFFER_MIN <= probs.numel() <= _BUFFER_MAX:
+        wide = _cpu_buffer(probs.numel()).view(probs.shape).copy_(probs)
+    else:
+        wide = probs.to(torch.float64)
+    return DraftLaw(probs, wide, wide.sum(dim=-1, keepdim=True), bad.reshape(-1, 1))
+
+
+_BUFFERS = threading.local()
+_BUFFER_MIN = 1 << 18
+"""Float64 copies of at least this many entries go to :func:`_cpu_buffer` (smaller ones cost no page faults)."""
+_BUFFER_MAX = 1 << 23
+"""... and of at most this many (64 MiB of scratch kept per thread)."""
+
+
+def _cpu_buffer(numel: int) -> torch.Tensor:
+    """``[numel]`` float64 CPU scratch, this thread's, grown as needed (see :func:`draft_law`)."""
+    buffer = getattr(_BUFFERS, "wide", None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _BUFFERS.wide = torch.empty(numel, dtype=torch.float64)
+    return buffer[:numel]
+
+
+def _as_law(q: torch.Tensor | DraftLaw) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(probs, total, bad)`` of a :class:`DraftLaw`, or ``(q, None, None)`` for a float64 law."""
+    if isinstance(q, DraftLaw):
+        return q.probs, q.total, q.bad
+    return q, None, None
+
+
+_GROUP_MIN_VOCAB = 16384
+"""Rows at least this long (on a CPU) are ranked in two stages by :func:`top_tokens_fixed`."""
+
+
+def top_tokens_fixed(q: torch.Tensor | DraftLaw, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`top_tokens` as fixed-shape tensors, with no host read.
 
     The same tokens in the same order (``(-q(x), x)``; among tokens tied at
     the cut the smaller ids are kept), padded where a row has fewer than
     ``count`` positive entries.
 
+    On a CPU, long rows are ranked in two stages (:func:`_group_candidates`):
+    the entries of the best ``count`` groups of consecutive ids hold every
+    token returned, so the full row is read once, by a max per group.
+
     Args:
-        q: ``[R, V]`` float64 probabilities.
+        q: ``[R, V]`` float64 probabilities, or a :class:`DraftLaw` (ranked by
+            its ``probs``, the returned values divided by its ``total``, its
+            bad rows empty).
         count: ``>= 1`` tokens wanted per row.
 
     Returns:
-        ``ids [R, c]`` int64 (``-1`` padded) and ``probs [R, c]`` (``0`` padded),
-        ``c = min(count, V)``.
+        ``ids [R, c]`` int64 (``-1`` padded) and ``probs [R, c]`` (``0`` padded; float64
+        for a :class:`DraftLaw`), ``c = min(count, V)``.
 
     Example:
         >>> import torch
@@ -159,8 +255,26 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
         >>> ids.tolist(), probs.tolist()
         ([[1, 0, 2, -1]], [[0.5, 0.25, 0.25, 0.0]])
     """
-    R, V = q.shape
+    probs, total, bad = _as_law(q)
+    R, V = probs.shape
     c = min(count, V)
+    group = _group_size(V, c) if probs.device.type == "cpu" and V >= _GROUP_MIN_VOCAB else 0
+    if group:
+        candidates, where = _group_candidates(probs, c, group)  # [R, c * group] and their ids (ascending)
+        values, ids = _ranked(candidates, c)
+        ids = where.gather(-1, ids)
+    else:
+        values, ids = _ranked(probs, c)
+    if total is not None:
+        values = torch.div(values, total)  # [R, c] float64 (promoted): q at the ranked entries, normalised_law's bits
+        values = values.masked_fill(bad, 0.0)  # a bad row: q is 0 (no child)
+    # a token of probability 0 is never proposed (the tied ones included, when the cut is 0); probs are >= 0
+    return torch.where(values > 0, ids, -1), values
+
+
+def _ranked(q: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, c]`` the ``c`` largest values of each row of ``q`` and their columns, ordered by
+    ``(-value, column)``, the columns tied at the cut the smallest ones (zeros included)."""
     values, ids = torch.topk(q, c, dim=-1)  # [R, c]: exact values; which of the tokens tied at the cut, not trusted
     kth = values[:, -1:]  # [R, 1]
     # order the c candidates by (-q, id): sort by id, then stably by -q; the tokens tied at the cut come last
@@ -172,9 +286,58 @@ def top_tokens_fixed(q: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.T
     wanted = torch.cumsum(values == kth, dim=-1, dtype=torch.int32)  # [R, c]: 0 above the cut, then 1, 2, ...
     running = torch.cumsum(q == kth, dim=-1, dtype=torch.int32)  # [R, V] (int32: half the bytes of the pass over V)
     tied = torch.searchsorted(running, wanted)  # [R, c] int64 ids (slots above the cut: unused)
-    ids = torch.where(wanted > 0, tied, ids)
-    # a token of probability 0 is never proposed (the tied ones included, when the cut is 0); probs are >= 0
-    return torch.where(values > 0, ids, -1), values
+    return values, torch.where(wanted > 0, tied, ids)
+
+
+def _group_size(V: int, c: int) -> int:
+    """The group length of :func:`_group_candidates` for ``c`` of ``V`` entries (a power of two
+    with at least 8 groups per candidate group), or 0 where grouping would not shorten the row."""
+    group = 128  # (fastest at c = 10, V = 128256 on this CPU; c = 1024 takes 8)
+    while group > 8 and c * group * 8 > V:
+        group //= 2
+    return group if c * group * 8 <= V else 0
+
+
+def _group_candidates(q: torch.Tensor, c: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of the ``c`` best groups of ``group`` consecutive columns of each row of
+    ``q`` ``[R, V]`` (groups ranked by ``(-max, index)``, as :func:`_ranked` ranks entries),
+    ``[R, c * group]`` in ascending column order, and their columns (past ``V``: value -1).
+
+    They hold the ``c`` largest values of the row and, among the columns tied
+    at the ``c``-th, the smallest ones: every group holding an entry above the
+    cut ``v`` is chosen (fewer than ``c`` entries are above ``v``, so fewer
+    than ``c`` groups have a max above ``v``), the other chosen groups have
+    max ``v`` and are the first such groups, each holding an entry equal to
+    ``v`` at a smaller column than any entry of an unchosen group; so the
+    ``c`` best entries of the candidates under ``(-value, column)`` are the row's.
+    """
+    R, V = q.shape
+    full = V - V % group
+    maxima = q.unfold(-1, group, group).amax(dim=-1)  # [R, G] (a view: no copy of the row)
+    if full < V:
+        maxima = torch.cat([maxima, q[:, full:].amax(dim=-1, keepdim=True)], dim=-1)
+    G = maxima.shape[-1]
+    # the chosen groups: every max above the c-th largest max, then the first groups (by index) equal to it
+    kth = torch.topk(maxima, c, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)  # [R, 1]
+    tied = maxima == kth  # [R, G]
+    above = maxima > kth
+    take = above | (tied & (torch.cumsum(tied, dim=-1) <= c - above.sum(dim=-1, keepdim=True)))  # [R, G]: c groups
+    # their indices in ascending order, by each one's rank among them (a row with NaN is bad: any index will do)
+    place = torch.where(take, torch.cumsum(take, dim=-1) - 1, c)  # [R, G]; c: a discard column
+    chosen = torch.zeros(R, c + 1, dtype=torch.int64, device=q.device).scatter_(
+        -1, place, _offsets(G, q.device).expand(R, G)
+    )[:, :c]  # [R, c] ascending group indices
+    columns = (chosen.unsqueeze(-1) * group + _offsets(group, q.device)).reshape(R, c * group)  # [R, c * group]
+    values = q.gather(-1, columns.clamp(max=V - 1))
+    if full < V:  # the last group's columns past V: below every probability
+        values = values.masked_fill(columns >= V, -1.0)
+    return values, columns
+
+
+@functools.lru_cache(maxsize=16)
+def _offsets(group: int, device: torch.device) -> torch.Tensor:
+    """``[group]`` int64 ``0 .. group - 1``, once per size and device (never written to)."""
+    return torch.arange(group, device=device)
 
 
 def draw_rows(

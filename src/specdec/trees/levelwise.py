@@ -39,7 +39,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import draw_rows, normalised_law, row_mass, top_tokens_fixed
+from specdec.trees._common import DraftLaw, _as_law, draft_law, draw_rows, row_mass, top_tokens_fixed
 
 __all__ = ["CompiledLevelFn", "LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
 
@@ -69,7 +69,7 @@ class LevelChildren(NamedTuple):
 LevelFn = Callable[[torch.Tensor, RandomSource, torch.Tensor], LevelChildren]
 CompiledLevelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LevelChildren]
 """``level(q, rng, live)``: the children of the nodes whose draft laws are ``q``
-``[R, V]`` (float64); rows where ``live`` ``[R]`` is False are beam slots
+``[R, V]`` (float64, or a :class:`~specdec.trees._common.DraftLaw`); rows where ``live`` ``[R]`` is False are beam slots
 without a real node (a level with fewer than ``B`` nodes): they must not draw."""
 
 
@@ -78,7 +78,7 @@ def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
     (the tensor form of :func:`~specdec.trees.dynamic.eagle_proposal`)."""
     ids, probs = top_tokens_fixed(q, K)  # [R, C]
     kinds = torch.where(ids >= 0, int(NodeKind.DETERMINISTIC), PAD)
-    return LevelChildren(ids, probs, kinds, *_no_laws(q.shape[0], q.device))
+    return LevelChildren(ids, probs, kinds, *_no_laws(ids.shape[0], ids.device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -90,7 +90,7 @@ def _no_laws(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 
 
 def rheo_level(
-    q: torch.Tensor,
+    q: torch.Tensor | DraftLaw,
     K: int,
     m: int,
     M: int,
@@ -109,13 +109,14 @@ def rheo_level(
     """
     R = q.shape[0]
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
+    dev = ids.device
     det_ids = ids[:, : K - m]  # [R, K - m]
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
     # residual mass 1 - q(S), the sum of q outside S (residual_masses' sum): S is the row's top K - m, so
     # where S is padded (-1, read as token 0 here) the row has no positive entry outside S and the sum is 0 either way
-    residual = row_mass(q.scatter(-1, det_ids.clamp_min(0), 0.0))  # [R]
+    residual = _residual(q, det_ids)  # [R]
     # a positive residual leaves a positive entry outside S, so q' has one (the first candidate)
     has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
     if live is not None:
@@ -128,7 +129,7 @@ def rheo_level(
     sampled_tok = torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)  # [R, m]
     if proxy == "displaced":
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
-        rank = torch.minimum(torch.arange(m, device=q.device), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
+        rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
         sampled_w = cand_probs.gather(-1, rank)
     else:
         c = proxy_scale if proxy == "scaled" else 1.0
@@ -142,7 +143,7 @@ def rheo_level(
     use = has_slot.unsqueeze(-1)
     tokens = torch.where(use, torch.cat([sampled_tok, det_ids], dim=-1), ids[:, :K])  # [R, K]
     weights = torch.where(use, torch.cat([sampled_w, probs[:, : K - m]], dim=-1), probs[:, :K])
-    sampled_slot = use & _first_slots(m, K, q.device)  # [R, K]
+    sampled_slot = use & _first_slots(m, K, dev)  # [R, K]
     kinds = torch.where(tokens >= 0, torch.where(sampled_slot, int(NodeKind.SAMPLED), int(NodeKind.DETERMINISTIC)), PAD)
     return LevelChildren(
         tokens=tokens,
@@ -152,6 +153,22 @@ def rheo_level(
         law_probs=law_probs,
         law_wor=has_slot & (m > 1),
     )
+
+
+def _residual(q: torch.Tensor | DraftLaw, det_ids: torch.Tensor) -> torch.Tensor:
+    """``[R]`` ``row_mass`` of ``q`` (float64) with the columns ``det_ids`` zeroed: the sum of ``q`` outside ``S``.
+
+    For a :class:`DraftLaw`, a bad row's sum is not the 0 of its zeroed float64
+    law (it is NaN where its ``probs`` hold NaN). It is never used: a bad row
+    that is a real node (``live``) makes the step raise at its read, whatever
+    its children, and a row that is not live gets no sampled slot."""
+    probs, total, _ = _as_law(q)
+    if total is None:
+        return row_mass(probs.scatter(-1, det_ids.clamp_min(0), 0.0))
+    # [R, V] q, S zeroed: in the law's own float64 copy where it has one (draft_law's scratch, read no more)
+    law = q.wide / total if q.wide is probs else q.wide.div_(total)  # type: ignore[union-attr]
+    law.scatter_(-1, det_ids.clamp_min(0), 0.0)
+    return law.cumsum_(dim=-1)[:, -1]  # row_mass, in place (the same running sum)
 
 
 @functools.lru_cache(maxsize=64)
@@ -201,10 +218,10 @@ def grow_levelwise(
     vocab_ids = draft.proposal_ids  # [Vd] or None
     reduced = vocab_ids is not None
     q, bad = draft.root_rows_flagged(sampling, proposal=reduced)  # [B, Vd], [B]: one row per tree
-    q = normalised_law(q, on_device=True).masked_fill_(bad.unsqueeze(-1), 0.0)  # [B * R, Vd], R = 1 row per tree
+    law = draft_law(q, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows)
     draft_bad = bad  # [B] the roots' rows; with the expanded rows', raised by the step's one read
     B = q.shape[0]
-    dev = q.device
+    dev = law.device
     vocab = draft.vocab_size
     if reduced:  # [Vd + 1]: draft id -> target id, and the padding id -1 -> -1 (one gather per map)
         vocab_ids = _padded_map(vocab_ids, dev)
@@ -224,16 +241,16 @@ def grow_levelwise(
     rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
     live = start.live.expand(B)  # [B * R] the expanded rows that are real nodes
     for d in range(1, depth + 1):
-        R = q.shape[0] // B  # the level function sees B * R rows, tree-major
+        R = law.shape[0] // B  # the level function sees B * R rows, tree-major
         if compiled_level is None:
-            lv = level(q, rng, live)
+            lv = level(law, rng, live)
         else:
             u = (
                 rng.uniforms((B * R, draws_per_node), device=dev)
                 if draws_per_node
                 else torch.empty(B * R, 0, dtype=torch.float64, device=dev)
             )  # [B * R, draws]
-            lv = compiled_level(q, u, live)
+            lv = compiled_level(law, u, live)
         if reduced:  # draft ids -> target ids (padding -1 stays -1)
             lv = lv._replace(
                 tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
@@ -258,7 +275,7 @@ def grow_levelwise(
         q, bad = draft.expand_rows_flagged(
             beam // C + rows_first_id, torch.where(beam_live, lv_tok.gather(1, beam), root), sampling, proposal=reduced
         )  # [B, width, Vd], [B, width]
-        q = normalised_law(q, on_device=True).masked_fill_(bad.unsqueeze(-1), 0.0).reshape(B * width, -1)  # (a new tensor)
+        law = draft_law(q.reshape(B * width, -1), bad)
         beams.append(beam)
         lives.append(beam_live)
         bads.append(bad)
@@ -393,11 +410,16 @@ def _assemble(
         law_ids = torch.empty(B, n, 0, dtype=torch.int64, device=dev)
         law_probs = torch.empty(B, n, 0, dtype=torch.float64, device=dev)
         law_wor = torch.zeros(B, n, dtype=torch.bool, device=dev)
-    # ancestor mask, grown one level at a time
-    up = torch.where(parents >= 0, parents, node_ids).unsqueeze(-1).expand(B, n, n)  # the root and padding point to themselves
+    # ancestor mask by pointer doubling: after k rounds, every ancestor less than 2^k levels up
+    # (up: the 2^k-th ancestor; the root and padding point to themselves)
+    up = torch.where(parents >= 0, parents, node_ids).unsqueeze(-1).expand(B, n, n)
     anc = eye.expand(B, n, n)
-    for _ in range(depth):
-        anc = eye | anc.gather(1, up)
+    reach = 1
+    while reach <= depth:  # the deepest node is depth levels below the root
+        anc = anc | anc.gather(1, up)
+        reach *= 2
+        if reach <= depth:
+            up = up.gather(1, up)
     return TreeBatch(
         tokens=tokens, parents=parents, depths=depths, kinds=kinds,
         draw_order=draw_order, weights=weights, num_nodes=live.sum(dim=-1),
