@@ -69,8 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         one, many = Path(tmp) / "one", Path(tmp) / "many"
         t1 = _sweep(extra, one, args.threads, 1)
         tn = _sweep(extra, many, per, args.workers)
-        same = _generations(one) == _generations(many)
-        n = len(_generations(one))
+        g1, gn = _generations(one), _generations(many)
+        same = g1 == gn
+        n = len(g1)
+        differ = sorted(k for k in g1.keys() | gn.keys() if g1.get(k) != gn.get(k))
+        fields = sorted({f for k in differ if k in g1 and k in gn for f in g1[k] if g1[k][f] != gn[k].get(f)})
+    if differ:
+        print(f"{len(differ)} generation(s) differ (fields {fields}), e.g. {differ[:6]}")
     ratio = tn / t1
     verdict = "met" if ratio <= args.goal else "NOT met"
     print(f"one process ({args.threads} threads): {t1:.1f} s; {args.workers} workers ({per} thread(s) each): "
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"one_process_s": t1, "workers_s": tn, "ratio": ratio, "workers": args.workers,
                                          "threads": args.threads, "generations": n, "same_records": same,
+                                         "differing": [list(k) for k in differ], "differing_fields": fields,
                                          "argv": extra}, indent=2) + "\n")
     return 0 if same else 1
 

@@ -7,6 +7,8 @@
 - Torch runs single-threaded: the tests use tiny tensors, for which OpenMP
   thread hand-off costs milliseconds per op on a loaded 2-core machine.
 - No model hub: ``HF_HUB_OFFLINE=1``.
+- No shared plan file for the CPU linear tuning (``SPECDEC_LINEAR_PLANS=0``):
+  a test's quick tuning must not become the plan of a later benchmark.
 - Without a GPU, Triton kernels run under its interpreter (``TRITON_INTERPRET=1``).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["SPECDEC_LINEAR_PLANS"] = "0"
 # Triton reads TRITON_INTERPRET when its own language module is imported, which
 # a test module may trigger (through transformers) before tests/kernels is
 # collected: set it here, first, so on a machine without CUDA every Triton

@@ -58,6 +58,27 @@ def test_two_workers_give_the_records_of_one_process(capsys, tiny_dirs, tmp_path
     assert not ray.is_initialized()  # the local cluster the command started is gone with it
 
 
+def test_with_workers_this_process_loads_no_model(ray_session, capsys, tiny_dirs, tmp_path, monkeypatch):
+    """The command's own process loads no model with --workers: worker 0 renders the prompts, checks the rows,
+    profiles (Sequoia) and settles ``--budget auto``; its bad-input errors reach the command as they are."""
+    def no_load(*a, **k):
+        raise AssertionError("the driver loaded the models")
+
+    monkeypatch.setattr("specdec.bench.models.load_bench_models", no_load)
+    args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+            "--methods", "sd,sequoia", "--budget", "auto", "--num-prompts", "2", "--max-new-tokens", "4",
+            "--temperatures", "0", "--threads", "1", "--no-plots", "--workers", "2"]
+    code, _, err = _run(capsys, *args, "--out", tmp_path / "o")
+    assert code == 0, err
+    assert "worker 0: profiling Sequoia acceptance" in err and "(auto)" in err, err
+    log = read_runlog(tmp_path / "o")
+    assert log.header["resolved"]["budget"]["auto"] and log.header["resolved"]["sequoia_acceptance"]
+    assert log.header["resolved"]["models"]["target"] == str(tiny_dirs["target"])
+    assert len(log.records) == 3 * 2  # sd, sequoia and the baseline on 2 prompts
+    code, _, err = _run(capsys, *args, "--max-prompt-tokens", "1", "--out", tmp_path / "p")
+    assert code == 2 and "every prompt is longer than --max-prompt-tokens 1" in err, err
+
+
 def test_a_worker_that_cannot_load_the_models(ray_session, tiny_dirs, tmp_path):
     from specdec.bench.workers import WorkerPool
 

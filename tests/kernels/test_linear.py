@@ -8,6 +8,8 @@ must repack oneDNN weights after an in-place update.
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 import torch
@@ -101,6 +103,45 @@ def test_tune_linear_plan():
     assert only_rows.methods == ("rows",) * 3
     cached = tune_linear((32, 16), max_rows=4, methods=("rows", "columns"), repeats=1)
     assert tune_linear((32, 16), max_rows=4, methods=("rows", "columns"), repeats=1) is cached
+
+
+def test_plans_are_shared_through_the_plan_file(tmp_path, monkeypatch):
+    """A tuned plan is written to the plan file and a new process (an empty
+    process cache) reads it instead of measuring; another machine's entry, a
+    different repeat count, the file turned off and a corrupt file measure again."""
+    import specdec.kernels.linear as linear
+
+    path = tmp_path / "plans.json"
+    monkeypatch.setenv(linear.PLAN_FILE_ENV, str(path))
+    monkeypatch.setattr(linear, "_PLANS", {})
+    first = tune_linear((32, 16), max_rows=3, repeats=1)
+    assert path.is_file() and len(json.loads(path.read_text())) == 1
+    measured = []
+    real = linear._median_seconds
+    monkeypatch.setattr(linear, "_median_seconds", lambda fn, r: measured.append(1) or real(fn, r))
+    monkeypatch.setattr(linear, "_PLANS", {})  # a new process
+    again = tune_linear((32, 16), max_rows=3, repeats=1)
+    assert again == first and again.seconds == first.seconds and not measured
+    monkeypatch.setattr(linear, "_PLANS", {})
+    tune_linear((32, 16), max_rows=3, repeats=2)  # another repeat count: measured, stored beside
+    assert measured and len(json.loads(path.read_text())) == 2
+    measured.clear()
+    monkeypatch.setattr(linear, "_PLANS", {})
+    monkeypatch.setattr(linear, "_machine", lambda: "another CPU")
+    tune_linear((32, 16), max_rows=3, repeats=1)
+    assert measured
+    measured.clear()
+    monkeypatch.setattr(linear, "_PLANS", {})
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring the linear plan cache"):
+        tune_linear((32, 16), max_rows=3, repeats=1)
+    assert measured and json.loads(path.read_text())  # measured, and the file rewritten whole
+    measured.clear()
+    monkeypatch.setenv(linear.PLAN_FILE_ENV, "0")
+    monkeypatch.setattr(linear, "_PLANS", {})
+    assert linear.plan_file() is None
+    tune_linear((32, 16), max_rows=3, repeats=1)
+    assert measured
 
 
 @pytest.mark.parametrize(

@@ -237,16 +237,16 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
 
 def _available_kinds(args: argparse.Namespace) -> list[str]:
     """Draft kinds that will be loadable, decided from the flags alone (no loading)."""
-    from specdec.bench.models import DEFAULT_TARGET, shipped_heads_available
+    from specdec.bench.models import auto_head_path
 
     kinds = ["lm", "ngram"]  # ngram: model-free, always available
-    shipped = shipped_heads_available()
     for v in (2, 3):
         spec = getattr(args, f"eagle{v}_head")
         if spec == "none":
             continue
         if spec == "auto":
-            if args.target == DEFAULT_TARGET and shipped[v]:
+            # SmolLM2: the shipped head; Gemma-3: a head its user exported to the cache (none shipped)
+            if auto_head_path(args.target, v) is not None:
                 kinds.append(f"eagle{v}")
         else:
             if not os.path.exists(os.path.expanduser(spec)):
@@ -314,8 +314,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     from specdec.bench.prompts import load_prompts, select_prompts
     from specdec.bench.report import open_out_dir
     from specdec.bench.runlog import RunLogWriter, record_from_dict, write_header
-    from specdec.bench.runner import BenchConfig, bench_units, check_rows, parse_rows, row_options, run_bench
-    from specdec.sampling import SamplingConfig
+    from specdec.bench.runner import BenchConfig, bench_units, parse_rows, row_options, run_bench
 
     started = time.perf_counter()
     out_console, log_console = _consoles()
@@ -368,50 +367,34 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
 
         pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log)  # clear errors here
         pools.append(pool)
-        pool.start(load_spec)  # the workers load their models while this process loads its own
+        pool.start(load_spec)  # the workers load their models concurrently; this process loads none
     if args.threads:
         torch.set_num_threads(args.threads)
     for row in rows:
         if row.note:
             log(f"{row.name}: {row.note}")
 
-    # ---- 2. models (vocabularies checked while loading)
-    log("loading models ...")
-    models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
-                               need_kinds=need, log=log)
-    rendered: list[list[int]] = []
-    used = []
-    for p in prompts:
-        ids = models.tokenize(p.text)
-        if len(ids) > args.max_prompt_tokens:
-            continue
-        rendered.append(ids)
-        used.append(p)
-    if not rendered:
-        raise InvalidConfigError(f"every prompt is longer than --max-prompt-tokens {args.max_prompt_tokens}")
-    if len(used) < len(prompts):
-        log(f"skipped {len(prompts) - len(used)} prompt(s) longer than {args.max_prompt_tokens} tokens")
-    if resume is not None and list(resume.resolved["prompts"]["ids"]) != [p.question_id for p in used]:
-        raise InvalidConfigError(
-            f"{resume.path}: the logged sweep used prompts {resume.resolved['prompts']['ids']}, this command "
-            f"renders {[p.question_id for p in used]} (another tokenizer?): pass --overwrite to start over"
-        )
-    limit = models.target.max_length
-    biggest = max(B.AUTO_CANDIDATES) if settings.budget == "auto" else settings.budget.nodes
-    if limit is not None and max(map(len, rendered)) + settings.max_new_tokens + biggest + 1 > limit:
-        raise InvalidConfigError(
-            f"the longest prompt ({max(map(len, rendered))} tokens) + --max-new-tokens "
-            f"({settings.max_new_tokens}) + the tree does not fit the target's context of {limit} tokens"
-        )
-    probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
-    check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
+    # ---- 2. models (vocabularies checked while loading), the rendered prompts and checks, and
+    # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any);
+    #         a resumed sweep reuses the logged ones (its remaining records must mean what the logged ones do).
+    #         With workers, worker 0 does all of it with its own models (this process loads no model).
+    resolved = resume.resolved if resume is not None else None
+    resume_path = str(resume.path) if resume is not None else "runs.jsonl"
     if pool is not None:
         pool.wait_ready()  # a worker that cannot load the models: an error before the profiles and the sweep
-
-    # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any);
-    #         a resumed sweep reuses the logged ones (its remaining records must mean what the logged ones do)
-    sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = {}
-    auto_info: dict[str, Any] | None = None
+        prep = pool.prepare(args, settings, rows, prompts, prompts_all, resolved, resume_path)
+        for line in prep.pop("logs"):
+            log(f"worker 0: {line}")
+    else:
+        log("loading models ...")
+        models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
+                                   need_kinds=need, log=log)
+        prep = prepare_sweep(models, args, settings, rows, prompts, prompts_all, resolved, log, resume_path)
+    rendered: list[list[int]] = prep["rendered"]
+    used = [prompts[i] for i in prep["used"]]
+    sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = prep["sequoia_acc"]
+    auto_info: dict[str, Any] | None = prep["auto_info"]
+    descriptions: dict[str, str] = prep["descriptions"]
     if resume is not None:
         res = resume.resolved
         budget = B.Budget(int(res["budget"]["nodes"]), int(res["budget"]["depth"]))
@@ -421,26 +404,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         log(f"resuming {resume.path}: {len(resume.records)} of {resume.expected()} generations done; "
             f"tree budget {budget} as logged")
     else:
-        k = settings.profile_prompts
-        spare = [p for p in select_prompts(prompts_all, len(prompts) + k) if p not in prompts]
-        profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare)
-                           if len(ids) <= args.max_prompt_tokens][:k]
-        if not profile_prompts:
-            profile_prompts = rendered[:k]
-        profile_count = len(profile_prompts)
-        kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
-        for kind in sorted({r.draft for r in rows if r.kind == "speculative" and r.method
-                            and B.method_tree(r.method) == "sequoia"}):
-            for t in settings.temperatures:
-                log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
-                rates = B.profile_positional_acceptance(
-                    models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
-                    children="wor", steps_per_prompt=settings.profile_steps)
-                sequoia_acc[(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
-        if settings.budget == "auto":
-            budget, auto_info = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
-        else:
-            budget = settings.budget
+        budget, profile_count = prep["budget"], prep["profile_count"]
         log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
                          ignore_eos=args.ignore_eos, batch_size=settings.batch_size)
@@ -461,7 +425,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
             "profile_steps_per_prompt": settings.profile_steps,
             "prompts": {"source": str(args.prompts), "count": len(used), "ids": [p.question_id for p in used],
                         "categories": [p.category for p in used], "tokens": [len(ids) for ids in rendered]},
-            "models": dict(models.descriptions),
+            "models": dict(descriptions),
             "expected_runs": expected,
         },
     }
@@ -486,7 +450,6 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         with progress:
             task = progress.add_task("warm-up", total=expected, completed=len(done))
             if pool is not None:
-                del models  # each worker loads its own
                 pool.run(config, rendered, options, skip=done, on_run=on_run,
                          on_start=lambda s: progress.update(task, description=s))
             else:
@@ -499,6 +462,77 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
             pool.shutdown()
     runs = kept + [attrs.evolve(r, sequence=len(kept) + i) for i, r in enumerate(fresh)]
     return _finish(args, out_dir, header, runs, started, resumed=len(kept), log=log)
+
+
+def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings, rows: Sequence[Any],
+                  prompts: Sequence[Any], prompts_all: Sequence[Any], resolved: dict[str, Any] | None,
+                  log: Any, resume_path: str = "runs.jsonl") -> dict[str, Any]:
+    """What a sweep needs from the models before it runs: the rendered prompts, the checks, the profiles and
+    the budget (``resolved``: a resumed sweep's logged header, whose profiles and budget are kept).
+
+    Runs in this process, or on worker 0 with ``--workers`` (:meth:`~specdec.bench.workers.WorkerPool.prepare`):
+    the result is plain data.
+
+    Raises:
+        InvalidConfigError: no prompt fits ``--max-prompt-tokens``, the context is too short, a bad row.
+    """
+    from specdec.bench import budget as B
+    from specdec.bench.prompts import select_prompts
+    from specdec.bench.runner import BenchConfig, check_rows
+    from specdec.sampling import SamplingConfig
+
+    rendered: list[list[int]] = []
+    used: list[int] = []
+    for i, p in enumerate(prompts):
+        ids = models.tokenize(p.text)
+        if len(ids) > args.max_prompt_tokens:
+            continue
+        rendered.append(ids)
+        used.append(i)
+    if not rendered:
+        raise InvalidConfigError(f"every prompt is longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    if len(used) < len(prompts):
+        log(f"skipped {len(prompts) - len(used)} prompt(s) longer than {args.max_prompt_tokens} tokens")
+    if resolved is not None and list(resolved["prompts"]["ids"]) != [prompts[i].question_id for i in used]:
+        raise InvalidConfigError(
+            f"{resume_path}: the logged sweep used prompts {resolved['prompts']['ids']}, this command "
+            f"renders {[prompts[i].question_id for i in used]} (another tokenizer?): pass --overwrite to start over"
+        )
+    limit = models.target.max_length
+    biggest = max(B.AUTO_CANDIDATES) if settings.budget == "auto" else settings.budget.nodes
+    if limit is not None and max(map(len, rendered)) + settings.max_new_tokens + biggest + 1 > limit:
+        raise InvalidConfigError(
+            f"the longest prompt ({max(map(len, rendered))} tokens) + --max-new-tokens "
+            f"({settings.max_new_tokens}) + the tree does not fit the target's context of {limit} tokens"
+        )
+    probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
+    check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
+    out: dict[str, Any] = {"rendered": rendered, "used": used, "descriptions": dict(models.descriptions),
+                           "sequoia_acc": {}, "auto_info": None, "budget": None, "profile_count": 0}
+    if resolved is not None:
+        return out
+    k = settings.profile_prompts
+    spare = [p for p in select_prompts(prompts_all, len(prompts) + k) if p not in prompts]
+    sequoia_kinds = sorted({r.draft for r in rows if r.kind == "speculative" and r.method
+                            and B.method_tree(r.method) == "sequoia"})
+    profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare)
+                       if len(ids) <= args.max_prompt_tokens][:k]
+    if not profile_prompts:
+        profile_prompts = rendered[:k]
+    out["profile_count"] = len(profile_prompts)
+    kinds = sorted({r.draft for r in rows if r.kind == "speculative"})
+    for kind in sequoia_kinds:
+        for t in settings.temperatures:
+            log(f"profiling Sequoia acceptance: draft {kind}, T={t:g}")
+            rates = B.profile_positional_acceptance(
+                models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
+                children="wor", steps_per_prompt=settings.profile_steps)
+            out["sequoia_acc"][(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
+    if settings.budget == "auto":
+        out["budget"], out["auto_info"] = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
+    else:
+        out["budget"] = settings.budget
+    return out
 
 
 def _consoles() -> tuple[Any, Any]:

@@ -2,7 +2,9 @@
 
 Ray is an optional extra (``pip install 'specdec-trees[ray]'``), imported only
 here. Each worker is a Ray actor that loads the models once (the same flags as
-the driver) and runs whole units (:func:`~specdec.bench.runner.bench_units`, or
+the command; the workers load at the same time, and the command's own process
+loads no model: worker 0 renders the prompts, checks the rows and measures the
+profiles and ``--budget auto``, :meth:`WorkerPool.prepare`) and runs whole units (:func:`~specdec.bench.runner.bench_units`, or
 batches with ``--batch-size``): every row of a unit, the autoregressive
 baseline included, runs on that worker in the one-process order (rows rotated
 by the unit's index), so speedups stay ratios of rows measured side by side on
@@ -80,6 +82,8 @@ class _Worker:
     def __init__(self, load_spec: Mapping[str, Any], threads: int | None) -> None:
         self.error: str | None = None
         self.warm = False
+        if threads:  # before torch is imported here (its thread pools read them), and set again below
+            os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(int(threads))
         try:
             import torch
 
@@ -97,6 +101,19 @@ class _Worker:
 
         return {"error": self.error, "pid": os.getpid(), "threads": torch.get_num_threads(),
                 "host": socket.gethostname()}
+
+    def prepare(self, *args: Any, resume_path: str = "runs.jsonl") -> dict[str, Any]:
+        """:func:`specdec.bench.cli.prepare_sweep` with this worker's models: its result, its log lines
+        (``logs``), or the bad-input error it raised (``error``)."""
+        from specdec.bench.cli import prepare_sweep
+
+        logs: list[str] = []
+        try:
+            out = prepare_sweep(self.models, *args, logs.append, resume_path)
+        except SpecDecError as exc:
+            return {"error": exc, "logs": logs}
+        out["logs"] = logs
+        return out
 
     def setup(self, config: Any, prompts: Sequence[Sequence[int]], options: Mapping[Any, Any]) -> None:
         self.config, self.prompts, self.options = config, prompts, options
@@ -156,9 +173,14 @@ class WorkerPool:
 
                 gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
                 per = threads or max(1, (os.cpu_count() or 1) // workers)
+                if not gpus:  # each worker's BLAS/OpenMP pools sized to its slice from the process's start
+                    env.update(OMP_NUM_THREADS=str(per), MKL_NUM_THREADS=str(per))
+                # minimal overhead: no dashboard, no log forwarding, a small object store (records and prompts)
+                # worker_niceness 0: Ray's default runs workers at nice 15, which a one-process run is not (its
+                # timings would lose to any other process on the machine)
                 ray.init(num_cpus=max(os.cpu_count() or 1, per * workers), num_gpus=gpus, include_dashboard=False,
                          log_to_driver=False, ignore_reinit_error=True, object_store_memory=200 * 1024 ** 2,
-                         runtime_env={"env_vars": env})
+                         runtime_env={"env_vars": env}, _system_config={"worker_niceness": 0})
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError ... from ray.init
             raise InvalidConfigError(f"Ray did not start{f' at {address}' if address else ''}: {exc}") from None
         res = ray.cluster_resources()
@@ -200,6 +222,29 @@ class WorkerPool:
             if info["error"]:
                 raise InvalidConfigError(f"Ray worker {i} ({info['host']}) cannot load the models: {info['error']}")
         self.log(f"{len(self.actors)} Ray worker(s) ready")
+
+    def prepare(self, args: Any, settings: Any, rows: Sequence[Any], prompts: Sequence[Any],
+                prompts_all: Sequence[Any], resolved: Mapping[str, Any] | None,
+                resume_path: str = "runs.jsonl") -> dict[str, Any]:
+        """:func:`specdec.bench.cli.prepare_sweep` on worker 0 (the rendered prompts, the checks, the profiles
+        and the budget), so that the command's own process loads no model; the result has the worker's log
+        lines under ``logs``.
+
+        Raises:
+            SpecDecError: the bad input the worker found (as ``prepare_sweep`` raises it).
+            InvalidConfigError: the worker died.
+        """
+        import ray
+
+        try:
+            out = ray.get(self.actors[0].prepare.remote(args, settings, list(rows), list(prompts), list(prompts_all),
+                                                        resolved, resume_path=resume_path))
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidConfigError(f"Ray worker 0 failed while rendering the prompts and profiling: "
+                                     f"{_reason(exc)}") from None
+        if out.get("error") is not None:
+            raise out["error"]
+        return out
 
     def run(self, config: Any, prompts: Sequence[Sequence[int]], options: Mapping[Any, Any], *,
             skip: Collection[tuple[str, int, float, int]] = frozenset(),

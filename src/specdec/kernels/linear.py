@@ -34,10 +34,15 @@ Training, autograd and non-CPU tensors always take the reference path.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -206,6 +211,75 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 _PLANS: dict[tuple[Any, ...], LinearPlan] = {}
 
+PLAN_FILE_ENV = "SPECDEC_LINEAR_PLANS"
+"""Environment variable: the JSON file of tuned plans shared by processes on this
+machine (default ``<specdec cache>/linear-plans.json``); ``0`` turns the file off."""
+
+
+def plan_file() -> Path | None:
+    """The on-disk plan cache (:data:`PLAN_FILE_ENV`), None when turned off."""
+    value = os.environ.get(PLAN_FILE_ENV)
+    if value == "0":
+        return None
+    if value:
+        return Path(value).expanduser()
+    from specdec.models.smollm2 import cache_root
+
+    return cache_root() / "linear-plans.json"
+
+
+def _machine() -> str:
+    """What a plan's timings depend on besides its key: CPU model, vector ISA, torch, oneDNN."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    isa = torch.backends.cpu.get_cpu_capability()
+    return f"{model} | {isa} | torch {torch.__version__} | onednn {onednn_available()} | cpus {os.cpu_count()}"
+
+
+def _file_key(key: tuple[Any, ...], repeats: int) -> str:
+    return json.dumps([_machine(), repr(key), repeats])
+
+
+def _load_plan(key: tuple[Any, ...], repeats: int) -> LinearPlan | None:
+    path = plan_file()
+    if path is None or not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text()).get(_file_key(key, repeats))
+        if entry is None:
+            return None
+        return LinearPlan(shape=tuple(entry["shape"]), methods=tuple(entry["methods"]), seconds=tuple(entry["seconds"]),
+                          threads=int(entry["threads"]), buckets=tuple((int(n), str(m)) for n, m in entry["buckets"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"ignoring the linear plan cache {path} ({exc}); plans are measured again", stacklevel=3)
+        return None
+
+
+def _store_plan(key: tuple[Any, ...], repeats: int, plan: LinearPlan) -> None:
+    path = plan_file()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text()) if path.is_file() else {}
+        except ValueError:
+            table = {}
+        table[_file_key(key, repeats)] = {"shape": list(plan.shape), "methods": list(plan.methods),
+                                 "seconds": [dict(t) for t in plan.seconds], "threads": plan.threads,
+                                 "buckets": [list(b) for b in plan.buckets]}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, path)  # atomic: concurrent workers never read half a file
+    except OSError as exc:
+        warnings.warn(f"could not write the linear plan cache {path} ({exc})", stacklevel=3)
+
 
 LARGE_ROWS: tuple[int, ...] = (24, 32, 48, 64, 96, 128, 192, 256)
 """Row counts beyond ``max_rows`` that :func:`tune_linear` also measures (:attr:`LinearPlan.buckets`)."""
@@ -227,7 +301,10 @@ def tune_linear(
     The weights are random float32 matrices of ``shape``; several copies
     (about ``cold_bytes`` in all, at most 64) are cycled so that a small
     weight is timed out of cache, as it is inside a model. Plans are cached
-    per ``(shape, max_rows, methods, threads)`` for the process.
+    per ``(shape, max_rows, methods, threads)`` for the process and, with
+    ``cache``, in a file shared by the processes of this machine
+    (:func:`plan_file`, keyed also by CPU model, vector ISA, torch and oneDNN:
+    a Ray worker or a second run does not measure again).
 
     Args:
         shape: the weight's ``(N, K)``.
@@ -239,7 +316,8 @@ def tune_linear(
             where oneDNN is missing).
         repeats: timed calls per (rows, method); the median counts.
         cold_bytes: total bytes of weight copies cycled through.
-        cache: reuse and store the plan in the process-wide cache.
+        cache: reuse and store the plan in the process-wide cache and the
+            plan file (``SPECDEC_LINEAR_PLANS=0``: the process cache only).
 
     Returns:
         The :class:`LinearPlan`.
@@ -256,6 +334,11 @@ def tune_linear(
     key = ((n_out, k_in), max_rows, cands, torch.get_num_threads(), big)
     if cache and key in _PLANS:
         return _PLANS[key]
+    if cache:
+        stored = _load_plan(key, repeats)
+        if stored is not None:
+            _PLANS[key] = stored
+            return stored
     copies = max(1, min(64, math.ceil(cold_bytes / (4 * n_out * k_in))))
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n_out, k_in, generator=gen) * 0.02 for _ in range(copies)]
@@ -283,6 +366,7 @@ def tune_linear(
                       buckets=buckets)
     if cache:
         _PLANS[key] = plan
+        _store_plan(key, repeats, plan)
     return plan
 
 
