@@ -1,0 +1,133 @@
+"""The RheoSampling sweep as a paper's table (issue 19): tau per method and temperature from a
+``specdec bench --out DIR`` run log, with standard errors and rheo's ratio to eagle3 with a
+paired bootstrap 95% interval.
+
+Reads ``DIR/runs.jsonl`` only (a partial sweep too: it says how many prompts each cell holds).
+Per cell (row, T): tau = emitted tokens / target forwards over the cell's generations (bonus token
+included, as ``specdec bench``), its standard error over generations, and the number of prompts.
+The ratio rheo / eagle3 (and rheo / the best static tree) is taken over the units (prompt, seed)
+that both rows finished, with a bootstrap over prompts (seeded, 2,000 resamples).
+
+Usage::
+
+    python benchmarks/rheo_sweep_table.py benchmarks/results/rheo_sweep_smollm2_b60
+    python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+STATIC = ("specinfer@eagle3", "sequoia@eagle3")
+
+
+def cells(records: list[dict[str, Any]]) -> dict[tuple[str, float], dict[tuple[int, int], tuple[int, int]]]:
+    """``(row, T) -> {(prompt, seed): (emitted, steps)}`` of the speculative rows."""
+    out: dict[tuple[str, float], dict[tuple[int, int], tuple[int, int]]] = defaultdict(dict)
+    for r in records:
+        if r["row"] in ("autoregressive", "hf-assisted") or not r["steps"]:
+            continue
+        out[(r["row"], float(r["temperature"]))][(r["prompt_index"], r["seed"])] = (r["emitted"], r["steps"])
+    return out
+
+
+def tau(units: dict[tuple[int, int], tuple[int, int]]) -> float:
+    emitted = sum(e for e, _ in units.values())
+    steps = sum(s for _, s in units.values())
+    return emitted / steps if steps else float("nan")
+
+
+def stderr(units: dict[tuple[int, int], tuple[int, int]]) -> float:
+    xs = [e / s for e, s in units.values()]
+    if len(xs) < 2:
+        return float("nan")
+    mean = sum(xs) / len(xs)
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def ratio_interval(a: dict, b: dict, *, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float, int]:
+    """tau(a) / tau(b) over the units both hold, and a 95% bootstrap interval resampling prompts."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return float("nan"), float("nan"), float("nan"), 0
+    prompts = sorted({p for p, _ in shared})
+    by_prompt = {p: [u for u in shared if u[0] == p] for p in prompts}
+
+    def value(units: list[tuple[int, int]]) -> float:
+        ta = sum(a[u][0] for u in units) / sum(a[u][1] for u in units)
+        tb = sum(b[u][0] for u in units) / sum(b[u][1] for u in units)
+        return ta / tb
+
+    point = value(shared)
+    rng = random.Random(seed)
+    draws = sorted(value([u for p in rng.choices(prompts, k=len(prompts)) for u in by_prompt[p]])
+                   for _ in range(resamples))
+    return point, draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1], len(prompts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path, help="the --out folder of a specdec bench sweep")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args(argv)
+    lines = (args.dir / "runs.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    records = []
+    for line in lines[1:]:
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line cut by a kill (the bench drops it on resume)
+            continue
+    table = cells(records)
+    rows = sorted({r for r, _ in table}, key=lambda r: (r not in ("eagle3", "rheo"), r))
+    temps = sorted({t for _, t in table})
+    out: dict[str, Any] = {"dir": str(args.dir), "generations": len(records), "cells": [], "ratios": []}
+    md = ["| row | " + " | ".join(f"T={t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
+    for row in rows:
+        cols = []
+        for t in temps:
+            units = table.get((row, t), {})
+            if not units:
+                cols.append("")
+                continue
+            n_prompts = len({p for p, _ in units})
+            out["cells"].append({"row": row, "temperature": t, "tau": tau(units), "stderr": stderr(units),
+                                 "generations": len(units), "prompts": n_prompts})
+            se = stderr(units)
+            cols.append(f"{tau(units):.2f} ± {se:.2f} ({n_prompts}p)" if se == se else f"{tau(units):.2f} ({n_prompts}p)")
+        md.append(f"| {row} | " + " | ".join(cols) + " |")
+    md += ["", "| T | rheo / eagle3 [95% CI] | rheo / best static [95% CI] | prompts |", "|---|---|---|---|"]
+    for t in temps:
+        rheo, eagle = table.get(("rheo", t), {}), table.get(("eagle3", t), {})
+        r, lo, hi, n = ratio_interval(rheo, eagle)
+        statics = [(tau(table[(s, t)]), s) for s in STATIC if table.get((s, t))]
+        best = max(statics)[1] if statics else None
+        rs = ratio_interval(rheo, table[(best, t)]) if best else (float("nan"),) * 3 + (0,)
+        out["ratios"].append({"temperature": t, "rheo_over_eagle3": [r, lo, hi], "best_static": best,
+                              "rheo_over_best_static": list(rs[:3]), "prompts": n})
+        md.append(f"| {t:g} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
+                  + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
+    expected = header.get("config", {})
+    planned = header.get("resolved", {}).get("expected_runs", "?")
+    md.insert(0, f"{len(records)} of {planned} generations from {args.dir / 'runs.jsonl'} "
+                 f"({expected.get('prompts', {}).get('count', '?')} prompts, seeds {expected.get('seeds', '?')}); "
+                 "tau ± standard error (prompts per cell)\n")
+    text = "\n".join(md)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
