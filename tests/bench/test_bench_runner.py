@@ -186,3 +186,25 @@ def test_check_rows_fails_before_running():
         check_rows(models, config)
     with pytest.raises(InvalidConfigError, match="needs the eagle3 draft"):
         check_rows(models, BenchConfig([RowSpec("rheo", "speculative", "rheo", "eagle3")], (0.0,), (0,), 4, Budget(2, 2)))
+
+
+def test_aggregate_does_not_depend_on_the_order_of_the_records():
+    """Ray workers append records in the order they finish: the aggregates (the
+    standard error's float sums included) are those of the records in unit order."""
+    import random
+
+    rows = [RowSpec(AUTOREGRESSIVE, "autoregressive"), RowSpec("sd", "speculative", "sd", "lm")]
+    runs = []
+    for u in range(12):
+        runs.append(_rec(2 * u, u, AUTOREGRESSIVE, 1.0, 10, 10, 10, 1.0 + u / 7))
+        runs.append(_rec(2 * u + 1, u, "sd", 1.0, 10, 3 + u % 5, 7 + (u * 5) % 11, 0.5 + u / 13))
+    want = aggregate(runs, rows, [1.0], budget=Budget(4, 2))
+    shuffled_differs = False
+    rng = random.Random(0)
+    for _ in range(20):
+        order = runs[:]
+        rng.shuffle(order)
+        assert aggregate(order, rows, [1.0], budget=Budget(4, 2)) == want
+        xs = [r.emitted / r.steps for r in order if r.row == "sd"]
+        shuffled_differs |= sum(xs) != sum(r.emitted / r.steps for r in runs if r.row == "sd")
+    assert shuffled_differs  # the float sums do depend on the order: sorting is what makes them equal

@@ -654,7 +654,9 @@ def aggregate(
         [('autoregressive', 1.0, 1.0, 1.0), ('sd', 2.0, 2.0, 1.0)]
     """
     by: dict[tuple[str, float], list[RunRecord]] = {}
-    for r in runs:
+    # in unit order, whatever order the records came in (Ray workers finish in any order): the
+    # float sums (time totals, the standard error) then have the bits of a one-process run's
+    for r in sorted(runs, key=lambda r: (r.unit, r.prompt_index, r.seed, r.row)):
         by.setdefault((r.row, r.temperature), []).append(r)
     ar_tokens = {(r.unit): r.tokens for r in runs if r.row == AUTOREGRESSIVE}
     out: list[dict[str, Any]] = []
