@@ -143,17 +143,22 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     assert "truncated copy" in stdout  # the output says which draft LM ran
     auto = meta["auto_budget"]
     assert meta["budget"]["auto"] and set(auto["acceptance"]) == {"eagle3@T=1", "lm@T=1"}
-    best = max(auto["table"], key=auto["table"].get)
-    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"
+    (chosen,) = auto["by_temperature"]  # one temperature: one choice
+    best = max(chosen["table"], key=chosen["table"].get)
+    (entry,) = meta["budget"]["by_temperature"]
+    assert best == f"{entry['nodes']},{entry['depth']}" == f"{chosen['nodes']},{chosen['depth']}"
+    assert entry["temperature"] == 1.0 and entry["m"] == chosen["m"] in (1, 2, 3)
     t1 = auto["forward_time_s"]["1"]
     assert auto["autoregressive_tokens_per_s"] == pytest.approx(1 / t1)
-    assert auto["predicted_speedup"] == pytest.approx(auto["table"][best] * t1)
+    assert chosen["predicted_speedup"] == pytest.approx(chosen["table"][best] * t1)
     # one unbroken log line, whatever the measured numbers' widths (rich once wrapped it mid-phrase)
-    assert any("auto budget:" in line and "predicts" in line and "for autoregressive decoding (x" in line
+    assert any("auto budget: T=1: " in line and "predicts" in line and "for autoregressive decoding (x" in line
                for line in err.splitlines())
     goal = [line for line in stdout.splitlines() if line.startswith("T=1: rheo tau")]
     assert len(goal) == 1 and "(goal >= 1.10: " in goal[0] and goal[0].endswith(")")  # one unbroken line
-    assert records["rheo"]["budget_nodes"] == meta["budget"]["nodes"]
+    assert records["rheo"]["budget_nodes"] == entry["nodes"]
+    assert records["rheo"]["options"]["m"] == entry["m"]  # the rows without their own m get the chosen one
+    assert f"auto budget at T=1: {entry['nodes']} nodes, depth {entry['depth']}, rheo m={entry['m']}" in stdout
     assert not (out / "tau.png").exists()
 
 
@@ -211,13 +216,17 @@ def test_auto_budget_per_batch_size(capsys, tiny_dirs, tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     auto = meta["auto_budget"]
     assert auto["batch_size"] == 2 and meta["budget"]["auto"]
-    best = max(auto["table"], key=auto["table"].get)
-    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"
+    (chosen,) = auto["by_temperature"]
+    best = max(chosen["table"], key=chosen["table"].get)
+    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"  # one temperature: one budget
+    assert chosen["m"] == 1 and chosen["pilot"] is None  # T = 0: rheo is EAGLE-2, no pilot
     assert auto["autoregressive_tokens_per_s"] == pytest.approx(2 / auto["forward_time_s"]["1"])  # rows summed
     assert any("auto budget for 2 rows:" in line for line in err.splitlines())
     records = json.loads((out / "results.json").read_text())
     assert all(r["batch_size"] == 2 for r in records)
     assert {r["budget_nodes"] for r in records if r["kind"] == "speculative"} == {meta["budget"]["nodes"]}
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()[1:]]
+    assert {r["budget_nodes"] for r in runs if r["row"] != "autoregressive"} == {meta["budget"]["nodes"]}
 
 
 # ------------------------------------------------ issue 16: --out with earlier results, bad --prompts JSON

@@ -67,14 +67,18 @@ def test_with_workers_this_process_loads_no_model(ray_session, capsys, tiny_dirs
     monkeypatch.setattr("specdec.bench.models.load_bench_models", no_load)
     args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
             "--methods", "sd,sequoia", "--budget", "auto", "--num-prompts", "2", "--max-new-tokens", "4",
-            "--temperatures", "0", "--threads", "1", "--no-plots", "--workers", "2"]
+            "--temperatures", "0,1", "--threads", "1", "--no-plots", "--workers", "2"]
     code, _, err = _run(capsys, *args, "--out", tmp_path / "o")
     assert code == 0, err
     assert "worker 0: profiling Sequoia acceptance" in err and "(auto)" in err, err
     log = read_runlog(tmp_path / "o")
     assert log.header["resolved"]["budget"]["auto"] and log.header["resolved"]["sequoia_acceptance"]
     assert log.header["resolved"]["models"]["target"] == str(tiny_dirs["target"])
-    assert len(log.records) == 3 * 2  # sd, sequoia and the baseline on 2 prompts
+    assert len(log.records) == 3 * 2 * 2  # sd, sequoia and the baseline on 2 prompts at 2 temperatures
+    # worker 0 chose a budget per temperature; every worker ran each unit with its temperature's
+    chosen = {e["temperature"]: e["nodes"] for e in log.header["resolved"]["budget"]["by_temperature"]}
+    assert set(chosen) == {0.0, 1.0}
+    assert all(r["budget_nodes"] == chosen[r["temperature"]] for r in log.records if r["row"] != "autoregressive")
     code, _, err = _run(capsys, *args, "--max-prompt-tokens", "1", "--out", tmp_path / "p")
     assert code == 2 and "every prompt is longer than --max-prompt-tokens 1" in err, err
 

@@ -2,13 +2,15 @@
 
 A *budget* is ``(N, d)``: ``N`` draft nodes per tree (the root, i.e. the last
 committed token, is not counted) and a depth bound ``d``. Every method gets
-the same budget, mapped onto its own parameters by :func:`method_options`:
+the same budget at a temperature (``--budget N``: the same at every
+temperature; ``--budget auto``: one per temperature, below), mapped onto its
+own parameters by :func:`method_options`:
 
 ======================  ==========================================================
 tree builder (methods)  parameters for budget ``(N, d)``
 ======================  ==========================================================
 ``eagle`` (eagle2/3)    ``N = N``, ``depth = d``, ``K = B = clamp(round(N / d), 2, 10)``
-``rheo`` (rheo)         as ``eagle`` (``m = 1`` sampled slot, ``M = 64``)
+``rheo`` (rheo)         as ``eagle`` (``m = 1`` sampled slot unless ``auto`` chose one)
 ``sequoia`` (sequoia)   ``num_nodes = N``, ``max_depth = d``, ``acceptance`` profiled
 ``static`` (specinfer)  ``expansion`` = :func:`specinfer_expansion` ``(N, d)``
 ``chain`` (sd)          ``depth = min(N, d)``
@@ -19,14 +21,16 @@ tree builder (methods)  parameters for budget ``(N, d)``
 as possible from the root down (:func:`specinfer_expansion`); a chain can only
 use ``d`` of the ``N`` nodes, which is what classic speculative sampling does.
 
-``--budget auto`` (:func:`choose_budget`) follows Sequoia's hardware-aware
-choice: it measures on this machine the target's forward time ``t(n + 1)`` for
-trees of ``n + 1`` tokens (:func:`~specdec.trees.sequoia.measure_forward_times`)
-and each draft's time for one level of ``w`` nodes, profiles the *positional
-acceptance* ``a_k`` (the probability that the target's token is the draft's
-``k``-th ranked proposal, :func:`profile_positional_acceptance`) for every
-draft and temperature in the run, and picks the ``(N, d)`` maximising the mean
-over (draft, temperature) of the expected tokens per second::
+``--budget auto`` follows Sequoia's hardware-aware choice, **per temperature**
+(:func:`choose_budgets`): it measures on this machine the target's forward
+time ``t(n + 1)`` for trees of ``n + 1`` tokens
+(:func:`~specdec.trees.sequoia.measure_forward_times`) and each draft's time
+for one level of ``w`` nodes, profiles the *positional acceptance* ``a_k``
+(the probability that the target's token is the draft's ``k``-th ranked
+proposal, :func:`profile_positional_acceptance`) for every draft and
+temperature in the run, and picks, for each temperature ``T`` of the run, the
+``(N, d)`` maximising the mean over the drafts of the expected tokens per
+second at ``T`` (:func:`choose_budget` on ``T``'s profiles only)::
 
     G(N, d) / (d * t_level(K(N, d)) + t(N + 1))
 
@@ -34,7 +38,18 @@ where ``G`` is the expected tokens per step (accepted + bonus) of the best
 tree of ``N`` nodes and depth ``<= d`` under the positional model (Sequoia's
 DP, :func:`~specdec.trees.sequoia.sequoia_tree`). This is an estimate: it
 assumes the acceptance at a node does not depend on its depth or its
-ancestors, and the dynamic trees are not exactly the DP's tree.
+ancestors, and the dynamic trees are not exactly the DP's tree. Sampling
+flattens the draft's law, so at ``T > 0`` the acceptance spreads over the
+lower ranks and the best tree can be wider than at ``T = 0``.
+
+RheoSampling's sampled slots ``m`` are then chosen per temperature from a
+measurement (:func:`choose_sampled_slots`): at ``T = 0`` rheo builds
+EAGLE-2's tree and ``m`` stays 1; at each ``T > 0``, short seeded pilot
+generations of the rheo rows at ``T``'s budget (:func:`pilot_tau`) measure the
+tokens per step ``tau`` for every ``m`` in :data:`SLOT_CANDIDATES` with
+``m < K``, and the largest ``tau`` wins (ties go to the smaller ``m``). A row's
+own ``m`` (``rheo[m=2]``) overrides the choice, as every row option overrides
+the budget's mapping.
 """
 
 from __future__ import annotations
@@ -60,6 +75,13 @@ from specdec.trees.dynamic import EagleTreeBuilder
 __all__ = [
     "Budget",
     "BudgetChoice",
+    "SlotsChoice",
+    "SLOT_CANDIDATES",
+    "budget_at",
+    "budget_text",
+    "choose_budgets",
+    "choose_sampled_slots",
+    "pilot_tau",
     "DEFAULT_DEPTH",
     "AUTO_CANDIDATES",
     "AUTO_DEPTHS",
@@ -82,6 +104,10 @@ AUTO_CANDIDATES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 AUTO_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
 """Depth bounds ``d`` that ``--budget auto`` considers (with ``d <= N``)."""
+
+
+SLOT_CANDIDATES: tuple[int, ...] = (1, 2, 3)
+"""Sampled slots ``m`` of RheoSampling that ``--budget auto`` tries at ``T > 0`` (with ``m < K``)."""
 
 
 @attrs.frozen
@@ -121,6 +147,40 @@ def parse_budget(text: str, depth: int | None = None) -> Budget | str:
     if nodes < 1:
         raise InvalidConfigError(f"--budget must be >= 1 draft node, got {nodes}")
     return Budget(nodes, depth if depth is not None else min(nodes, DEFAULT_DEPTH))
+
+
+def budget_at(budget: Budget | Mapping[float, Budget], temperature: float) -> Budget:
+    """The budget at ``temperature``: ``budget`` itself, or its entry for that temperature.
+
+    Raises:
+        InvalidConfigError: a per-temperature mapping without ``temperature``.
+
+    Example:
+        >>> budget_at(Budget(4, 2), 1.0), budget_at({0.0: Budget(8, 4), 1.0: Budget(4, 2)}, 1)
+        (Budget(nodes=4, depth=2), Budget(nodes=4, depth=2))
+    """
+    if isinstance(budget, Budget):
+        return budget
+    try:
+        return budget[float(temperature)]
+    except KeyError:
+        have = ", ".join(f"T={t:g}" for t in sorted(budget))
+        raise InvalidConfigError(f"no tree budget for T={float(temperature):g} (budgets for {have})") from None
+
+
+def budget_text(budget: Budget | Mapping[float, Budget], slots: Mapping[float, int] | None = None) -> str:
+    """One line saying the budget, per temperature when it is a mapping (with rheo's ``m`` when given).
+
+    Example:
+        >>> budget_text(Budget(4, 2))
+        '4 nodes, depth 2'
+        >>> budget_text({0.0: Budget(8, 4), 1.0: Budget(4, 2)}, {0.0: 1, 1.0: 2})
+        'T=0: 8 nodes, depth 4 (rheo m=1); T=1: 4 nodes, depth 2 (rheo m=2)'
+    """
+    if isinstance(budget, Budget):
+        return str(budget)
+    slots = slots or {}
+    return "; ".join(f"T={t:g}: {budget[t]}" + (f" (rheo m={slots[t]})" if t in slots else "") for t in sorted(budget))
 
 
 def dynamic_width(budget: Budget) -> int:
@@ -312,6 +372,145 @@ def choose_budget(
         raise InvalidConfigError("choose_budget: no candidate (N, d) with d <= N")
     value, n, d = best
     return BudgetChoice(Budget(n, d), value, table, gains[(n, d)])
+
+
+def choose_budgets(
+    forward_time: Mapping[int, float] | Callable[[int], float],
+    level_time: Mapping[str, Callable[[int], float]],
+    acceptance: Mapping[float, Mapping[str, tuple[str, Sequence[float]]]],
+    candidates: Sequence[int] = AUTO_CANDIDATES,
+    depths: Sequence[int] = AUTO_DEPTHS,
+) -> dict[float, BudgetChoice]:
+    """:func:`choose_budget` for every temperature, on that temperature's profiles only.
+
+    Args:
+        forward_time, level_time, candidates, depths: as :func:`choose_budget`
+            (the costs do not depend on the temperature).
+        acceptance: per temperature, the profiles of :func:`choose_budget`
+            (per key, ``(draft kind, a_1, a_2, ...)``) measured at it.
+
+    Returns:
+        per temperature, its :class:`BudgetChoice` (the mean over its drafts).
+
+    Raises:
+        InvalidConfigError: no temperature, or a temperature without a profile.
+
+    Example:
+        >>> cost = lambda t: 1.0 + 0.1 * t
+        >>> out = choose_budgets(cost, {"lm": lambda w: 0.05}, {0.0: {"lm@T=0": ("lm", [0.9, 0.05])},
+        ...                      1.0: {"lm@T=1": ("lm", [0.3, 0.25, 0.2])}}, candidates=(2, 4, 8), depths=(1, 2, 4))
+        >>> out[0.0].budget, out[1.0].budget
+        (Budget(nodes=4, depth=4), Budget(nodes=4, depth=2))
+    """
+    if not acceptance:
+        raise InvalidConfigError("choose_budgets needs at least one temperature")
+    out = {}
+    for t in sorted(acceptance):
+        if not acceptance[t]:
+            raise InvalidConfigError(f"choose_budgets: no acceptance profile at T={t:g}")
+        out[float(t)] = choose_budget(forward_time, level_time, acceptance[t], candidates, depths)
+    return out
+
+
+@attrs.frozen
+class SlotsChoice:
+    """Result of :func:`choose_sampled_slots`.
+
+    Attributes:
+        m: the chosen sampled slots.
+        candidates: the ``m`` tried (those of the candidates with ``m < K``).
+        tau: measured tokens per step per ``m`` (empty when one candidate
+            was left: nothing to measure).
+    """
+
+    m: int
+    candidates: tuple[int, ...]
+    tau: Mapping[int, float]
+
+
+def choose_sampled_slots(pilot: Callable[[int], float], width: int,
+                         candidates: Sequence[int] = SLOT_CANDIDATES) -> SlotsChoice:
+    """RheoSampling's ``m``: the candidate with ``m < width`` whose pilot measures the most tokens per step.
+
+    Args:
+        pilot: ``m -> tau``, the measured tokens per step with ``m`` sampled
+            slots (:func:`pilot_tau`); called once per candidate, never when a
+            single candidate is left.
+        width: ``K``, the children per node (``m < K`` is required).
+        candidates: the ``m`` to try.
+
+    Returns:
+        the :class:`SlotsChoice`; ties go to the smaller ``m``.
+
+    Example:
+        >>> choose_sampled_slots({1: 2.0, 2: 2.3, 3: 2.3}.__getitem__, 10).m
+        2
+        >>> choose_sampled_slots(lambda m: 1 / 0, 2)  # K = 2: only m = 1, no pilot
+        SlotsChoice(m=1, candidates=(1,), tau={})
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or width < 2:
+        raise InvalidConfigError(f"the width K must be an int >= 2, got {width!r}")
+    tried = tuple(sorted({int(m) for m in candidates if 1 <= int(m) < width}))
+    if not tried:
+        raise InvalidConfigError(f"no sampled-slot candidate m in {tuple(candidates)} with 1 <= m < K={width}")
+    if len(tried) == 1:
+        return SlotsChoice(tried[0], tried, {})
+    tau = {m: float(pilot(m)) for m in tried}
+    best = tried[0]
+    for m in tried[1:]:
+        if tau[m] > tau[best]:  # strictly better: ties keep the smaller m
+            best = m
+    return SlotsChoice(best, tried, tau)
+
+
+def pilot_tau(
+    target: TargetModel,
+    draft: DraftModel,
+    method: str,
+    options: Mapping[str, Any],
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    *,
+    seed: int = 0,
+) -> tuple[int, int]:
+    """Emitted tokens and steps of short pilot generations of ``method`` with builder ``options``.
+
+    One generation of up to ``max_new_tokens`` tokens per prompt (fewer where
+    the context is short; a prompt without room is skipped), prompt ``i``
+    with seed ``seed + i``, EOS ignored. ``tau`` is ``emitted / steps``.
+
+    Raises:
+        InvalidConfigError: no prompt had room for a pilot generation.
+
+    Example:
+        >>> import torch
+        >>> from specdec.models import CallableLM
+        >>> lm = CallableLM(lambda p: torch.tensor([[2.0, 1.0, 0.0]] * len(p)), vocab_size=3)
+        >>> pilot_tau(lm, CallableLM(lm.fn, 3), "rheo", {"N": 4, "depth": 2, "K": 2, "B": 2}, [[0]],
+        ...           SamplingConfig(temperature=0), 6)  # a perfect draft: 3 tokens per step
+        (6, 2)
+    """
+    from specdec.generate import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(target=target, draft=draft, method=method, **dict(options))
+    emitted = steps = 0
+    nodes = int(options.get("N", options.get("num_nodes", 64)))
+    for i, prompt in enumerate(prompts):
+        prompt = [int(x) for x in prompt]
+        room = max_new_tokens
+        for model in (target, draft):
+            limit = getattr(model, "max_length", None)
+            if limit is not None:
+                room = min(room, limit - len(prompt) - nodes - 2)
+        if room < 1:
+            continue
+        out = gen.generate(prompt, room, sampling=sampling, seed=seed + i, eos_token_id=None)
+        emitted += out.stats.emitted
+        steps += out.stats.steps
+    if steps == 0:
+        raise InvalidConfigError("no pilot prompt leaves room for a pilot generation (context too short)")
+    return emitted, steps
 
 
 def linear_level_time(times: Mapping[int, float]) -> Callable[[int], float]:

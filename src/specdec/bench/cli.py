@@ -39,6 +39,9 @@ class Preset:
         max_new_tokens, temperatures, seeds, methods, budget: as the flags.
         profile_prompts, profile_steps: prompts and steps per prompt of the
             acceptance profiles (``--budget auto`` and Sequoia).
+        pilot_tokens: tokens of each pilot generation with which ``--budget
+            auto`` chooses rheo's sampled slots ``m`` at ``T > 0`` (one per
+            profile prompt and candidate ``m``).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Preset:
     budget: str
     profile_prompts: int
     profile_steps: int
+    pilot_tokens: int = 32
 
 
 PRESETS: dict[str, Preset] = {
@@ -58,7 +62,7 @@ PRESETS: dict[str, Preset] = {
                     profile_prompts=4, profile_steps=12),
     "full": Preset("full", prompts=None, max_new_tokens=128, temperatures=(0.0, 1.0), seeds=(0, 1),
                    methods="sd,specinfer,sequoia,eagle2,eagle3,rheo,rheo@eagle2,hf-assisted", budget="auto",
-                   profile_prompts=8, profile_steps=16),
+                   profile_prompts=8, profile_steps=16, pilot_tokens=64),
 }
 """``quick`` (the default) finishes in under 10 minutes on a 2-core CPU; ``full``
 runs the whole prompt set (hours on a CPU)."""
@@ -161,6 +165,7 @@ class BenchSettings:
     profile_prompts: int
     profile_steps: int
     batch_size: int = 1
+    pilot_tokens: int = 32
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -232,7 +237,7 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     # `--methods ''` is an error (parse_rows), not "the preset's methods": only an absent flag means those
     methods = pre.methods if args.methods is None else args.methods
     return BenchSettings(args.preset, methods, temps, seeds, max_new, budget, num,
-                         pre.profile_prompts, pre.profile_steps, batch)
+                         pre.profile_prompts, pre.profile_steps, batch, pre.pilot_tokens)
 
 
 def _available_kinds(args: argparse.Namespace) -> list[str]:
@@ -313,7 +318,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     from specdec.bench.models import load_bench_models, matplotlib_available
     from specdec.bench.prompts import load_prompts, select_prompts
     from specdec.bench.report import open_out_dir
-    from specdec.bench.runlog import RunLogWriter, record_from_dict, write_header
+    from specdec.bench.runlog import RunLogWriter, budget_entry, logged_budget, record_from_dict, write_header
     from specdec.bench.runner import BenchConfig, bench_units, parse_rows, row_options, run_bench
 
     started = time.perf_counter()
@@ -396,18 +401,22 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     auto_info: dict[str, Any] | None = prep["auto_info"]
     descriptions: dict[str, str] = prep["descriptions"]
     if resume is not None:
+        # the logged budget (per temperature, with rheo's m) is reused as it is; a log written before
+        # --budget auto chose per temperature holds one budget, which its generations used at every
+        # temperature: it is reused at every temperature (never re-resolved), with rheo's default m
         res = resume.resolved
-        budget = B.Budget(int(res["budget"]["nodes"]), int(res["budget"]["depth"]))
+        budget, slots = logged_budget(res)
         auto_info = res.get("auto_budget")
         sequoia_acc = {(k, float(t)): tuple(v) for k, t, v in res.get("sequoia_acceptance", [])}
         profile_count = int(res.get("profile_prompts", 0))
+        older = " (a log of one budget for every temperature)" if auto_info and isinstance(budget, B.Budget) else ""
         log(f"resuming {resume.path}: {len(resume.records)} of {resume.expected()} generations done; "
-            f"tree budget {budget} as logged")
+            f"tree budget {B.budget_text(budget, slots)} as logged{older}")
     else:
-        budget, profile_count = prep["budget"], prep["profile_count"]
-        log(f"tree budget: {budget}" + (" (auto)" if auto_info else ""))
+        budget, slots, profile_count = prep["budget"], prep["sampled_slots"], prep["profile_count"]
+        log(f"tree budget{' (auto)' if auto_info else ''}: {B.budget_text(budget, slots)}")
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
-                         ignore_eos=args.ignore_eos, batch_size=settings.batch_size)
+                         ignore_eos=args.ignore_eos, batch_size=settings.batch_size, sampled_slots=slots)
     options = row_options(config, sequoia_acc)
     from specdec.bench.runner import _jsonable
 
@@ -417,7 +426,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         "config": identity,
         "resolved": {
             "rows": [attrs.asdict(r) for r in rows],
-            "budget": {"nodes": budget.nodes, "depth": budget.depth, "auto": auto_info is not None},
+            "budget": budget_entry(budget, slots, auto=auto_info is not None),
             "auto_budget": auto_info,
             "sequoia_acceptance": [[k, t, list(v)] for (k, t), v in sequoia_acc.items()],
             "options": [[name, t, _jsonable(dict(o))] for (name, t), o in options.items()],
@@ -468,7 +477,9 @@ def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings
                   prompts: Sequence[Any], prompts_all: Sequence[Any], resolved: dict[str, Any] | None,
                   log: Any, resume_path: str = "runs.jsonl") -> dict[str, Any]:
     """What a sweep needs from the models before it runs: the rendered prompts, the checks, the profiles and
-    the budget (``resolved``: a resumed sweep's logged header, whose profiles and budget are kept).
+    the budget (``resolved``: a resumed sweep's logged header, whose profiles and budget are kept): under
+    ``budget`` one :class:`~specdec.bench.budget.Budget`, or ``{T: Budget}`` with ``--budget auto``, and
+    under ``sampled_slots`` ``--budget auto``'s rheo ``m`` per temperature (empty otherwise).
 
     Runs in this process, or on worker 0 with ``--workers`` (:meth:`~specdec.bench.workers.WorkerPool.prepare`):
     the result is plain data.
@@ -508,7 +519,8 @@ def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings
     probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
     check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
     out: dict[str, Any] = {"rendered": rendered, "used": used, "descriptions": dict(models.descriptions),
-                           "sequoia_acc": {}, "auto_info": None, "budget": None, "profile_count": 0}
+                           "sequoia_acc": {}, "auto_info": None, "budget": None, "sampled_slots": {},
+                           "profile_count": 0}
     if resolved is not None:
         return out
     k = settings.profile_prompts
@@ -529,7 +541,8 @@ def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings
                 children="wor", steps_per_prompt=settings.profile_steps)
             out["sequoia_acc"][(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
     if settings.budget == "auto":
-        out["budget"], out["auto_info"] = _auto_budget(models, kinds or ["lm"], settings, profile_prompts, log)
+        out["budget"], out["sampled_slots"], out["auto_info"] = _auto_budget(
+            models, kinds or ["lm"], settings, profile_prompts, log, rows)
     else:
         out["budget"] = settings.budget
     return out
@@ -649,20 +662,25 @@ def _version(pkg: str) -> str | None:
 
 
 def _auto_budget(models: Any, kinds: Sequence[str], settings: BenchSettings, prompts: Sequence[Sequence[int]],
-                 log: Any) -> tuple[Any, dict[str, Any]]:
-    """Measure forward and draft times and acceptance profiles; choose the budget (docs/bench.md)."""
+                 log: Any, rows: Sequence[Any] = ()) -> tuple[dict[float, Any], dict[float, int], dict[str, Any]]:
+    """Measure forward and draft times and acceptance profiles; choose the budget of every temperature and,
+    with pilot generations of the rheo rows, rheo's sampled slots ``m`` (docs/bench.md).
+
+    Returns ``({T: Budget}, {T: m}, info)``; ``{T: m}`` is empty when no row's builder is rheo without its
+    own ``m``.
+    """
     from specdec.bench import budget as B
     from specdec.sampling import SamplingConfig
     from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
 
     prompt = list(prompts[0])
     batch = settings.batch_size  # the costs are those of B rows together: the best tree shrinks as B grows
-    rows = f" for {batch} rows" if batch > 1 else ""
-    log(f"auto budget: timing target forwards over tree sizes{rows} ...")
+    for_rows = f" for {batch} rows" if batch > 1 else ""
+    log(f"auto budget: timing target forwards over tree sizes{for_rows} ...")
     sizes = sorted({n + 1 for n in B.AUTO_CANDIDATES} | {1})
     forward = measure_forward_times(models.target, prompt, sizes, repeats=3, warmup=1, batch_size=batch)
     level_times: dict[str, dict[int, float]] = {}
-    acceptance: dict[str, tuple[str, tuple[float, ...]]] = {}
+    acceptance: dict[float, dict[str, tuple[str, tuple[float, ...]]]] = {float(t): {} for t in settings.temperatures}
     for kind in kinds:
         widths = (1, 10)
         level_times[kind] = {w: measure_draft_level_time(models.drafts[kind], prompt, w, repeats=3, batch_size=batch,
@@ -672,24 +690,66 @@ def _auto_budget(models: Any, kinds: Sequence[str], settings: BenchSettings, pro
             rates = B.profile_positional_acceptance(
                 models.targets[kind], models.drafts[kind], prompts, SamplingConfig(temperature=t), 8,
                 children="topk", steps_per_prompt=settings.profile_steps)
-            acceptance[f"{kind}@T={t:g}"] = (kind, B.smooth_acceptance(rates, len(prompts) * settings.profile_steps))
-    choice = B.choose_budget(forward, {k: B.linear_level_time(v) for k, v in level_times.items()}, acceptance)
-    # per row, tokens per second are G / cost; B rows share each forward, so the sums are B times that
+            smoothed = B.smooth_acceptance(rates, len(prompts) * settings.profile_steps)
+            acceptance[float(t)][f"{kind}@T={t:g}"] = (kind, smoothed)
+    choices = B.choose_budgets(forward, {k: B.linear_level_time(v) for k, v in level_times.items()}, acceptance)
+    # rheo's m: the rows whose builder is rheo and that leave m to the budget, one pilot per (method, draft)
+    pilots = sorted({(r.method, r.draft) for r in rows if r.kind == "speculative" and r.method
+                     and B.method_tree(r.method) == "rheo" and "m" not in dict(r.options)})
+    slots: dict[float, int] = {}
+    per_t: list[dict[str, Any]] = []
+    for t, choice in choices.items():
+        # per row, tokens per second are G / cost; B rows share each forward, so the sums are B times that
+        entry: dict[str, Any] = {
+            "temperature": t,
+            "nodes": choice.budget.nodes,
+            "depth": choice.budget.depth,
+            "m": None,
+            "expected_tokens_per_step": choice.expected_tokens,
+            "expected_tokens_per_s": choice.expected_tokens_per_s * batch,
+            "predicted_speedup": choice.expected_tokens_per_s * forward[1],
+            "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
+            "pilot": None,
+        }
+        per_t.append(entry)
+        log(f"auto budget{for_rows}: T={t:g}: {choice.budget} predicts {entry['expected_tokens_per_s']:.1f} "
+            f"tokens/s against {batch / forward[1]:.1f} for autoregressive decoding "
+            f"(x{entry['predicted_speedup']:.2f}; a model, not a measurement: the table below measures)")
+        if pilots and t == 0:
+            slots[t] = 1  # greedy: rheo builds EAGLE-2's tree, m plays no part
+        elif pilots:
+            measured: dict[str, dict[str, float]] = {}
+
+            def tau_of(m: int, t: float = t, budget: Any = choice.budget, measured: Any = measured) -> float:
+                taus = []
+                for method, kind in pilots:
+                    opts = {**B.method_options(method, budget), "m": m}
+                    emitted, steps = B.pilot_tau(models.targets[kind], models.drafts[kind], method, opts, prompts,
+                                                 SamplingConfig(temperature=t), settings.pilot_tokens,
+                                                 seed=settings.seeds[0])
+                    measured.setdefault(f"{method}@{kind}", {})[str(m)] = emitted / steps
+                    taus.append(emitted / steps)
+                return sum(taus) / len(taus)
+
+            log(f"auto budget: rheo's sampled slots m at T={t:g}: pilot generations at {choice.budget}")
+            sc = B.choose_sampled_slots(tau_of, B.dynamic_width(choice.budget))
+            slots[t] = sc.m
+            entry["pilot"] = {"candidates": list(sc.candidates), "tau": {str(m): v for m, v in sc.tau.items()},
+                              "by_row": measured, "tokens": settings.pilot_tokens, "prompts": len(prompts),
+                              "seed": settings.seeds[0]}
+            width = B.dynamic_width(choice.budget)
+            figures = ", ".join(f"m={m} {v:.3f}" for m, v in sc.tau.items()) or f"only m=1 fits K={width}"
+            log(f"auto budget: T={t:g}: rheo m={sc.m} (pilot tau: {figures})")
+        entry["m"] = slots.get(t)
     info = {
         "batch_size": batch,
         "forward_time_s": {str(k): v for k, v in forward.items()},
         "draft_level_time_s": {k: {str(w): t for w, t in v.items()} for k, v in level_times.items()},
-        "acceptance": {k: list(a) for k, (_, a) in acceptance.items()},
-        "expected_tokens_per_step": choice.expected_tokens,
-        "expected_tokens_per_s": choice.expected_tokens_per_s * batch,
+        "acceptance": {k: list(a) for per in acceptance.values() for k, (_, a) in per.items()},
         "autoregressive_tokens_per_s": batch / forward[1],
-        "predicted_speedup": choice.expected_tokens_per_s * forward[1],
-        "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
+        "by_temperature": per_t,
     }
-    log(f"auto budget{rows}: {choice.budget} predicts {info['expected_tokens_per_s']:.1f} tokens/s against "
-        f"{info['autoregressive_tokens_per_s']:.1f} for autoregressive decoding (x{info['predicted_speedup']:.2f}; a model, "
-        "not a measurement: the table below measures)")
-    return choice.budget, info
+    return {t: c.budget for t, c in choices.items()}, slots, info
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - convenience entry

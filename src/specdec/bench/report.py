@@ -29,6 +29,7 @@ __all__ = [
     "write_report",
     "write_meta",
     "write_temperature_plot",
+    "budget_lines",
     "spec_bench_summary",
     "spec_bench_report",
     "PLOT_FILES",
@@ -339,15 +340,18 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
 
 
 def _report_inputs(header: Mapping[str, Any]) -> dict[str, Any]:
-    """aggregate()'s arguments from a run-log header."""
-    from specdec.bench.budget import Budget
+    """aggregate()'s arguments from a run-log header (the budget per temperature where it has one;
+    a header of one budget, as every log before ``--budget auto`` chose per temperature, serves all)."""
+    from specdec.bench.runlog import logged_budget
     from specdec.bench.runner import RowSpec
 
     res, cfg = header["resolved"], header["config"]
+    budget, slots = logged_budget(res)
     return {
         "rows": [RowSpec(**r) for r in res["rows"]],
         "temperatures": [float(t) for t in cfg["temperatures"]],
-        "budget": Budget(int(res["budget"]["nodes"]), int(res["budget"]["depth"])),
+        "budget": budget,
+        "sampled_slots": slots,
         "options": {(name, float(t)): o for name, t, o in res.get("options", [])},
         "descriptions": dict(res.get("models") or {}),
         "batch_size": int(cfg.get("batch_size", 1)),
@@ -361,6 +365,7 @@ def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.P
     the plots. Returns ``(records, goals, files written)``."""
     from rich.markup import escape
 
+    from specdec.bench.budget import Budget
     from specdec.bench.runner import aggregate
 
     inp = _report_inputs(header)
@@ -368,12 +373,19 @@ def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.P
                         descriptions=inp["descriptions"], batch_size=inp["batch_size"])
     cfg, res = header["config"], header["resolved"]
     budget = inp["budget"]
+    per_t = not isinstance(budget, Budget)
+    auto = bool((res.get("budget") or {}).get("auto"))
     title = (f"specdec bench --preset {cfg['preset']}: {res['prompts']['count']} prompts x {cfg['max_new_tokens']} new "
-             f"tokens, budget {budget}" + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else ""))
+             f"tokens, budget " + (("auto, " if auto else "") + "per temperature (below)" if per_t
+                                   else f"{budget}" + (" (auto)" if auto else ""))
+             + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else ""))
     console.print(results_table(records, title=title))
 
     def say(text: str) -> None:
         console.print(escape(text), soft_wrap=True, highlight=False)
+
+    for line in budget_lines(header):
+        say(line)
 
     desc = inp["descriptions"]
     say(f"target: {desc.get('target', '?')}")
@@ -393,10 +405,40 @@ def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.P
         f.write_text(json.dumps(_clean(list(records)), indent=2, allow_nan=False) + "\n")
         files.append(f)
         if plots:
-            label = f"{desc.get('target', 'target').split(' ')[0]}, budget {budget}"
+            short = (", ".join(f"T={t:g}: {b.nodes}/{b.depth}" for t, b in sorted(budget.items())) if per_t
+                     else f"{budget}")
+            label = f"{desc.get('target', 'target').split(' ')[0]}, budget {short}"
             files += write_plots(p, records, title=label)
             files.append(write_temperature_plot(p, records, title=label))
     return records, goals, files
+
+
+def budget_lines(header: Mapping[str, Any]) -> list[str]:
+    """What ``--budget auto`` chose, per temperature: ``N``, ``d``, rheo's ``m`` and its pilot figures
+    (empty for a fixed budget, and for a log of one auto budget for every temperature: the title says it)."""
+    from specdec.bench.budget import Budget
+    from specdec.bench.runlog import logged_budget
+
+    res = header["resolved"]
+    budget, slots = logged_budget(res)
+    if isinstance(budget, Budget):
+        return []
+    auto = bool((res.get("budget") or {}).get("auto"))
+    pilots = {float(e["temperature"]): e.get("pilot") for e in (res.get("auto_budget") or {}).get("by_temperature", [])}
+    lines = []
+    for t in sorted(budget):
+        line = f"{'auto ' if auto else ''}budget at T={t:g}: {budget[t]}"
+        if t in slots:
+            line += f", rheo m={slots[t]}"
+            pilot = pilots.get(t)
+            if t == 0:
+                line += " (greedy: m plays no part)"
+            elif pilot and pilot.get("tau"):
+                line += " (pilot tau " + ", ".join(f"m={m} {v:.3f}" for m, v in pilot["tau"].items()) + ")"
+            elif pilot:
+                line += f" (the only m < K of {pilot.get('candidates')})"
+        lines.append(line)
+    return lines
 
 
 def write_meta(out: str | os.PathLike, meta: Mapping[str, Any]) -> Path:

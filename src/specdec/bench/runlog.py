@@ -4,17 +4,22 @@ Layout: the first line is a *header* object (``"format": "specdec-bench-runs"``)
 holding the run's *identity* (``config``: everything that decides what the
 records mean: target, drafts, rows, temperatures, seeds, tokens, budget
 request, prompts) and what the run resolved before measuring (``resolved``:
-the tree budget, ``--budget auto``'s measurements, Sequoia's acceptance
-profiles, the prompts used with their categories, the model descriptions).
+the tree budget (per temperature with ``--budget auto``, rheo's sampled slots
+``m`` included: :func:`budget_entry`), ``--budget auto``'s measurements,
+Sequoia's acceptance profiles, the prompts used with their categories, the model descriptions).
 Every further line is one finished generation (a
-:class:`~specdec.bench.runner.RunRecord` as a JSON object), appended and
+:class:`~specdec.bench.runner.RunRecord` as a JSON object, with the tree
+budget of its temperature), appended and
 flushed to disk as soon as it completes.
 
 Resuming: rerunning the same command with the same ``--out`` reads the log,
 checks that the identity is the same (a different one is refused: results of
 two configurations are never mixed), reuses the resolved budget and profiles
 (nothing is re-measured: the remaining records mean the same thing as the
-finished ones) and skips the generations already in the log. A kill can only
+finished ones) and skips the generations already in the log. A log written
+before ``--budget auto`` chose per temperature holds one budget: resuming it
+reuses that budget at every temperature and rheo's default ``m``, as its
+logged generations ran (:func:`logged_budget`). A kill can only
 lose the generations in flight: a last line cut by the kill is dropped (and the
 log rewritten without it) on the next read; any other unreadable line is an
 error.
@@ -49,6 +54,8 @@ __all__ = [
     "write_header",
     "identity_differences",
     "record_from_dict",
+    "budget_entry",
+    "logged_budget",
 ]
 
 FORMAT = "specdec-bench-runs"
@@ -302,4 +309,50 @@ def record_from_dict(rec: Mapping[str, Any]) -> Any:
         time_target=nan if rec["time_target"] is None else float(rec["time_target"]),
         time_verify=nan if rec["time_verify"] is None else float(rec["time_verify"]),
         tokens=tuple(int(t) for t in rec["tokens"]),
+        budget_nodes=None if rec.get("budget_nodes") is None else int(rec["budget_nodes"]),
+        budget_depth=None if rec.get("budget_depth") is None else int(rec["budget_depth"]),
     )
+
+
+def budget_entry(budget: Any, slots: Mapping[float, int] | None = None, *, auto: bool) -> dict[str, Any]:
+    """The header's ``resolved.budget``: ``{"nodes", "depth", "auto"}`` for one budget at every
+    temperature; with a budget per temperature (``--budget auto``) also ``by_temperature``, a list of
+    ``{"temperature", "nodes", "depth", "m"}`` (``m``: rheo's sampled slots, None without a choice),
+    and ``nodes`` / ``depth`` None unless every temperature has the same budget."""
+    from specdec.bench.budget import Budget
+
+    slots = dict(slots or {})
+    if isinstance(budget, Budget) and not slots:
+        return {"nodes": budget.nodes, "depth": budget.depth, "auto": bool(auto)}
+    per = budget if not isinstance(budget, Budget) else {t: budget for t in slots}
+    one = {(b.nodes, b.depth) for b in per.values()}
+    nodes, depth = next(iter(one)) if len(one) == 1 else (None, None)
+    return {"nodes": nodes, "depth": depth, "auto": bool(auto),
+            "by_temperature": [{"temperature": float(t), "nodes": per[t].nodes, "depth": per[t].depth,
+                                "m": slots.get(t)} for t in sorted(per)]}
+
+
+def logged_budget(resolved: Mapping[str, Any]) -> tuple[Any, dict[float, int]]:
+    """The tree budget and rheo's sampled slots a header's ``resolved`` holds (:func:`budget_entry`).
+
+    Returns ``(budget, slots)``: one :class:`~specdec.bench.budget.Budget` for
+    every temperature (a fixed budget, and every log written before
+    ``--budget auto`` chose per temperature: its one budget served all of
+    them) or ``{T: Budget}``; ``slots`` is ``{T: m}`` (empty when none was chosen).
+
+    Raises:
+        InvalidConfigError: the header has no usable budget.
+    """
+    from specdec.bench.budget import Budget
+
+    entry = resolved.get("budget")
+    try:
+        if isinstance(entry, Mapping) and entry.get("by_temperature"):
+            per = {float(e["temperature"]): Budget(int(e["nodes"]), int(e["depth"])) for e in entry["by_temperature"]}
+            slots = {float(e["temperature"]): int(e["m"]) for e in entry["by_temperature"] if e.get("m") is not None}
+            return per, slots
+        if isinstance(entry, Mapping):
+            return Budget(int(entry["nodes"]), int(entry["depth"])), {}
+    except (KeyError, TypeError, ValueError):
+        pass
+    raise InvalidConfigError(f"the run log's header has no usable tree budget ({_short(entry)})")

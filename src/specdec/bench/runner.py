@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 import torch
 
-from specdec.bench.budget import Budget, method_options, method_tree, supports_budget
+from specdec.bench.budget import Budget, budget_at, method_options, method_tree, supports_budget
 from specdec.bench.models import BenchModels
 from specdec.bench.runlog import run_key
 from specdec.errors import InvalidConfigError, UnknownNameError
@@ -241,21 +241,55 @@ class BenchConfig:
             no top-k / top-p).
         seeds: seeds of the sampled runs (only the first one at T = 0).
         max_new_tokens: tokens per generation.
-        budget: the tree budget of every speculative row.
+        budget: the tree budget of every speculative row: one :class:`Budget`
+            for every temperature (``--budget N``), or one per temperature
+            (``{T: Budget}``, ``--budget auto``; every temperature needs one).
         ignore_eos: generate ``max_new_tokens`` even past EOS.
         warmup: run every row once (8 tokens, last temperature), untimed, before measuring.
         batch_size: prompts decoded together (``generate_batch`` and the batched
             autoregressive baseline at the same size); 1 = one prompt per call.
+        sampled_slots: RheoSampling's ``m`` per temperature (``--budget auto``'s
+            choice), given to the rows whose builder is ``rheo`` and that do not
+            set ``m`` themselves (:func:`row_options`); empty: the builder's default.
     """
 
     rows: tuple[RowSpec, ...] = attrs.field(converter=tuple)
     temperatures: tuple[float, ...] = attrs.field(converter=tuple)
     seeds: tuple[int, ...] = attrs.field(converter=tuple)
     max_new_tokens: int
-    budget: Budget
+    budget: Budget | dict[float, Budget] = attrs.field(converter=lambda b: _budget_field(b))
     ignore_eos: bool = False
     warmup: bool = True
     batch_size: int = 1
+    sampled_slots: dict[float, int] = attrs.field(factory=dict, converter=lambda s: _slots_field(s))
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.budget, dict):
+            missing = [t for t in self.temperatures if float(t) not in self.budget]
+            if missing:
+                raise InvalidConfigError(f"no tree budget for T={', '.join(f'{t:g}' for t in missing)} "
+                                         f"(budgets for {', '.join(f'T={t:g}' for t in sorted(self.budget))})")
+
+    def budget_at(self, temperature: float) -> Budget:
+        """The tree budget of the speculative rows at ``temperature``."""
+        return budget_at(self.budget, temperature)
+
+
+def _budget_field(value: Any) -> Budget | dict[float, Budget]:
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, Mapping) and value and all(isinstance(b, Budget) for b in value.values()):
+        return {float(t): b for t, b in value.items()}
+    raise InvalidConfigError(f"budget must be a Budget or a non-empty mapping temperature -> Budget, got {value!r}")
+
+
+def _slots_field(value: Any) -> dict[float, int]:
+    out = {}
+    for t, m in dict(value or {}).items():
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise InvalidConfigError(f"sampled_slots: m must be an int >= 1, got {m!r} at T={t}")
+        out[float(t)] = m
+    return out
 
 
 @attrs.frozen
@@ -273,6 +307,9 @@ class RunRecord:
         time_total, time_prefill, time_draft, time_target, time_verify: seconds
             (the peer reports only ``time_total``; the others are NaN).
         tokens: the new tokens.
+        budget_nodes, budget_depth: the tree budget of the unit's temperature
+            (speculative rows; None for the baseline, the peer, and records
+            logged before the budget was recorded per generation).
     """
 
     sequence: int
@@ -292,6 +329,8 @@ class RunRecord:
     time_target: float
     time_verify: float
     tokens: tuple[int, ...]
+    budget_nodes: int | None = None
+    budget_depth: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
@@ -408,16 +447,45 @@ def _generators(models: BenchModels, config: BenchConfig, options: Mapping[tuple
 def row_options(
     config: BenchConfig, acceptance: Mapping[tuple[str, float], Sequence[float]] | None = None
 ) -> dict[tuple[str, float], dict[str, Any]]:
-    """Builder options per (speculative row, temperature): the budget mapping
-    (:func:`~specdec.bench.budget.method_options`), with Sequoia's acceptance
-    profile for the row's draft and temperature when ``acceptance`` has it."""
+    """Builder options per (speculative row, temperature): the mapping of the
+    temperature's budget (:func:`~specdec.bench.budget.method_options`), with
+    Sequoia's acceptance profile for the row's draft and temperature when
+    ``acceptance`` has it, and, for rows whose builder is ``rheo``, the sampled
+    slots ``m`` that ``config.sampled_slots`` gives the temperature (lowered to
+    ``K - 1`` where a row's own ``K`` leaves no room for it); the row's own
+    options override all of it key by key (a row's own ``m`` that the
+    budget's ``K`` has no room for raises ``K`` to ``m + 1``; ``N`` and ``d`` stay).
+
+    Example:
+        >>> rows = parse_rows("rheo,rheo[m=1]@lm,sd", ["lm"], add_baseline=False)
+        >>> config = BenchConfig(rows, (0.0, 1.0), (0,), 8, {0.0: Budget(8, 4), 1.0: Budget(12, 3)},
+        ...                      sampled_slots={0.0: 1, 1.0: 3})
+        >>> options = row_options(config)
+        >>> options[("rheo", 0.0)], options[("rheo", 1.0)]
+        ({'N': 8, 'depth': 4, 'K': 2, 'B': 2, 'm': 1}, {'N': 12, 'depth': 3, 'K': 4, 'B': 4, 'm': 3})
+        >>> options[("rheo[m=1]@lm", 1.0)]["m"], options[("sd", 1.0)]
+        (1, {'depth': 3})
+        >>> row_options(attrs.evolve(config, rows=parse_rows("rheo[m=3]@lm", ["lm"], add_baseline=False)))[
+        ...     ("rheo[m=3]@lm", 0.0)]
+        {'N': 8, 'depth': 4, 'K': 4, 'B': 2, 'm': 3}
+    """
     out = {}
     for row in config.rows:
         if row.kind != "speculative":
             continue
+        own = dict(row.options)
         for t in config.temperatures:
             a = (acceptance or {}).get((row.draft, t))
-            out[(row.name, t)] = {**method_options(row.method, config.budget, acceptance=a), **dict(row.options)}
+            opts = {**method_options(row.method, config.budget_at(t), acceptance=a), **own}
+            rheo = method_tree(row.method) == "rheo"  # type: ignore[arg-type]
+            m = config.sampled_slots.get(float(t))
+            if m is not None and "m" not in own and rheo:
+                k = opts.get("K")
+                opts["m"] = max(1, min(m, int(k) - 1)) if isinstance(k, int) else m
+            elif rheo and isinstance(own.get("m"), int) and "K" not in own and isinstance(opts.get("K"), int) \
+                    and own["m"] >= opts["K"]:
+                opts["K"] = own["m"] + 1  # the row's m needs m < K: widen the nodes' children (N and d stay)
+            out[(row.name, t)] = opts
     return out
 
 
@@ -534,11 +602,19 @@ def run_bench(
             on_start(f"{row.name} T={t:g} prompt {pi + 1}/{len(prompts)}")
         result = call(row, prompts[pi], t, seed, config.max_new_tokens)
         rec = RunRecord(sequence=len(records), unit=u, prompt_index=pi, temperature=t, seed=seed,
-                        row=row.name, **result)
+                        row=row.name, **result, **_budget_of(config, row, t))
         records.append(rec)
         if on_run:
             on_run(rec)
     return records
+
+
+def _budget_of(config: BenchConfig, row: RowSpec, t: float) -> dict[str, int | None]:
+    """A record's ``budget_nodes`` / ``budget_depth``: the budget of its temperature (speculative rows)."""
+    if row.kind != "speculative":
+        return {"budget_nodes": None, "budget_depth": None}
+    b = config.budget_at(t)
+    return {"budget_nodes": b.nodes, "budget_depth": b.depth}
 
 
 def batch_chunks(num_prompts: int, temperatures: Sequence[float], seeds: Sequence[int], batch_size: int
@@ -617,7 +693,7 @@ def _run_batched(
                 row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
                 emitted=out.emitted_by_row[j], depth_attempted=(), depth_accepted=(),
                 time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
-                time_verify=nan, tokens=tuple(out.tokens[j]),
+                time_verify=nan, tokens=tuple(out.tokens[j]), **_budget_of(config, row, t),
             )
             records.append(rec)
             if on_run:
@@ -638,12 +714,17 @@ def aggregate(
     rows: Sequence[RowSpec],
     temperatures: Sequence[float],
     *,
-    budget: Budget | None = None,
+    budget: Budget | Mapping[float, Budget] | None = None,
     options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
     descriptions: Mapping[str, str] | None = None,
     batch_size: int = 1,
 ) -> list[dict[str, Any]]:
     """One result record per (row, temperature) (the ``results.json`` schema, docs/bench.md).
+
+    ``budget`` is one budget or one per temperature (``budget_nodes`` and
+    ``budget_depth`` of a record are those of its temperature); without it,
+    the records' own ``budget_nodes`` / ``budget_depth`` are used where they
+    carry them.
 
     Example:
         >>> rows = [RowSpec("autoregressive", "autoregressive"), RowSpec("sd", "speculative", "sd", "lm")]
@@ -688,6 +769,15 @@ def aggregate(
                 pairs = [(r.tokens, ar_tokens.get(r.unit)) for r in rs]
                 pairs = [(a, b) for a, b in pairs if b is not None]
                 matches = sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+            nodes = depth_bound = None
+            if row.kind == "speculative":
+                if budget is not None:
+                    b = budget_at(budget, t)
+                    nodes, depth_bound = b.nodes, b.depth
+                else:
+                    logged = {(r.budget_nodes, r.budget_depth) for r in rs if r.budget_nodes is not None}
+                    if len(logged) == 1:
+                        nodes, depth_bound = next(iter(logged))
             rec: dict[str, Any] = {
                 "method": row.name,
                 "base_method": row.method if row.kind == "speculative" else row.name,
@@ -711,8 +801,8 @@ def aggregate(
                 "time_verify": tsum("time_verify"),
                 "matches_autoregressive": matches,
                 "batch_size": batch_size,
-                "budget_nodes": budget.nodes if budget and row.kind == "speculative" else None,
-                "budget_depth": budget.depth if budget and row.kind == "speculative" else None,
+                "budget_nodes": nodes,
+                "budget_depth": depth_bound,
                 "options": _jsonable(dict((options or {}).get((row.name, t), {}))) if row.kind == "speculative" else None,
             }
             out.append(rec)
