@@ -11,7 +11,10 @@ that both rows finished, with a bootstrap over prompts (seeded, 2,000 resamples)
 Usage::
 
     python benchmarks/rheo_sweep_table.py benchmarks/results/rheo_sweep_smollm2_b60
-    python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md
+    python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md --plot tau_vs_t.png
+
+Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios;
+``--plot`` draws tau (± one standard error) against temperature, one line per row.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", type=Path, help="the --out folder of a specdec bench sweep")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="PNG: tau against temperature per row")
+    ap.add_argument("--title", default="", help="the plot's title (default: the folder's name)")
     args = ap.parse_args(argv)
     lines = (args.dir / "runs.jsonl").read_text().splitlines()
     header = json.loads(lines[0])
@@ -104,17 +109,21 @@ def main(argv: list[str] | None = None) -> int:
             se = stderr(units)
             cols.append(f"{tau(units):.2f} ± {se:.2f} ({n_prompts}p)" if se == se else f"{tau(units):.2f} ({n_prompts}p)")
         md.append(f"| {row} | " + " | ".join(cols) + " |")
-    md += ["", "| T | rheo / eagle3 [95% CI] | rheo / best static [95% CI] | prompts |", "|---|---|---|---|"]
+    rheo_rows = [r for r in rows if r == "rheo" or r.startswith("rheo[")]
+    md += ["", "| T | row | / eagle3 [95% CI] | / best static [95% CI] | prompts |", "|---|---|---|---|---|"]
     for t in temps:
-        rheo, eagle = table.get(("rheo", t), {}), table.get(("eagle3", t), {})
-        r, lo, hi, n = ratio_interval(rheo, eagle)
-        statics = [(tau(table[(s, t)]), s) for s in STATIC if table.get((s, t))]
-        best = max(statics)[1] if statics else None
-        rs = ratio_interval(rheo, table[(best, t)]) if best else (float("nan"),) * 3 + (0,)
-        out["ratios"].append({"temperature": t, "rheo_over_eagle3": [r, lo, hi], "best_static": best,
-                              "rheo_over_best_static": list(rs[:3]), "prompts": n})
-        md.append(f"| {t:g} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
-                  + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
+        for rheo_row in rheo_rows:
+            rheo, eagle = table.get((rheo_row, t), {}), table.get(("eagle3", t), {})
+            if not rheo:
+                continue
+            r, lo, hi, n = ratio_interval(rheo, eagle)
+            statics = [(tau(table[(s, t)]), s) for s in STATIC if table.get((s, t))]
+            best = max(statics)[1] if statics else None
+            rs = ratio_interval(rheo, table[(best, t)]) if best else (float("nan"),) * 3 + (0,)
+            out["ratios"].append({"temperature": t, "row": rheo_row, "rheo_over_eagle3": [r, lo, hi],
+                                  "best_static": best, "rheo_over_best_static": list(rs[:3]), "prompts": n})
+            md.append(f"| {t:g} | {rheo_row} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
+                      + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
     expected = header.get("config", {})
     planned = header.get("resolved", {}).get("expected_runs", "?")
     md.insert(0, f"{len(records)} of {planned} generations from {args.dir / 'runs.jsonl'} "
@@ -126,7 +135,31 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(out, indent=2))
     if args.markdown:
         args.markdown.write_text(text + "\n")
+    if args.plot:
+        plot(out["cells"], args.plot, title=args.title or str(args.dir.name))
     return 0
+
+
+def plot(cell_list: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """tau (± one standard error) against temperature, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in sorted({c["row"] for c in cell_list}, key=lambda r: (r not in ("eagle3", "rheo"), r)):
+        pts = sorted((c["temperature"], c["tau"], c["stderr"]) for c in cell_list if c["row"] == row)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] if p[2] == p[2] else 0 for p in pts],
+                    marker="o", capsize=3, label=row, linewidth=2.2 if row.startswith("rheo") else 1.2)
+    ax.set_xlabel("temperature T")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
