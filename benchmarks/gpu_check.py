@@ -57,7 +57,11 @@ nodes (``--vocab``, ``--sizes``):
    (must be 0 against the per-row kernel; float32 rounding may rarely differ
    from torch) and the time per verification. Smoke-tested on the CPU with
    ``TRITON_INTERPRET=1 python benchmarks/gpu_check.py --device cpu --skip correctness timing kv step multi_gpu
-   --batch-sizes 1 2 --batch-vocab 300 --batch-nodes 6 --reps 1``.
+   --batch-sizes 1 2 --batch-vocab 300 --batch-nodes 6 --reps 1``;
+7. ``specdec bench --device cuda`` (``bench_check``, issue 18): the GPU test of
+   ``tests/bench/test_bench_device.py`` (a tiny random target and draft, every
+   kind of row, T=0 outputs equal to the baseline's), run by pytest in a
+   subprocess; its exit status and the tail of its output are recorded.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
 catches its own errors (recorded in the output, exit status 1 at the end) so
@@ -567,9 +571,29 @@ def to_markdown(report: dict[str, Any]) -> str:
                          f"{r['rows_differ_vs_per_row_kernel']} / {r['rows_differ_vs_torch_batched']} |")
     if report.get("multi_gpu"):
         lines += ["", "## Target split over two GPUs (device_map), EAGLE-3, T=0", "", "```", json.dumps(report["multi_gpu"], indent=1), "```"]
+    if report.get("bench"):
+        b = report["bench"]
+        lines += ["", "## specdec bench --device cuda (tests/bench/test_bench_device.py)", "",
+                  f"{'passed' if b['passed'] else 'FAILED'} (exit {b['returncode']}, {b['wall_s']} s): `{b['command']}`"]
     if report.get("skipped_for_time"):
         lines += ["", "Skipped for time: " + "; ".join(report["skipped_for_time"])]
     return "\n".join(lines) + "\n"
+
+
+def bench_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """``specdec bench --device cuda`` end to end: the GPU test of tests/bench/test_bench_device.py."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+           str(root / "tests" / "bench" / "test_bench_device.py"), "-k", "on_the_gpu"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    tail = (proc.stdout + proc.stderr)[-2000:]
+    report["bench"] = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
+                       "passed": proc.returncode == 0 and " passed" in tail and "skipped" not in tail,
+                       "wall_s": round(time.monotonic() - t0, 1), "tail": tail}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -584,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["correctness", "timing", "kv", "step", "multi_gpu", "batch"])
+                        choices=["correctness", "timing", "kv", "step", "multi_gpu", "batch", "bench"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--batch-nodes", type=int, default=64, help="nodes of the largest tree of a batch")
     parser.add_argument("--batch-vocab", type=int, default=128256)
@@ -606,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("kv", lambda: kv_check(args, report)),
                 ("step", lambda: step_check(args, report)),
                 ("multi_gpu", lambda: multi_gpu_check(args, report)),
-                ("batch", lambda: batch_check(args, report, start + args.budget_s))]
+                ("batch", lambda: batch_check(args, report, start + args.budget_s)),
+                ("bench", lambda: bench_check(args, report))]
     for name, run in sections:
         if name in args.skip or "error" in report:
             continue
@@ -622,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     print(to_markdown(report))
     ok = ("error" not in report and not report.get("section_errors")
           and report.get("correctness_summary", {}).get("ok", "correctness" in args.skip)
-          and all("error" not in r and r["rows_differ_vs_per_row_kernel"] == 0 for r in report.get("batch", [])))
+          and all("error" not in r and r["rows_differ_vs_per_row_kernel"] == 0 for r in report.get("batch", []))
+          and report.get("bench", {}).get("passed", "bench" in args.skip or args.device == "cpu"))
     return 0 if ok else 1
 
 

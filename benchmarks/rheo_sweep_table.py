@@ -3,6 +3,9 @@
 paired bootstrap 95% interval.
 
 Reads ``DIR/runs.jsonl`` only (a partial sweep too: it says how many prompts each cell holds).
+Several folders merge into one table when they are parts of one sweep (for example one folder per
+temperature, run in priority order): they must share the target, drafts, heads, tokens, budget,
+seeds and prompts (a mismatch is an error), and no generation may appear in two of them.
 Per cell (row, T): tau = emitted tokens / target forwards over the cell's generations (bonus token
 included, as ``specdec bench``), its standard error over generations, and the number of prompts.
 The ratio rheo / eagle3 (and rheo / the best static tree) is taken over the units (prompt, seed)
@@ -12,6 +15,7 @@ Usage::
 
     python benchmarks/rheo_sweep_table.py benchmarks/results/rheo_sweep_smollm2_b60
     python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md --plot tau_vs_t.png
+    python benchmarks/rheo_sweep_table.py DIR_T1 DIR_T03 DIR_T06 --markdown sweep.md
 
 Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios;
 ``--plot`` draws tau (± one standard error) against temperature, one line per row.
@@ -75,26 +79,63 @@ def ratio_interval(a: dict, b: dict, *, resamples: int = 2000, seed: int = 0) ->
     return point, draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1], len(prompts)
 
 
+#: header config keys that must agree for folders to merge into one sweep table
+SAME = ("target", "draft", "eagle2_head", "eagle3_head", "max_new_tokens", "budget", "ignore_eos", "batch_size",
+        "max_prompt_tokens", "prompts", "seeds")
+
+
+def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """The merged records of one or more run folders: ``(first header, records, planned generations)``.
+
+    Raises ``SystemExit`` with the reason when the folders are not parts of one sweep.
+    """
+    first: dict[str, Any] | None = None
+    records: list[dict[str, Any]] = []
+    where: dict[tuple[Any, ...], Path] = {}
+    planned = 0
+    for d in dirs:
+        path = d / "runs.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"{path}: no run log (is {d} the --out folder of a specdec bench run?)")
+        lines = path.read_text().splitlines()
+        header = json.loads(lines[0])
+        cfg = header.get("config", {})
+        if first is None:
+            first = header
+        else:
+            diff = [k for k in SAME if cfg.get(k) != first["config"].get(k)]
+            if diff:
+                raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: {', '.join(diff)} differ")
+        exp = header.get("resolved", {}).get("expected_runs")
+        planned += exp if isinstance(exp, int) else 0
+        for line in lines[1:]:
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut by a kill (the bench drops it on resume)
+                continue
+            key = (rec["row"], float(rec["temperature"]), rec["prompt_index"], rec["seed"])
+            if key in where:
+                raise SystemExit(f"generation {key} is in both {where[key]} and {d}: merge parts of one sweep only")
+            where[key] = d
+            records.append(rec)
+    assert first is not None
+    return first, records, planned
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", type=Path, help="the --out folder of a specdec bench sweep")
+    ap.add_argument("dirs", type=Path, nargs="+", help="the --out folder(s) of a specdec bench sweep")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: tau against temperature per row")
     ap.add_argument("--title", default="", help="the plot's title (default: the folder's name)")
     args = ap.parse_args(argv)
-    lines = (args.dir / "runs.jsonl").read_text().splitlines()
-    header = json.loads(lines[0])
-    records = []
-    for line in lines[1:]:
-        try:
-            records.append(json.loads(line))
-        except ValueError:  # a line cut by a kill (the bench drops it on resume)
-            continue
+    header, records, planned = read_logs(args.dirs)
+    names = ", ".join(str(d / "runs.jsonl") for d in args.dirs)
     table = cells(records)
     rows = sorted({r for r, _ in table}, key=lambda r: (r not in ("eagle3", "rheo"), r))
     temps = sorted({t for _, t in table})
-    out: dict[str, Any] = {"dir": str(args.dir), "generations": len(records), "cells": [], "ratios": []}
+    out: dict[str, Any] = {"dirs": [str(d) for d in args.dirs], "generations": len(records), "cells": [], "ratios": []}
     md = ["| row | " + " | ".join(f"T={t:g}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
     for row in rows:
         cols = []
@@ -125,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             md.append(f"| {t:g} | {rheo_row} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
                       + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
     expected = header.get("config", {})
-    planned = header.get("resolved", {}).get("expected_runs", "?")
-    md.insert(0, f"{len(records)} of {planned} generations from {args.dir / 'runs.jsonl'} "
+    md.insert(0, f"{len(records)} of {planned} generations from {names} "
                  f"({expected.get('prompts', {}).get('count', '?')} prompts, seeds {expected.get('seeds', '?')}); "
                  "tau ± standard error (prompts per cell)\n")
     text = "\n".join(md)
@@ -136,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text + "\n")
     if args.plot:
-        plot(out["cells"], args.plot, title=args.title or str(args.dir.name))
+        plot(out["cells"], args.plot, title=args.title or ", ".join(d.name for d in args.dirs))
     return 0
 
 

@@ -39,3 +39,15 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if any model is loaded or any benchmark runs."""
+    from specdec.bench import runner as bench_runner
+
+    def boom(*a, **k):
+        raise AssertionError("long work started before the input was validated")
+
+    monkeypatch.setattr("specdec.bench.models.load_bench_models", boom)
+    monkeypatch.setattr(bench_runner, "run_bench", boom)

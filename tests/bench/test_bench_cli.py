@@ -22,16 +22,6 @@ def _run(capsys, *args):
     return code, out.out, out.err
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if any model is loaded or any benchmark runs."""
-    def boom(*a, **k):
-        raise AssertionError("long work started before the input was validated")
-
-    monkeypatch.setattr("specdec.bench.models.load_bench_models", boom)
-    monkeypatch.setattr(bench_runner, "run_bench", boom)
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [

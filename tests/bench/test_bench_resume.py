@@ -12,7 +12,6 @@ import time
 import pytest
 
 from specdec import cli
-from specdec.bench import runner as bench_runner
 from specdec.bench.runlog import RunLogWriter, read_runlog
 from specdec.errors import InvalidConfigError
 
@@ -44,15 +43,6 @@ def _results(folder):
     return sorted(({k: v for k, v in r.items() if k not in RESULT_TIMING}
                    for r in json.loads((folder / "results.json").read_text())),
                   key=lambda r: (r["method"], r["temperature"]))
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("long work started before the input was validated")
-
-    monkeypatch.setattr("specdec.bench.models.load_bench_models", boom)
-    monkeypatch.setattr(bench_runner, "run_bench", boom)
 
 
 @pytest.fixture(scope="module")

@@ -167,3 +167,14 @@ def test_a_failed_unit_is_retried_once_and_a_second_failure_stops_the_sweep(ray_
     finally:
         pool.shutdown()
     assert ray.is_initialized()  # the caller's session is left running
+
+
+def test_device_cuda_needs_a_gpu_per_worker(ray_session):
+    """--device cuda: one GPU per worker; a cluster without enough GPUs is an error, never CPU workers."""
+    from specdec.bench.workers import WorkerPool
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    with pytest.raises(InvalidConfigError, match=f"the Ray cluster has {gpus:g} GPU"):
+        WorkerPool.connect(int(gpus) + 1, device="cuda")
+    cpu_pool = WorkerPool.connect(2, device="cpu", threads=1)
+    assert cpu_pool.gpus == 0 and cpu_pool.threads == 1  # GPUs or not, --device cpu gives CPU slices

@@ -126,6 +126,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "a local one")
     p.add_argument("--no-plots", action="store_true", help="with --out, skip the PNG plots")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's default)")
+    p.add_argument("--device", default="cpu", metavar="DEV",
+                   help="where the models and every step run: cpu (default), cuda or cuda:N; with --workers, cuda "
+                        "gives each worker its own GPU. A CUDA device that cannot be seen is an error (no fallback "
+                        "to the CPU)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--batch-size", type=int, default=1, metavar="B",
                    help="decode B prompts together (batched speculative and autoregressive decoding; default 1)")
@@ -229,6 +233,7 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         raise InvalidConfigError(f"--num-prompts must be >= 0 (0 = all), got {args.num_prompts}")
     if args.threads is not None and args.threads < 1:
         raise InvalidConfigError(f"--threads must be >= 1, got {args.threads}")
+    _check_device_flags(args)
     if args.max_prompt_tokens < 1:
         raise InvalidConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     batch = getattr(args, "batch_size", 1)
@@ -282,17 +287,36 @@ def _where(spec: str) -> str:
     return os.path.abspath(p) if os.path.exists(p) else spec
 
 
+def _check_device_flags(args: argparse.Namespace) -> None:
+    """``--device`` against ``--workers`` / ``--ray-address``, before any model loads.
+
+    One process checks the device here; with Ray, each worker checks its own
+    (the driver of a cluster may have no GPU).
+    """
+    from specdec.bench.models import resolve_device
+
+    device = getattr(args, "device", "cpu") or "cpu"
+    ray = getattr(args, "workers", 1) > 1 or getattr(args, "ray_address", None)
+    args.device = resolve_device(device, check=not ray)
+    if ray and args.device.startswith("cuda:"):
+        raise InvalidConfigError(f"--device {args.device} with --workers: give --device cuda (Ray gives each "
+                                 "worker its own GPU, which it sees as cuda:0)")
+
+
 def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequence[Any], prompts: Sequence[Any]
                  ) -> dict[str, Any]:
     """What a ``runs.jsonl`` must match to be resumed by this command (docs/bench.md, "Resuming").
 
     Threads, workers, plots and the Ray address are not part of it: they change
-    how fast the records come, not what they mean.
+    how fast the records come, not what they mean. The device is (its timings
+    and float rounding are not a CPU's); it is written only when it is not the
+    CPU, so logs written before ``--device`` existed still resume.
     """
     from specdec.bench.runlog import prompts_digest
 
     budget = settings.budget
-    return {
+    device = getattr(args, "device", "cpu") or "cpu"
+    return ({"device": "cuda" if device.startswith("cuda") else device} if device != "cpu" else {}) | {
         "target": _where(args.target), "draft": _where(args.draft),
         "eagle2_head": _where(args.eagle2_head), "eagle3_head": _where(args.eagle3_head),
         "preset": settings.preset,
@@ -365,12 +389,14 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     need = frozenset(r.draft for r in rows if r.draft)
     # paths made absolute: a Ray worker may not start in this directory (on a cluster, they must exist there too)
     load_spec = dict(target=_where(args.target), draft=_where(args.draft),
-                     eagle_heads={2: _where(args.eagle2_head), 3: _where(args.eagle3_head)}, need_kinds=need)
+                     eagle_heads={2: _where(args.eagle2_head), 3: _where(args.eagle3_head)}, need_kinds=need,
+                     device=getattr(args, "device", "cpu") or "cpu")
     pool = None
     if workers > 1 or ray_address:
         from specdec.bench.workers import WorkerPool
 
-        pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log)  # clear errors here
+        pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log,
+                                  device=load_spec["device"])  # clear errors here
         pools.append(pool)
         pool.start(load_spec)  # the workers load their models concurrently; this process loads none
     if args.threads:
@@ -393,7 +419,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     else:
         log("loading models ...")
         models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
-                                   need_kinds=need, log=log)
+                                   need_kinds=need, log=log, device=load_spec["device"])
         prep = prepare_sweep(models, args, settings, rows, prompts, prompts_all, resolved, log, resume_path)
     rendered: list[list[int]] = prep["rendered"]
     used = [prompts[i] for i in prep["used"]]
@@ -570,7 +596,9 @@ def _finish(args: argparse.Namespace, out_dir: Any, header: dict[str, Any], runs
         header, runs = logged.header, [record_from_dict(r) for r in logged.records]
     records, goals, files = write_report(header, runs, out_dir, console=out_console,
                                          plots=out_dir is not None and not args.no_plots)
-    out_console.print(f"total time {elapsed:.0f} s (threads: {torch.get_num_threads()}"
+    device = getattr(args, "device", "cpu") or "cpu"
+    out_console.print(f"total time {elapsed:.0f} s ("
+                      + (f"device: {device}, " if device != "cpu" else "") + f"threads: {torch.get_num_threads()}"
                       + (f", workers: {args.workers}" if getattr(args, "workers", 1) > 1 else "")
                       + (f"; resumed with {resumed} generations already done" if resumed else "") + ")")
     if out_dir is not None:
@@ -592,6 +620,7 @@ def _finish(args: argparse.Namespace, out_dir: Any, header: dict[str, Any], runs
             "prompts": header["resolved"]["prompts"],
             "models": header["resolved"]["models"],
             "threads": torch.get_num_threads(),
+            "device": device,
             "workers": getattr(args, "workers", 1),
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "cpu_count": os.cpu_count(), "python": platform.python_version(),

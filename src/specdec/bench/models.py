@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_TARGET",
     "NAMED_TARGETS",
     "load_bench_models",
+    "resolve_device",
     "shipped_heads_available",
     "shipped_draft_available",
     "default_truncation",
@@ -179,6 +180,51 @@ def check_hf_vocab_early(name: str, target_vocab: int | None, what: str) -> None
         )
 
 
+def resolve_device(text: str, *, check: bool = True) -> str:
+    """``--device``: where the bench's models and every step run (docs/bench.md, "Devices").
+
+    Accepts ``"cpu"``, ``"cuda"`` and ``"cuda:N"``. With ``check`` (a process that
+    will load the models), a CUDA device must be visible here: specdec never
+    falls back to the CPU.
+
+    Example:
+        >>> resolve_device("cpu"), resolve_device(" CPU ")
+        ('cpu', 'cpu')
+        >>> resolve_device("gpu")
+        Traceback (most recent call last):
+        ...
+        specdec.errors.InvalidConfigError: --device 'gpu': expected cpu, cuda or cuda:N
+
+    Raises:
+        InvalidConfigError: another name, or a CUDA device that this process cannot see.
+    """
+    import torch
+
+    name = str(text).strip().lower()
+    if name == "cpu":
+        return name
+    index: int | None = None
+    if name.startswith("cuda:"):
+        try:
+            index = int(name.split(":", 1)[1])
+        except ValueError:
+            index = -1
+        if index < 0:
+            raise InvalidConfigError(f"--device {text!r}: expected cpu, cuda or cuda:N with N >= 0")
+    elif name != "cuda":
+        raise InvalidConfigError(f"--device {text!r}: expected cpu, cuda or cuda:N")
+    if check:
+        if not torch.cuda.is_available():
+            raise InvalidConfigError(f"--device {name}: no CUDA device is visible to this process "
+                                     "(torch.cuda.is_available() is False); specdec does not fall back to the CPU: "
+                                     "pass --device cpu to run there")
+        count = torch.cuda.device_count()
+        if index is not None and index >= count:
+            raise InvalidConfigError(f"--device {name}: this process sees {count} CUDA device(s) (cuda:0 .. "
+                                     f"cuda:{count - 1})")
+    return name
+
+
 def load_bench_models(
     target: str = DEFAULT_TARGET,
     draft: str = "auto",
@@ -186,6 +232,7 @@ def load_bench_models(
     *,
     need_kinds: frozenset[str] = frozenset({"lm"}),
     log: Callable[[str], None] = lambda s: None,
+    device: str = "cpu",
 ) -> BenchModels:
     """Load the target, the draft LM and the EAGLE heads the run needs.
 
@@ -202,6 +249,11 @@ def load_bench_models(
             else none), ``"none"`` or a head folder.
         need_kinds: the draft kinds some row uses (others are not loaded).
         log: receives one line per loaded model.
+        device: ``--device`` (:func:`resolve_device`): the target is moved
+            there first, so the draft LM and the heads (built on the target
+            embedding's device) follow; logits stay on that device (the
+            wrappers' ``logits_device=None``), where the step processes and
+            verifies them.
 
     Raises:
         InvalidConfigError, VocabMismatchError, ImportError: unloadable or
@@ -213,6 +265,7 @@ def load_bench_models(
     from specdec.models.hf_common import check_tokenizers_match, model_vocab_size, truncated_copy
     from specdec.targets.hf import HFTarget
 
+    device = resolve_device(device)  # before any load: a missing GPU is an error, never a CPU run
     eagle_heads = dict(eagle_heads or {})
     descriptions: dict[str, str] = {}
     is_smollm2 = target == DEFAULT_TARGET
@@ -233,6 +286,9 @@ def load_bench_models(
         descriptions["target"] = target
     if not isinstance(hf_target, PreTrainedModel):
         raise InvalidConfigError(f"the target {target!r} is not a transformers model")
+    if device != "cpu":
+        hf_target = hf_target.to(device)
+        descriptions["target"] += f" on {device}"
     vocab = model_vocab_size(hf_target)
     log(f"target: {descriptions['target']}")
 
@@ -268,13 +324,16 @@ def load_bench_models(
         if draft_tok is not None:
             check_tokenizers_match(tokenizer, draft_tok)
         descriptions["lm"] = draft
+    if hf_draft is not None and device != "cpu":
+        hf_draft = hf_draft.to(device)  # a truncated copy is there already; a loaded draft LM is not
     log(f"draft LM: {descriptions['lm']}")
 
     targets: dict[str, TargetModel] = {}
     drafts: dict[str, DraftModel] = {}
-    plain = HFTarget(hf_target)
+    # logits stay on the models' device (None): the step processes and verifies them there
+    plain = HFTarget(hf_target, logits_device=None)
     targets["lm"] = plain
-    drafts["lm"] = HFDraft(hf_draft)
+    drafts["lm"] = HFDraft(hf_draft, logits_device=None)
     if "ngram" in need_kinds:  # model-free: prompt lookup in the prompt and the generated text
         from specdec.drafts.ngram import NgramDraft
 
@@ -330,7 +389,7 @@ def load_bench_models(
             raise VocabMismatchError(f"the EAGLE-{version} head drafts over {head_draft.vocab_size} tokens, "
                                      f"the target has {vocab}")
         drafts[kind] = head_draft
-        targets[kind] = HFTarget(hf_target, capture_layers=head_draft.target_layers)
+        targets[kind] = HFTarget(hf_target, capture_layers=head_draft.target_layers, logits_device=None)
         log(f"{kind}: {descriptions[kind]}")
 
     eos = getattr(getattr(hf_target, "generation_config", None), "eos_token_id", None)

@@ -17,10 +17,11 @@ them to ``runs.jsonl`` at once. A generation's tokens depend only on its
 prompt, temperature and seed, so the merged records equal a one-process run's
 (timings aside).
 
-Placement: on a local cluster (the default) each worker gets a slice of
-``--threads`` CPU threads (default: the cores divided by the workers); when
-the cluster has GPUs, each worker reserves one (the bench's models load on
-the CPU today: it has no device option yet). ``--ray-address`` joins an existing cluster;
+Placement: with ``--device cpu`` (the default) each worker gets a slice of
+``--threads`` CPU threads (default: the cores divided by the workers), GPUs or
+not; with ``--device cuda`` each worker reserves one GPU of the cluster (Ray
+makes it the worker's ``cuda:0``) and loads its models there; a cluster with
+fewer GPUs than workers is an error. ``--ray-address`` joins an existing cluster;
 an address that cannot be reached is an error before any model loads. A
 program that calls the bench with Ray already initialized keeps its session
 (the workers run in it, and it is not shut down afterwards).
@@ -95,7 +96,8 @@ class _Worker:
             from specdec.bench.models import load_bench_models
 
             self.models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
-                                            need_kinds=load_spec["need_kinds"])
+                                            need_kinds=load_spec["need_kinds"],
+                                            device=load_spec.get("device", "cpu"))
         except Exception as exc:  # noqa: BLE001 - reported by ready(), never silently
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -137,6 +139,7 @@ class WorkerPool:
     workers: int
     threads: int | None
     gpus: float
+    """GPUs each worker reserves: 1 with ``--device cuda``, else 0."""
     log: Callable[[str], None]
     local: bool
     owns: bool = True
@@ -148,13 +151,19 @@ class WorkerPool:
 
     @classmethod
     def connect(cls, workers: int, *, address: str | None = None, threads: int | None = None,
-                log: Callable[[str], None] = lambda s: None) -> WorkerPool:
+                log: Callable[[str], None] = lambda s: None, device: str = "cpu") -> WorkerPool:
         """Import Ray and start (or join) the cluster.
+
+        Args:
+            device: ``"cpu"`` (CPU slices of ``threads`` threads) or ``"cuda"``
+                (one GPU per worker).
 
         Raises:
             InvalidConfigError: Ray is not installed, the address cannot be
-                reached, or Ray does not start.
+                reached, Ray does not start, or ``device="cuda"`` and the
+                cluster has fewer GPUs than ``workers``.
         """
+        on_gpu = device.startswith("cuda")
         try:
             import ray
         except ImportError:
@@ -174,9 +183,9 @@ class WorkerPool:
             else:
                 import torch
 
-                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                gpus = torch.cuda.device_count() if on_gpu and torch.cuda.is_available() else 0
                 per = threads or max(1, (os.cpu_count() or 1) // workers)
-                if not gpus:  # each worker's BLAS/OpenMP pools sized to its slice from the process's start
+                if not on_gpu:  # each worker's BLAS/OpenMP pools sized to its slice from the process's start
                     env.update(OMP_NUM_THREADS=str(per), MKL_NUM_THREADS=str(per))
                 # minimal overhead: no dashboard, no log forwarding, a small object store (records and prompts)
                 # worker_niceness 0: Ray's default runs workers at nice 15, which a one-process run is not (its
@@ -188,15 +197,19 @@ class WorkerPool:
             raise InvalidConfigError(f"Ray did not start{f' at {address}' if address else ''}: {exc}") from None
         res = ray.cluster_resources()
         gpus = float(res.get("GPU", 0))
-        if gpus and workers > gpus:
-            raise InvalidConfigError(f"--workers {workers}: the Ray cluster has {gpus:g} GPU(s); one worker per GPU")
-        if not gpus:
+        if on_gpu and workers > gpus:
+            if owns:
+                ray.shutdown()
+            raise InvalidConfigError(f"--workers {workers} --device {device}: the Ray cluster has {gpus:g} GPU(s); "
+                                     "one worker per GPU (no worker falls back to the CPU)")
+        if not on_gpu:
             threads = threads or max(1, int(res.get("CPU", os.cpu_count() or 1)) // workers)
         where = address or ("local" if owns else "the running session")
-        log(f"Ray ({where}): {workers} worker(s), " + ("1 GPU each" if gpus else f"{threads} CPU thread(s) each"))
+        log(f"Ray ({where}): {workers} worker(s), " + ("1 GPU each" if on_gpu else f"{threads} CPU thread(s) each"))
         # CPU slices never ask for more than the cluster has (an actor asking for more would wait forever)
-        cpus = min(float(threads or 1), float(res.get("CPU", 1)) / workers) if not gpus else 0.0
-        return cls(workers=workers, threads=threads, gpus=gpus, log=log, local=not address, owns=owns, cpus=cpus)
+        cpus = min(float(threads or 1), float(res.get("CPU", 1)) / workers) if not on_gpu else 0.0
+        return cls(workers=workers, threads=threads, gpus=1.0 if on_gpu else 0.0, log=log, local=not address,
+                   owns=owns, cpus=cpus)
 
     def _new_actor(self) -> Any:
         import ray
