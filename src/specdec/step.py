@@ -285,7 +285,8 @@ def speculative_step(
     num_accepted, _bonus, attempted, bad_visited, stop = row[:5]
     if row[-1]:
         raise InvalidDistributionError(
-            "the draft's logits contain NaN or +inf, or a row is all -inf, at a node the tree builder expanded"
+            "the draft's logits contain NaN or +inf, or a row is all -inf, or give probability outside the draft's "
+            "proposal_ids, at a node the tree builder expanded"
         )
     if bad_visited:
         raise InvalidDistributionError(

@@ -58,7 +58,8 @@ class TreeBatch:
         max_children: most children one node can have (the verifiers' child-slot count).
         max_depth: bound on every tree's depth (the verifiers' walk length).
         draft_bad: ``[B]`` bool, or None: a draft law met while building was
-            not a distribution (NaN / +inf / all -inf logits); the step raises on it.
+            not a distribution (NaN / +inf / all -inf logits), or put mass
+            outside the draft's declared proposal vocabulary; the step raises on it.
         max_sampled: most sampled children one node can have (the rejection
             rules' loop length); None = :attr:`max_children`.
         host_trees: the validated host trees a batch was stacked from

@@ -262,7 +262,16 @@ def grow_static(
     valid = torch.zeros(B, n, dtype=torch.bool, device=dev)
     valid[:, 0] = True
     weights = torch.ones(B, n, dtype=torch.float64, device=dev)
-    law_probs = torch.zeros(B, n, vocab, dtype=torch.float64, device=dev)  # [B, n, V] q of each node's children
+    # the laws are kept over the draft's proposal vocabulary when it declares one (EAGLE-3: Vd of V columns), so
+    # the verifier's residual work is [B, n, Vd], not [B, n, V]; the draws stay over V (the same trees). A law
+    # with mass outside the declared vocabulary is flagged like a bad draft row: never silently cut.
+    cols = draft.proposal_ids  # [Vd] ascending target ids, or None (all V)
+    outside: torch.Tensor | None = None  # [V] bool, True outside the proposal vocabulary
+    if cols is not None:
+        cols = cols.to(dev)
+        outside = torch.ones(vocab, dtype=torch.bool, device=dev).index_fill_(0, cols, False)
+    law_width = vocab if cols is None else int(cols.shape[0])
+    law_probs = torch.zeros(B, n, law_width, dtype=torch.float64, device=dev)  # [B, n, L] q of each node's children
     draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node (every row alike)
     next_id = 1
     q = q.unsqueeze(1)  # [B, 1, V]: the root is the one node expanded at depth 1
@@ -278,7 +287,12 @@ def grow_static(
             draft_bad = draft_bad | (bad & alive).any(dim=1)
             draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
             next_id += R
-        law_probs[:, expanded] = q
+        if outside is None:
+            law_probs[:, expanded] = q
+        else:
+            law_probs[:, expanded] = q.index_select(-1, cols)  # [B, R, Vd]
+            leak = (q.masked_fill(~outside, 0.0) > 0).any(dim=-1)  # [B, R] mass outside the proposal vocabulary
+            draft_bad = draft_bad | (leak & alive).any(dim=1)
         # R consecutive rows per tree: a RowStreams source draws its tree's rows, as the tree would alone
         drawn = draw_rows(q.reshape(B * R, vocab), width, mode, rng, alive.reshape(B * R),
                           counts=counts.repeat(B)).reshape(B, R, width)  # token ids, -1 = none
@@ -299,8 +313,8 @@ def grow_static(
     kinds[:, 0] = int(NodeKind.ROOT)
     kids = torch.zeros(B, n, dtype=torch.int64, device=dev).scatter_add(1, parents.clamp_min(0), (parents >= 0).long())
     has_kids = kids > 0  # [B, n] the node's law is recorded only where it has children
-    probs = torch.where(has_kids.unsqueeze(-1), law_probs.gather(1, order.unsqueeze(-1).expand(B, n, vocab)), 0.0)
-    ids = torch.where(probs > 0, torch.arange(vocab, device=dev), -1)  # [B, n, V]
+    probs = torch.where(has_kids.unsqueeze(-1), law_probs.gather(1, order.unsqueeze(-1).expand(B, n, law_width)), 0.0)
+    ids = torch.where(probs > 0, torch.arange(vocab, device=dev) if cols is None else cols, -1)  # [B, n, L]
     eye = torch.eye(n, dtype=torch.bool, device=dev)
     anc = eye.expand(B, n, n)
     up = parents.clamp_min(0).unsqueeze(-1).expand(B, n, n)
