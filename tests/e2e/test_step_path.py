@@ -8,6 +8,7 @@ import torch
 import specdec
 from specdec.errors import InvalidDistributionError
 from specdec.models import CallableLM
+from specdec.testing import ProposalLM
 from specdec.testing.counter import StepCounter
 
 V = 5
@@ -179,25 +180,12 @@ def test_a_reduced_proposal_vocabulary_proposes_only_its_tokens():
     """CallableLM with a declared proposal vocabulary: the tensor builders draw
     and rank over its columns and emit target ids; greedy output is unchanged."""
 
-    class Reduced(CallableLM):
-        keep = torch.tensor([0, 2, 3])
-
-        @property
-        def proposal_ids(self):
-            return self.keep
-
-        def root_proposal_logits(self):
-            return self.root_logits()[self.keep]
-
-        def tree_proposal_logits(self, parents, tokens):
-            return self.tree_logits(parents, tokens)[:, self.keep]
-
     def fn(prefixes):
         out = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])).roll(1).expand(len(prefixes), V).clone()
         out[:, [1, 4]] = float("-inf")  # the full-vocabulary logits are -inf outside the proposal vocabulary
         return out
 
-    draft = Reduced(fn, vocab_size=V)
+    draft = ProposalLM(fn, vocab_size=V, keep=[0, 2, 3])
     target = grammar_target()
     for method in ("eagle2", "rheo"):
         gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, K=2, depth=2, N=4)

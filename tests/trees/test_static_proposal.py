@@ -16,6 +16,7 @@ from specdec.errors import InvalidDistributionError
 from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import TorchRandom
+from specdec.testing import ProposalLM
 
 V = 8
 KEEP = torch.tensor([0, 2, 3, 5, 6])
@@ -33,18 +34,8 @@ class Full(CallableLM):
     """The draft over all V columns (no proposal vocabulary declared)."""
 
 
-class Reduced(CallableLM):
-    keep = KEEP
-
-    @property
-    def proposal_ids(self):
-        return self.keep
-
-    def root_proposal_logits(self):
-        return self.root_logits()[self.keep]
-
-    def tree_proposal_logits(self, parents, tokens):
-        return self.tree_logits(parents, tokens)[:, self.keep]
+def Reduced(fn, vocab_size):  # noqa: N802 - used like the class Full
+    return ProposalLM(fn, vocab_size=vocab_size, keep=KEEP)
 
 
 def _target():
