@@ -5,7 +5,8 @@ paired bootstrap 95% interval.
 Reads ``DIR/runs.jsonl`` only (a partial sweep too: it says how many prompts each cell holds).
 Several folders merge into one table when they are parts of one sweep (for example one folder per
 temperature, run in priority order): they must share the target, drafts, heads, tokens, budget,
-seeds and prompts (a mismatch is an error), and no generation may appear in two of them.
+seeds and prompts (a mismatch is an error), and no generation of a method may appear in two of
+them (each folder's own autoregressive baseline is allowed: the table does not use it).
 Per cell (row, T): tau = emitted tokens / target forwards over the cell's generations (bonus token
 included, as ``specdec bench``), its standard error over generations, and the number of prompts.
 The ratio rheo / eagle3 (and rheo / the best static tree) is taken over the units (prompt, seed)
@@ -114,6 +115,8 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
             except ValueError:  # a line cut by a kill (the bench drops it on resume)
                 continue
             key = (rec["row"], float(rec["temperature"]), rec["prompt_index"], rec["seed"])
+            if key in where and rec["row"] in ("autoregressive", "hf-assisted"):
+                continue  # every folder runs its own baseline (for its speedups); the table does not use it
             if key in where:
                 raise SystemExit(f"generation {key} is in both {where[key]} and {d}: merge parts of one sweep only")
             where[key] = d
