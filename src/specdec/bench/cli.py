@@ -390,7 +390,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     # paths made absolute: a Ray worker may not start in this directory (on a cluster, they must exist there too)
     load_spec = dict(target=_where(args.target), draft=_where(args.draft),
                      eagle_heads={2: _where(args.eagle2_head), 3: _where(args.eagle3_head)}, need_kinds=need,
-                     device=getattr(args, "device", "cpu") or "cpu")
+                     device=args.device)  # checked by resolve_settings
     pool = None
     if workers > 1 or ray_address:
         from specdec.bench.workers import WorkerPool
@@ -596,7 +596,7 @@ def _finish(args: argparse.Namespace, out_dir: Any, header: dict[str, Any], runs
         header, runs = logged.header, [record_from_dict(r) for r in logged.records]
     records, goals, files = write_report(header, runs, out_dir, console=out_console,
                                          plots=out_dir is not None and not args.no_plots)
-    device = getattr(args, "device", "cpu") or "cpu"
+    device = args.device
     out_console.print(f"total time {elapsed:.0f} s ("
                       + (f"device: {device}, " if device != "cpu" else "") + f"threads: {torch.get_num_threads()}"
                       + (f", workers: {args.workers}" if getattr(args, "workers", 1) > 1 else "")

@@ -266,10 +266,10 @@ def grow_static(
     # the verifier's residual work is [B, n, Vd], not [B, n, V]; the draws stay over V (the same trees). A law
     # with mass outside the declared vocabulary is flagged like a bad draft row: never silently cut.
     cols = draft.proposal_ids  # [Vd] ascending target ids, or None (all V)
-    outside: torch.Tensor | None = None  # [V] bool, True outside the proposal vocabulary
+    inside: torch.Tensor | None = None  # [V] bool, True in the proposal vocabulary
     if cols is not None:
         cols = cols.to(dev)
-        outside = torch.ones(vocab, dtype=torch.bool, device=dev).index_fill_(0, cols, False)
+        inside = torch.zeros(vocab, dtype=torch.bool, device=dev).index_fill_(0, cols, True)
     law_width = vocab if cols is None else int(cols.shape[0])
     law_probs = torch.zeros(B, n, law_width, dtype=torch.float64, device=dev)  # [B, n, L] q of each node's children
     draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node (every row alike)
@@ -287,11 +287,11 @@ def grow_static(
             draft_bad = draft_bad | (bad & alive).any(dim=1)
             draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
             next_id += R
-        if outside is None:
+        if inside is None:
             law_probs[:, expanded] = q
         else:
             law_probs[:, expanded] = q.index_select(-1, cols)  # [B, R, Vd]
-            leak = (q.masked_fill(~outside, 0.0) > 0).any(dim=-1)  # [B, R] mass outside the proposal vocabulary
+            leak = (q.masked_fill(inside, 0.0) > 0).any(dim=-1)  # [B, R] mass outside the proposal vocabulary
             draft_bad = draft_bad | (leak & alive).any(dim=1)
         # R consecutive rows per tree: a RowStreams source draws its tree's rows, as the tree would alone
         drawn = draw_rows(q.reshape(B * R, vocab), width, mode, rng, alive.reshape(B * R),
