@@ -18,7 +18,9 @@ Usage::
     python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md --plot tau_vs_t.png
     python benchmarks/rheo_sweep_table.py DIR_T1 DIR_T03 DIR_T06 --markdown sweep.md
 
-Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios;
+Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios; a
+row with options is compared with the ``eagle3`` row of the same options where the log has one
+(``rheo[rank_law=untempered]`` with ``eagle3[rank_law=untempered]``), else with ``eagle3``;
 ``--plot`` draws tau (± one standard error) against temperature, one line per row.
 """
 
@@ -157,16 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     md += ["", "| T | row | / eagle3 [95% CI] | / best static [95% CI] | prompts |", "|---|---|---|---|---|"]
     for t in temps:
         for rheo_row in rheo_rows:
-            rheo, eagle = table.get((rheo_row, t), {}), table.get(("eagle3", t), {})
-            if not rheo:
+            # a rheo row with options is compared with the eagle3 row of the same options where there is one
+            # (rheo[rank_law=sampling] with eagle3[rank_law=sampling]), else with eagle3
+            same = "eagle3" + rheo_row[len("rheo"):]
+            eagle_row = same if table.get((same, t)) else "eagle3"
+            rheo, eagle = table.get((rheo_row, t), {}), table.get((eagle_row, t), {})
+            if not rheo or not eagle:
                 continue
             r, lo, hi, n = ratio_interval(rheo, eagle)
             statics = [(tau(table[(s, t)]), s) for s in STATIC if table.get((s, t))]
             best = max(statics)[1] if statics else None
             rs = ratio_interval(rheo, table[(best, t)]) if best else (float("nan"),) * 3 + (0,)
-            out["ratios"].append({"temperature": t, "row": rheo_row, "rheo_over_eagle3": [r, lo, hi],
+            out["ratios"].append({"temperature": t, "row": rheo_row, "eagle_row": eagle_row, "rheo_over_eagle3": [r, lo, hi],
                                   "best_static": best, "rheo_over_best_static": list(rs[:3]), "prompts": n})
-            md.append(f"| {t:g} | {rheo_row} | {r:.3f} [{lo:.3f}, {hi:.3f}] | "
+            vs = "" if eagle_row == "eagle3" else f" ({eagle_row})"
+            md.append(f"| {t:g} | {rheo_row} | {r:.3f} [{lo:.3f}, {hi:.3f}]{vs} | "
                       + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
     expected = header.get("config", {})
     md.insert(0, f"{len(records)} of {planned} generations from {names} "

@@ -41,6 +41,35 @@ def test_rheo_level_compiles_in_one_graph(m):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("proxy", ["scaled", "displaced"])
+def test_rheo_split_level_compiles_in_one_graph(proxy):
+    """The level that ranks by one law and draws by another (``rank_law="untempered"``)."""
+    q, draw, live = laws(4, 200, 0), laws(4, 200, 7), torch.tensor([True, False, True, True])
+    u = torch.rand(4, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def level(q, u, live, draw):
+        out = rheo_level(q, 5, 2, 20, 0.0, UniformTable(u), proxy, 0.25, live, draw)
+        return out.tokens, out.weights, out.kinds, out.law_ids, out.law_probs, out.law_wor
+
+    for got, want in zip(compiled(level)(q, u, live, draw), level(q, u, live, draw)):
+        assert torch.equal(got, want)
+
+
+def test_generator_compiles_a_split_law_rheo():
+    """``SpeculativeGenerator(compile=...)`` with ``rank_law="untempered"`` at T = 0.6 runs
+    its compiled split level (both laws handed to the compiled function)."""
+    import specdec
+
+    vocab = 40
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(6), dtype=torch.float64) * 2
+    lm = CallableLM(lambda ps: table[[p[-1] for p in ps]].float(), vocab_size=vocab)
+    torch._dynamo.reset()
+    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method="rheo", compile="aot_eager", K=3, depth=3, N=8,
+                                       M=8, rank_law="untempered")
+    out = gen.generate([1, 2], 16, specdec.SamplingConfig(temperature=0.6), seed=0)
+    assert len(out.tokens) == 16 and gen.compiler is not None and gen.compiler._levels
+
+
 def test_eagle_level_compiles_in_one_graph():
     q = laws(3, 300, 2)
 

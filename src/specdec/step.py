@@ -178,11 +178,12 @@ class StepCompiler:
         self._levels: dict[Any, CompiledLevelFn] = {}
 
     def level(self, level: LevelFn, key: Any) -> CompiledLevelFn:
-        """The compiled ``fn(q, u, live)`` of ``level``, one per ``key`` (builder and sampling)."""
+        """The compiled ``fn(q, u, live)`` (``fn(q, u, live, draw)`` for a builder that draws by
+        a second law) of ``level``, one per ``key`` (builder and sampling)."""
         fn = self._levels.get(key)
         if fn is None:
-            def with_table(q: torch.Tensor, u: torch.Tensor, live: torch.Tensor) -> Any:
-                return level(q, UniformTable(u), live)
+            def with_table(q: torch.Tensor, u: torch.Tensor, live: torch.Tensor, draw: Any = None) -> Any:
+                return level(q, UniformTable(u), live) if draw is None else level(q, UniformTable(u), live, draw)
 
             fn = self._levels[key] = torch.compile(with_table, fullgraph=True, backend=self.backend)
         return fn

@@ -109,6 +109,13 @@ CASES = [
         (3, 4),
         True,
     ),
+    # the cases above rank by the untempered draft law (rank_law's default) and Rheo's slots draw by the processed
+    # one; these rank by the processed law (rank_law="sampling"; T0.7-topk-topp tells the two apart)
+    ("eagle-sampling", EagleTreeBuilder(K=3, B=2, depth=2, N=4, rank_law="sampling"), "match", 4, (3, 4), True),
+    ("rheo-sampling", RheoTreeBuilder(K=3, m=1, B=2, depth=2, N=4, M=4, rank_law="sampling"), "mixed", 4, (5, 6),
+     True),
+    ("rheo-sampling-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, rank_law="sampling"), "mixed", 4,
+     (1, 2), True),
     ("chain-iid", ChainTreeBuilder(depth=3), "rejection-iid", 3, (1, 2), False),
     ("static-iid", StaticTreeBuilder(expansion=(2, 1), mode="iid"), "rejection-iid", 3, (1, 2), False),
     ("static-wor", StaticTreeBuilder(expansion=(2, 1), mode="wor"), "rejection-wor", 3, (3, 4), False),
@@ -403,6 +410,34 @@ def test_rheo_mutant_is_caught(name, mutant, mutant_verifier, kwargs, vocab, see
     broken = run_case(mutant(**kwargs), "mixed", vocab, seeds, T1, ver=ver)
     assert correct < EXACT
     assert broken > BROKEN, f"mutant {name} was not caught (deviation {broken:.3e})"
+
+
+@attrs.frozen
+class SplitRecordsRankLaw(RheoTreeBuilder):
+    """Mutant (``rank_law="untempered"``): draws the sampled child by the processed law
+    but records the untempered law's entries on the same tokens, renormalised."""
+
+    def propose(self, q, rng, q_draw=None):
+        out = []
+        for q_row, row in zip(q, super().propose(q, rng, q_draw)):
+            new = []
+            for c in row:
+                if c.kind == NodeKind.SAMPLED:
+                    p = q_row[c.law.indices]
+                    c = attrs.evolve(c, law=SparseLaw(c.law.indices, p / p.sum(), c.law.mode))
+                new.append(c)
+            out.append(new)
+        return out
+
+
+@pytest.mark.parametrize("kwargs", [dict(K=2, m=1, B=1, depth=3, N=3, M=3), dict(K=3, m=2, B=1, depth=2, N=3, M=4)])
+def test_rheo_split_law_mutant_is_caught(kwargs):
+    """Ranking by the untempered law and drawing by the processed one is exact only
+    when the law recorded is the one drawn from (at T = 0.7 with top-k and top-p)."""
+    correct = run_case(RheoTreeBuilder(**kwargs, rank_law="untempered"), "mixed", 4, (5, 6), WARPED)
+    broken = run_case(SplitRecordsRankLaw(**kwargs, rank_law="untempered"), "mixed", 4, (5, 6), WARPED)
+    assert correct < EXACT
+    assert broken > BROKEN, f"the split-law mutant was not caught (deviation {broken:.3e})"
 
 
 def test_deterministic_first_verifier_is_exact_on_unpruned_trees():

@@ -75,6 +75,7 @@ def assert_same_tree(fast, ref):
 SAMPLINGS = [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4), SamplingConfig(temperature=0.0)]
 
 EAGLE_OPTIONS = [dict(K=k, B=b, depth=d, N=n) for k, b, d, n in [(1, 1, 3, 2), (2, 1, 3, 3), (3, 2, 3, 5), (4, 4, 2, 20), (3, 3, 4, 7)]]
+EAGLE_OPTIONS.append(dict(K=3, B=2, depth=3, N=5, rank_law="sampling"))
 RHEO_OPTIONS = [
     dict(K=2, m=1, B=1, depth=3, N=3, M=3),
     dict(K=3, m=1, B=2, depth=3, N=5, M=4),
@@ -84,6 +85,8 @@ RHEO_OPTIONS = [
     dict(K=3, m=1, B=2, depth=3, N=5, M=6, proxy="residual"),
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced"),
     dict(K=3, m=1, B=3, depth=3, N=30, M=6, proxy_scale=1.0),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=4, rank_law="sampling"),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced", rank_law="sampling"),
 ]
 
 
@@ -257,3 +260,77 @@ def test_static_tensor_builder_equals_reference(name, options, sampling):
         shrunk += fast.num_nodes < builder.max_nodes
     if name != "chain" and (options.get("mode") == "wor" or name == "sequoia") and sampling.temperature > 0:
         assert shrunk > 0  # some law ran out of tokens, and the tree lost slots
+
+
+@pytest.mark.parametrize("options", [dict(K=3, B=2, depth=3, N=5), dict(K=4, B=2, depth=2, N=6)])
+def test_eagle_rank_law_untempered_builds_by_the_untempered_law(options):
+    """EAGLE with ``rank_law="untempered"`` at T = 0.7 with top-k builds exactly the
+    tree of the untempered law, on both paths, and a tree other than the default's
+    in some case (so the option is not ignored); the default is the untempered law."""
+    warped, untempered = SamplingConfig(temperature=0.7, top_k=4), SamplingConfig()
+    builder, default = EagleTreeBuilder(**options, rank_law="untempered"), EagleTreeBuilder(**options, rank_law="sampling")
+    differs = 0
+    for vocab, seed in itertools.product((5, 6), range(6)):
+        draft = tied_draft(vocab, seed)
+        prompt = [seed % vocab, (seed * 3 + 1) % vocab]
+        trees = []
+        for b, sampling, fast in [(builder, warped, True), (builder, warped, False), (default, untempered, True),
+                                  (default, warped, True)]:
+            draft.begin(prompt)
+            rng = RowByRow(torch.Generator().manual_seed(seed))
+            trees.append(b.build(prompt[-1], draft, sampling, rng) if fast
+                         else b.build_reference(prompt[-1], draft, sampling, rng))
+        assert_same_tree(trees[0], trees[2])
+        assert_same_tree(trees[1], trees[2])
+        differs += not (torch.equal(trees[0].tokens, trees[3].tokens) and torch.equal(trees[0].weights, trees[3].weights))
+    assert differs > 0
+    assert EagleTreeBuilder().rank_law == "untempered" and RheoTreeBuilder().rank_law == "untempered"
+
+
+@pytest.mark.parametrize("proxy", ["scaled", "displaced"])
+def test_rheo_rank_law_untempered_ranks_by_the_untempered_law_and_draws_by_the_sampling_law(proxy):
+    """Rheo's root children with ``rank_law="untempered"`` at T = 0.7 with top-k: the
+    deterministic children are the untempered law's top K - m with its weights, the
+    sampled child's recorded law is the processed law's top M - (K - m) outside S, renormalised, and
+    its proxy is ``c (1 - q_processed(S))`` (``"displaced"``: the untempered q at rank K - m)."""
+    warped, untempered = SamplingConfig(temperature=0.7, top_k=4), SamplingConfig()
+    K, m, M = 3, 1, 5
+    builder = RheoTreeBuilder(K=K, m=m, B=1, depth=1, N=K, M=M, rank_law="untempered", proxy=proxy)
+    checked = 0
+    for vocab, seed in itertools.product((5, 6), range(6)):
+        draft = tied_draft(vocab, seed)
+        prompt = [seed % vocab, (seed * 3 + 1) % vocab]
+        draft.begin(prompt)
+        q_rank = normalised_law(draft.root_distribution(untempered))
+        q_draw = normalised_law(draft.root_distribution(warped))
+        (ranked,) = top_tokens_tensors(q_rank.unsqueeze(0), K)
+        S = ranked[0][: K - m]
+        rest = q_draw.clone()
+        rest[S] = 0.0
+        for fast in (True, False):
+            draft.begin(prompt)
+            rng = RowByRow(torch.Generator().manual_seed(seed))
+            tree = (builder.build if fast else builder.build_reference)(prompt[-1], draft, warped, rng)
+            det = list(tree.deterministic_children(0))
+            sampled = list(tree.sampled_children(0))
+            if float(rest.sum()) == 0.0:
+                assert not sampled and tree.tokens[det].tolist() == ranked[0].tolist()
+                continue
+            assert tree.tokens[det].tolist() == S.tolist()
+            assert tree.weights[det].tolist() == ranked[1][: K - m].tolist()
+            (child,) = sampled
+            law = tree.law_of(child)
+            (cand_ids, cand_probs), = top_tokens_tensors(rest.unsqueeze(0), M - (K - m))  # the sparse draft
+            assert law.indices.tolist() == cand_ids.tolist()
+            assert torch.allclose(law.probs, cand_probs / cand_probs.sum(), rtol=0, atol=1e-15)
+            want = 0.25 * float(rest.sum()) if proxy == "scaled" else float(ranked[1][min(K - m, ranked[1].numel() - 1)])
+            assert float(tree.weights[child]) == pytest.approx(want, rel=1e-12)
+            checked += 1
+    assert checked >= 12
+
+
+def test_rank_law_is_checked():
+    from specdec.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match="rank_law must be one of untempered, sampling"):
+        RheoTreeBuilder(rank_law="tempered")

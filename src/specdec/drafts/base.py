@@ -119,15 +119,30 @@ class DraftModel(ABC):
     @final
     def root_distribution(self, sampling: SamplingConfig) -> torch.Tensor:
         """``[V]`` processed draft law ``q`` after the committed context."""
-        with model_call():
-            logits = self.root_logits()
-        return process_logits(self._checked(logits, 1), sampling, source=f"the draft ({type(self).__name__})")
+        return self.root_laws((sampling,))[0]
 
     @final
     def expand(self, parents: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> torch.Tensor:
         """``[k, V]`` processed draft laws ``q`` after ``k`` newly added nodes."""
-        return process_logits(self._tree_logits_checked(parents, tokens), sampling,
-                              source=f"the draft ({type(self).__name__})")
+        return self.expand_laws(parents, tokens, (sampling,))[0]
+
+    @final
+    def root_laws(self, samplings: Sequence[SamplingConfig]) -> list[torch.Tensor]:
+        """:meth:`root_distribution` under each of ``samplings``, from one draft forward
+        (a builder that ranks by one law and draws by another, docs/trees.md)."""
+        with model_call():
+            logits = self._checked(self.root_logits(), 1)
+        source = f"the draft ({type(self).__name__})"
+        return [process_logits(logits, s, source=source) for s in samplings]
+
+    @final
+    def expand_laws(
+        self, parents: Sequence[int], tokens: Sequence[int], samplings: Sequence[SamplingConfig]
+    ) -> list[torch.Tensor]:
+        """:meth:`expand` under each of ``samplings``, from one draft forward."""
+        logits = self._tree_logits_checked(parents, tokens)
+        source = f"the draft ({type(self).__name__})"
+        return [process_logits(logits, s, source=source) for s in samplings]
 
     @final
     def root_distribution_flagged(
@@ -172,12 +187,8 @@ class DraftModel(ABC):
     def root_rows_flagged(self, sampling: SamplingConfig, *, proposal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The level-wise builders' root laws, one row per tree: ``(q [B, V], bad [B])``
         (:meth:`root_distribution_flagged` as one row outside rows mode)."""
-        if not self.rows_mode:
-            q, bad = self.root_distribution_flagged(sampling, proposal=proposal)
-            return q.unsqueeze(0), bad.reshape(1)
-        with model_call():
-            logits = self._checked(self.root_rows_logits(proposal), 2, proposal)
-        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+        (q,), bad = self.root_rows_laws((sampling,), proposal=proposal)
+        return q, bad
 
     @final
     def expand_rows_flagged(
@@ -185,12 +196,35 @@ class DraftModel(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The level-wise builders' expansion of ``k`` nodes per tree (``[B, k]``):
         ``(q [B, k, V], bad [B, k])`` (:meth:`expand_flagged` as one row outside rows mode)."""
-        if not self.rows_mode:
-            q, bad = self.expand_flagged(parents[0], tokens[0], sampling, proposal=proposal)
-            return q.unsqueeze(0), bad.unsqueeze(0)
+        (q,), bad = self.expand_rows_laws(parents, tokens, (sampling,), proposal=proposal)
+        return q, bad
+
+    @final
+    def root_rows_laws(
+        self, samplings: Sequence[SamplingConfig], *, proposal: bool = False
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """:meth:`root_rows_flagged` under each of ``samplings`` from one draft forward:
+        ``([q [B, V] per config], bad [B])``."""
         with model_call():
-            logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
-        return process_logits(logits, sampling, check=False), row_is_bad(logits)
+            if self.rows_mode:
+                logits = self._checked(self.root_rows_logits(proposal), 2, proposal)
+            else:
+                logits = self._checked(self.root_proposal_logits() if proposal else self.root_logits(), 1, proposal)
+                logits = logits.unsqueeze(0)  # [1, V]
+        return [process_logits(logits, s, check=False) for s in samplings], row_is_bad(logits)
+
+    @final
+    def expand_rows_laws(
+        self, parents: torch.Tensor, tokens: torch.Tensor, samplings: Sequence[SamplingConfig], *, proposal: bool = False
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """:meth:`expand_rows_flagged` under each of ``samplings`` from one draft forward:
+        ``([q [B, k, V] per config], bad [B, k])``."""
+        if self.rows_mode:
+            with model_call():
+                logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
+        else:
+            logits = self._tree_logits_checked(parents[0], tokens[0], proposal).unsqueeze(0)  # [1, k, V]
+        return [process_logits(logits, s, check=False) for s in samplings], row_is_bad(logits)
 
     def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
         if len(parents) != len(tokens):

@@ -180,7 +180,7 @@ class DraftLaw(NamedTuple):
         return (self.wide / self.total).masked_fill_(self.bad, 0.0)
 
 
-def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
+def draft_law(q: torch.Tensor, bad: torch.Tensor, *, scratch: bool = True) -> DraftLaw:
     """:class:`DraftLaw` of processed draft probabilities ``q`` ``[R, V]`` and their flags
     ``bad`` (``R`` of them, any shape): :func:`normalised_law` (``on_device=True``) without its
     ``[R, V]`` division (the sum over the float64 row is the same op on the same tensor).
@@ -189,12 +189,13 @@ def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
     reused by the next call in the same thread (a fresh ``[R, V]`` float64
     tensor per level costs more in page faults than the copy): the law's
     ``wide`` is valid until then (the level-wise driver consumes each law in
-    its level function before drafting the next)."""
+    its level function before drafting the next). ``scratch=False``: a fresh copy
+    (a second law alive at the same time)."""
     device = q.device if q.device.type in ("cuda", "cpu") else torch.device("cpu")
     probs = q.detach() if q.requires_grad else q
     if probs.device != device:  # (no op where it is already there)
         probs, bad = probs.to(device), bad.to(device)
-    scratch = device.type == "cpu" and probs.dtype != torch.float64 and probs.dim() == 2
+    scratch = scratch and device.type == "cpu" and probs.dtype != torch.float64 and probs.dim() == 2
     if scratch and _BUFFER_MIN <= probs.numel() <= _BUFFER_MAX:
         wide = _cpu_buffer(probs.numel()).view(probs.shape).copy_(probs)
     else:

@@ -32,9 +32,10 @@ import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
-from specdec.sampling import SamplingConfig, construction_config
+from specdec.sampling import UNTEMPERED, SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import MAX_TREE_NODES, check_int, log_weights, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
@@ -190,6 +191,7 @@ def grow_dynamic_tree(
     num_keep: int,
     key: RankKey = rank_key,
     keep: Callable[[Sequence[DynamicNode], int, RankKey], list[DynamicNode]] = keep_best,
+    draw_sampling: SamplingConfig | None = None,
 ) -> DraftTree:
     """Grow a dynamic tree level by level, then keep the best ``num_keep`` nodes.
 
@@ -204,6 +206,9 @@ def grow_dynamic_tree(
         num_keep: ``N``, draft nodes kept (root excluded).
         key: the node ranking (tests swap in broken ones to show they are caught).
         keep: the final selection (idem).
+        draw_sampling: the processing of the law the builder draws by, when it is
+            not ``sampling`` (``rank_law="untempered"``): ``propose(q, rng, q_draw)``
+            then gets both laws, from the same draft forward.
 
     Returns:
         The pruned tree; its nodes are in creation order.
@@ -211,21 +216,23 @@ def grow_dynamic_tree(
     root = DynamicNode(0, -1, int(root_token), NodeKind.ROOT, 1.0, 0.0, None, 0)
     root.draft_id = 0
     nodes = [root]
-    q = normalised_law(draft.root_distribution(sampling), on_device=True).unsqueeze(0)
-    level = _create_children(nodes, [root], propose(q, rng))
+    configs = (sampling,) if draw_sampling is None else (sampling, draw_sampling)
+
+    def children(laws: list[torch.Tensor]) -> list[list[ChildProposal]]:
+        qs = [normalised_law(q, on_device=True) for q in laws]
+        return propose(qs[0], rng) if draw_sampling is None else propose(qs[0], rng, qs[1])  # type: ignore[call-arg]
+
+    level = _create_children(nodes, [root], children([q.unsqueeze(0) for q in draft.root_laws(configs)]))
     next_draft_id = 1
     for _ in range(depth - 1):
         if not level:
             break
         beam = sorted(level, key=key)[:beam_width]
-        q = normalised_law(
-            draft.expand([nodes[n.parent].draft_id for n in beam], [n.token for n in beam], sampling),
-            on_device=True,
-        )
+        laws = draft.expand_laws([nodes[n.parent].draft_id for n in beam], [n.token for n in beam], configs)
         for n in beam:
             n.draft_id = next_draft_id
             next_draft_id += 1
-        level = _create_children(nodes, beam, propose(q, rng))
+        level = _create_children(nodes, beam, children(laws))
     kept = keep(nodes[1:], num_keep, key)
     return assemble(nodes, kept, draft.vocab_size)
 
@@ -237,6 +244,18 @@ def _check_positive(_inst: object, attribute: attrs.Attribute, value: object) ->
 def _check_beam(_inst: object, _attr: object, value: object) -> None:
     if value is not None:
         check_int("B", value, 1)
+
+
+RANK_LAWS = ("untempered", "sampling")
+"""The draft laws a dynamic builder can rank by (docs/trees.md, "The construction law"):
+``"untempered"``, ``softmax`` of the draft's logits at every temperature, as
+EAGLE's reference drafting does (the default); ``"sampling"``, ``q`` processed
+like the target's ``p`` (temperature, top-k, top-p)."""
+
+
+def _check_rank_law(_inst: object, _attr: object, value: object) -> None:
+    if value not in RANK_LAWS:
+        raise InvalidConfigError(f"rank_law must be one of {', '.join(RANK_LAWS)}, got {value!r}")
 
 
 @attrs.frozen
@@ -254,12 +273,23 @@ class DynamicTreeBuilder(TreeBuilder):
             (``>= 1``; default ``K``, as EAGLE-2).
         depth: number of levels below the root (``>= 1``).
         N: draft nodes kept after the global rerank (root excluded, ``>= 1``).
+        rank_law: keyword only; the draft law the tree is ranked by at ``T > 0``
+            (:data:`RANK_LAWS`): ``"untempered"`` (default), the draft's
+            ``softmax(logits)`` whatever the temperature, as EAGLE's reference
+            drafting; ``"sampling"``, ``q`` processed like ``p`` (the default
+            until 2026-12-03: see the changelog). The top-K, the deterministic weights
+            and the path scores come from that law; RheoSampling's sampled
+            children are drawn (and recorded) by ``q`` processed like ``p``
+            either way. At ``T = 0``, and at ``T = 1`` without top-k / top-p,
+            the two are the same law. Lossless either way (docs/trees.md,
+            "The construction law").
     """
 
     K: int = attrs.field(default=10, validator=_check_positive)
     B: int | None = attrs.field(default=None, validator=_check_beam)
     depth: int = attrs.field(default=6, validator=_check_positive)
     N: int = attrs.field(default=60, validator=_check_positive)
+    rank_law: str = attrs.field(default="untempered", validator=_check_rank_law, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.B is None:
@@ -339,7 +369,7 @@ class DynamicTreeBuilder(TreeBuilder):
         ``compiler(level, key)`` (:meth:`specdec.step.StepCompiler.level`), if
         given, compiles the level function; its draws then come from a uniform
         table drawn per level (the same law, another use of the stream)."""
-        config = construction_config(sampling)
+        config = self.construction(sampling)
         level = self._level_fn_if_exact(sampling)
         if level is None:
             return TreeBatch.from_trees(
@@ -351,11 +381,26 @@ class DynamicTreeBuilder(TreeBuilder):
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
             draws_per_node=self.draws_per_node(sampling),
             compiled_level=None if compiler is None else compiler(level, (self, sampling)),
+            draw_sampling=self.draw_config(sampling),
         )
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
         return self.build_batch(root_token, draft, sampling, rng).tree(0)
+
+    def construction(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The processing of the draft law this builder ranks and draws by under ``sampling``
+        (:func:`~specdec.sampling.construction_config`, or the untempered law with ``rank_law="untempered"``)."""
+        return UNTEMPERED if self.rank_law == "untempered" else construction_config(sampling)
+
+    def draw_config(self, sampling: SamplingConfig) -> SamplingConfig | None:
+        """The processing of the law the builder draws its sampled children by, when
+        it is not :meth:`construction`'s (``rank_law="untempered"`` at ``T > 0`` in a
+        builder that draws, unless the two processings are the same); else None."""
+        if self.draws_per_node(sampling) == 0:
+            return None
+        draw = construction_config(sampling)
+        return None if draw == self.construction(sampling) else draw
 
     def build_reference(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
@@ -367,7 +412,7 @@ class DynamicTreeBuilder(TreeBuilder):
         return grow_dynamic_tree(
             root_token,
             draft,
-            construction_config(sampling),
+            self.construction(sampling),
             rng,
             self.proposer(sampling),
             beam_width=int(self.B),  # type: ignore[arg-type]
@@ -375,6 +420,7 @@ class DynamicTreeBuilder(TreeBuilder):
             num_keep=self.N,
             key=self.rank_key,
             keep=self.keep,
+            draw_sampling=self.draw_config(sampling),
         )
 
 

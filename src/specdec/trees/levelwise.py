@@ -66,11 +66,13 @@ class LevelChildren(NamedTuple):
     law_wor: torch.Tensor
 
 
-LevelFn = Callable[[torch.Tensor, RandomSource, torch.Tensor], LevelChildren]
-CompiledLevelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LevelChildren]
+LevelFn = Callable[..., LevelChildren]
+CompiledLevelFn = Callable[..., LevelChildren]
 """``level(q, rng, live)``: the children of the nodes whose draft laws are ``q``
 ``[R, V]`` (float64, or a :class:`~specdec.trees._common.DraftLaw`); rows where ``live`` ``[R]`` is False are beam slots
-without a real node (a level with fewer than ``B`` nodes): they must not draw."""
+without a real node (a level with fewer than ``B`` nodes): they must not draw. A builder that ranks by one
+law and draws by another (``rank_law="untempered"``) gets the draw law as a fourth argument,
+``level(q, rng, live, draw)``. Compiled: ``fn(q, u, live)`` / ``fn(q, u, live, draw)``."""
 
 
 def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
@@ -99,6 +101,7 @@ def rheo_level(
     proxy: str,
     proxy_scale: float,
     live: torch.Tensor | None = None,
+    draw: torch.Tensor | DraftLaw | None = None,
 ) -> LevelChildren:
     """RheoSampling's children (the tensor form of :func:`~specdec.trees.rheo.rheo_proposal`;
     docs/trees.md, "RheoSampling"): per node, ``m`` sampled children drawn from
@@ -106,7 +109,15 @@ def rheo_level(
     deterministic slots, renormalised) with a proxy weight that does not
     depend on the drawn token, then the ``K - m`` deterministic children; a
     node without residual mass (or below ``threshold``) gets EAGLE-2's top-``K``.
+
+    With ``draw`` (``[R, V]``, the law the sampled slot draws by, when it is not
+    ``q``: ``rank_law="untempered"``), ``q`` ranks (the slots ``S``, the
+    deterministic weights, the displaced proxy) and ``q'`` is the top
+    ``M - (K - m)`` entries of ``draw`` outside ``S``, renormalised; the
+    residual (slot test, threshold, scaled proxy) is ``draw``'s ``1 - draw(S)``.
     """
+    if draw is not None:
+        return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live)
     R = q.shape[0]
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
     dev = ids.device
@@ -138,12 +149,70 @@ def rheo_level(
         else:
             n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
             sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
-    sampled_w = torch.where(was_drawn, sampled_w, 0.0)
-    # a node with a slot: the m sampled children, then the K - m deterministic ones; else the EAGLE-2 node's top K
+    return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids[:, :K], probs[:, :K],
+                          cand_ids, law_probs, m)
+
+
+def _rheo_level_split(
+    q: torch.Tensor | DraftLaw,
+    draw: torch.Tensor | DraftLaw,
+    K: int,
+    m: int,
+    M: int,
+    threshold: float,
+    rng: RandomSource,
+    proxy: str,
+    proxy_scale: float,
+    live: torch.Tensor | None,
+) -> LevelChildren:
+    """:func:`rheo_level` ranking by ``q`` and drawing by ``draw`` (see there)."""
+    R = q.shape[0]
+    ids, probs = top_tokens_fixed(q, K)  # [R, K] the ranking law's top K
+    dev = ids.device
+    det_ids = ids[:, : K - m]  # [R, K - m] S
+    outside = masked_outside(dense_law(draw), det_ids)  # [R, V] float64: draw, S zeroed (padding ignored)
+    residual = row_mass(outside)  # [R] 1 - draw(S)
+    has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
+    if live is not None:
+        has_slot = has_slot & live
+    cand_ids, cand_probs = top_tokens_fixed(outside, M - (K - m))  # [R, L]: a positive residual gives one
+    mass = row_mass(cand_probs)  # [R]
+    law_probs = cand_probs / torch.where(has_slot, mass, float("inf")).unsqueeze(-1)  # [R, L]: q' (0 without a slot)
+    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
+    drawn = draw_rows(law_probs, m, mode, rng, has_slot)  # [R, m] columns of q'
+    was_drawn = drawn >= 0
+    sampled_tok = torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)  # [R, m]
+    if proxy == "displaced":  # the ranking law's q at rank K - m + i, or at its last positive rank
+        n_pos = (ids >= 0).sum(dim=-1, keepdim=True)  # [R, 1]
+        rank = torch.minimum(torch.arange(K - m, K, device=dev), (n_pos - 1).clamp_min(0))  # [R, m]
+        sampled_w = probs.gather(-1, rank)
+    else:
+        c = proxy_scale if proxy == "scaled" else 1.0
+        n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
+        sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
+    return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids, probs, cand_ids,
+                          law_probs, m)
+
+
+def _slot_children(
+    has_slot: torch.Tensor,
+    sampled_tok: torch.Tensor,
+    sampled_w: torch.Tensor,
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    cand_ids: torch.Tensor,
+    law_probs: torch.Tensor,
+    m: int,
+) -> LevelChildren:
+    """A Rheo level's children: where a node has a slot (``has_slot`` ``[R]``), its ``m``
+    sampled children (``sampled_tok``, ``sampled_w`` ``[R, m]``) then the ``K - m``
+    deterministic ones (the first of ``ids``, ``probs`` ``[R, K]``, the ranking law's top
+    K); else the EAGLE-2 node's top ``K``. Laws: ``cand_ids``, ``law_probs`` ``[R, L]``."""
+    K = ids.shape[-1]
     use = has_slot.unsqueeze(-1)
-    tokens = torch.where(use, torch.cat([sampled_tok, det_ids], dim=-1), ids[:, :K])  # [R, K]
-    weights = torch.where(use, torch.cat([sampled_w, probs[:, : K - m]], dim=-1), probs[:, :K])
-    sampled_slot = use & _first_slots(m, K, dev)  # [R, K]
+    tokens = torch.where(use, torch.cat([sampled_tok, ids[:, : K - m]], dim=-1), ids)  # [R, K]
+    weights = torch.where(use, torch.cat([sampled_w, probs[:, : K - m]], dim=-1), probs)
+    sampled_slot = use & _first_slots(m, K, ids.device)  # [R, K]
     kinds = torch.where(tokens >= 0, torch.where(sampled_slot, int(NodeKind.SAMPLED), int(NodeKind.DETERMINISTIC)), PAD)
     return LevelChildren(
         tokens=tokens,
@@ -153,6 +222,20 @@ def rheo_level(
         law_probs=law_probs,
         law_wor=has_slot & (m > 1),
     )
+
+
+def dense_law(q: torch.Tensor | DraftLaw) -> torch.Tensor:
+    """``[R, V]`` float64 ``q`` (a :class:`DraftLaw` divided by its ``total``: :func:`normalised_law`'s bits)."""
+    probs, total, _ = _as_law(q)
+    return probs if total is None else q.wide / total  # type: ignore[union-attr]
+
+
+def masked_outside(q: torch.Tensor, det_ids: torch.Tensor) -> torch.Tensor:
+    """``[R, V]`` float64 ``q`` with the tokens ``det_ids`` ``[R, s]`` (``-1`` padded, ignored) zeroed
+    (the per-node reference, :func:`~specdec.trees.rheo.rheo_proposal`, uses this too)."""
+    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)  # a count: padding (-1 -> 0) adds 0
+    hit.scatter_add_(-1, det_ids.clamp_min(0), (det_ids >= 0).to(torch.int64))
+    return q.masked_fill(hit > 0, 0.0)
 
 
 def _residual(q: torch.Tensor | DraftLaw, det_ids: torch.Tensor) -> torch.Tensor:
@@ -190,6 +273,7 @@ def grow_levelwise(
     num_keep: int,
     draws_per_node: int = 0,
     compiled_level: CompiledLevelFn | None = None,
+    draw_sampling: SamplingConfig | None = None,
 ) -> TreeBatch:
     """Grow a dynamic tree level by level with tensor ops, then keep the best ``num_keep`` nodes.
 
@@ -208,6 +292,9 @@ def grow_levelwise(
         compiled_level: ``level`` compiled as ``fn(q, u, live)``, its draws read
             from a ``[R, draws_per_node]`` table ``u`` drawn from ``rng`` before the
             call (:class:`~specdec.rng.UniformTable`; see :class:`specdec.step.StepCompiler`).
+        draw_sampling: the processing of the law the level draws by, when it is not
+            ``sampling`` (``rank_law="untempered"``: ``sampling`` ranks); both laws come
+            from the same draft forward and ``level`` gets the draw law as its fourth argument.
 
     Returns:
         A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
@@ -217,10 +304,11 @@ def grow_levelwise(
     # the level's ids are mapped to the target's once, right after the level function
     vocab_ids = draft.proposal_ids  # [Vd] or None
     reduced = vocab_ids is not None
-    q, bad = draft.root_rows_flagged(sampling, proposal=reduced)  # [B, Vd], [B]: one row per tree
-    law = draft_law(q, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows)
+    configs = (sampling,) if draw_sampling is None else (sampling, draw_sampling)
+    qs, bad = draft.root_rows_laws(configs, proposal=reduced)  # [B, Vd] per config, [B]: one row per tree
+    law, draw = _laws(qs, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows); draw law or None
     draft_bad = bad  # [B] the roots' rows; with the expanded rows', raised by the step's one read
-    B = q.shape[0]
+    B = qs[0].shape[0]
     dev = law.device
     vocab = draft.vocab_size
     if reduced:  # [Vd + 1]: draft id -> target id, and the padding id -1 -> -1 (one gather per map)
@@ -243,14 +331,14 @@ def grow_levelwise(
     for d in range(1, depth + 1):
         R = law.shape[0] // B  # the level function sees B * R rows, tree-major
         if compiled_level is None:
-            lv = level(law, rng, live)
+            lv = level(law, rng, live) if draw is None else level(law, rng, live, draw)
         else:
             u = (
                 rng.uniforms((B * R, draws_per_node), device=dev)
                 if draws_per_node
                 else torch.empty(B * R, 0, dtype=torch.float64, device=dev)
             )  # [B * R, draws]
-            lv = compiled_level(law, u, live)
+            lv = compiled_level(law, u, live) if draw is None else compiled_level(law, u, live, draw)
         if reduced:  # draft ids -> target ids (padding -1 stays -1)
             lv = lv._replace(
                 tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
@@ -272,10 +360,10 @@ def grow_levelwise(
         beam_live = beam_score > float("-inf")  # a node of finite score is a real node (its token is >= 0)
         # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token; its children
         # score -inf and it never counts as bad
-        q, bad = draft.expand_rows_flagged(
-            beam // C + rows_first_id, torch.where(beam_live, lv_tok.gather(1, beam), root), sampling, proposal=reduced
-        )  # [B, width, Vd], [B, width]
-        law = draft_law(q.reshape(B * width, -1), bad)
+        qs, bad = draft.expand_rows_laws(
+            beam // C + rows_first_id, torch.where(beam_live, lv_tok.gather(1, beam), root), configs, proposal=reduced
+        )  # [B, width, Vd] per config, [B, width]
+        law, draw = _laws([q.reshape(B * width, -1) for q in qs], bad)
         beams.append(beam)
         lives.append(beam_live)
         bads.append(bad)
@@ -294,6 +382,14 @@ def grow_levelwise(
         shape.levels, all_expanded, laws, num_keep=num_keep, vocab=vocab,
         children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
     )
+
+
+def _laws(qs: list[torch.Tensor], bad: torch.Tensor) -> tuple[DraftLaw, DraftLaw | None]:
+    """The ranking law and, when there is one, the draw law of one level (``[R, V]`` each)."""
+    if len(qs) == 1:
+        return draft_law(qs[0], bad), None
+    # the ranking law's float64 copy is not the thread's scratch buffer, which the draw law's takes
+    return draft_law(qs[0], bad, scratch=False), draft_law(qs[1], bad)
 
 
 class _RootConstants(NamedTuple):

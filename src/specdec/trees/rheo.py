@@ -56,7 +56,7 @@ from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_rows, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
-from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
+from specdec.trees.levelwise import LevelFn, eagle_level, masked_outside, rheo_level
 from specdec.methods import Method, register_method
 
 __all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
@@ -86,6 +86,7 @@ def rheo_proposal(
     rng: RandomSource,
     proxy: str = "residual",
     proxy_scale: float = 0.25,
+    q_draw: torch.Tensor | None = None,
 ) -> list[list[ChildProposal]]:
     """RheoSampling's children of ``k`` nodes (steps 1-3 of the module docstring).
 
@@ -99,12 +100,19 @@ def rheo_proposal(
         proxy: the sampled children's weight, one of :data:`PROXIES`
             (:class:`RheoTreeBuilder` defaults to ``"scaled"``).
         proxy_scale: ``c`` of the ``"scaled"`` proxy (ignored by the others).
+        q_draw: ``[k, V]`` float64 laws the sampled slots draw by, when they are not
+            ``q`` (``rank_law="untempered"``): ``q`` then ranks (``S``, the
+            deterministic weights, the displaced proxy) and ``q'`` is the top
+            ``M - (K - m)`` entries of ``q_draw`` outside ``S``, renormalised; the
+            residual is ``1 - q_draw(S)``.
 
     Returns:
         Per node: its sampled children (draw order, law ``q'``, proxy weight),
         then its deterministic children (rank order, weight ``q(x)``). A node
         without a sampled slot gets its top-``K`` deterministic children.
     """
+    if q_draw is not None:
+        return _rheo_proposal_split(q, q_draw, K, m, M, threshold, rng, proxy, proxy_scale)
     out: list[list[ChildProposal]] = []
     rows = top_tokens_tensors(q, max(K, M))
     slot_ids = torch.full((q.shape[0], K - m), -1, dtype=torch.int64, device=q.device)
@@ -138,6 +146,56 @@ def rheo_proposal(
             weights = [min(1.0, c * residual / len(drawn))] * len(drawn)
         children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
         children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
+        out.append(children)
+    return out
+
+
+def _rheo_proposal_split(
+    q: torch.Tensor,
+    q_draw: torch.Tensor,
+    K: int,
+    m: int,
+    M: int,
+    threshold: float,
+    rng: RandomSource,
+    proxy: str,
+    proxy_scale: float,
+) -> list[list[ChildProposal]]:
+    """:func:`rheo_proposal` ranking by ``q`` and drawing by ``q_draw``, node by node."""
+    out: list[list[ChildProposal]] = []
+    ranked = top_tokens_tensors(q, K)  # per row: the ranking law's top K
+    slot_ids = torch.full((q.shape[0], K - m), -1, dtype=torch.int64, device=q.device)
+    for r, (ids, _) in enumerate(ranked):
+        slot_ids[r, : min(K - m, ids.numel())] = ids[: K - m]
+    outside = masked_outside(q_draw, slot_ids)  # q_draw with S zeroed
+    residuals = row_mass(outside).tolist()
+    cand_rows = top_tokens_tensors(outside, M - (K - m))
+    L = M - (K - m)
+    cand = torch.zeros(q.shape[0], L, dtype=torch.float64, device=q.device)
+    for r, (_, probs) in enumerate(cand_rows):
+        cand[r, : probs.numel()] = probs
+    mass = row_mass(cand)
+    has_slot = torch.tensor(
+        [residuals[r] > 0.0 and residuals[r] >= threshold for r in range(q.shape[0])], dtype=torch.bool, device=q.device
+    )
+    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
+    law_probs = cand / torch.where(has_slot, mass, 1.0).unsqueeze(-1)
+    drawn_rows = draw_rows(law_probs, m, mode, rng, has_slot).tolist()
+    for r, (ids, probs) in enumerate(ranked):
+        if not bool(has_slot[r]):
+            out.append([ChildProposal(t, NodeKind.DETERMINISTIC, p) for t, p in zip(ids.tolist(), probs.tolist())])
+            continue
+        cand_ids = cand_rows[r][0]
+        law = SparseLaw(cand_ids.to(torch.int64), law_probs[r, : cand_ids.numel()], mode)
+        drawn = [i for i in drawn_rows[r] if i >= 0]
+        if proxy == "displaced":  # q at rank K - m + i, or at the last ranked token
+            weights = [float(probs[min(K - m + i, probs.numel() - 1)]) for i in range(len(drawn))]
+        else:
+            c = proxy_scale if proxy == "scaled" else 1.0
+            weights = [min(1.0, c * residuals[r] / len(drawn))] * len(drawn)
+        children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
+        children += [ChildProposal(t, NodeKind.DETERMINISTIC, p)
+                     for t, p in zip(ids[: K - m].tolist(), probs[: K - m].tolist())]
         out.append(children)
     return out
 
@@ -228,9 +286,9 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         ):
             raise InvalidConfigError(f"proxy_scale must be a number in (0, 1], got {self.proxy_scale!r}")
 
-    def propose(self, q: torch.Tensor, rng: RandomSource) -> list[list[ChildProposal]]:
+    def propose(self, q: torch.Tensor, rng: RandomSource, q_draw: torch.Tensor | None = None) -> list[list[ChildProposal]]:
         return rheo_proposal(
-            q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy, float(self.proxy_scale)
+            q, self.K, self.m, self.M, float(self.threshold), rng, self.proxy, float(self.proxy_scale), q_draw
         )
 
     def draws_per_node(self, sampling: SamplingConfig) -> int:
@@ -241,7 +299,7 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         K, m, M, threshold, proxy, scale = self.K, self.m, self.M, float(self.threshold), self.proxy, float(self.proxy_scale)
         if sampling.greedy:
             return lambda q, rng, live: eagle_level(q, K)
-        return lambda q, rng, live: rheo_level(q, K, m, M, threshold, rng, proxy, scale, live)
+        return lambda q, rng, live, draw=None: rheo_level(q, K, m, M, threshold, rng, proxy, scale, live, draw)
 
     def proposer(self, sampling: SamplingConfig) -> ProposeFn:
         """At ``T = 0`` no node gets a sampled slot (docs/trees.md, ``rheo``): the children are EAGLE-2's top-``K``, so the tree is EAGLE-2's."""
