@@ -17,6 +17,7 @@ Usage::
     python benchmarks/rheo_sweep_table.py benchmarks/results/rheo_sweep_smollm2_b60
     python benchmarks/rheo_sweep_table.py DIR --json out.json --markdown out.md --plot tau_vs_t.png
     python benchmarks/rheo_sweep_table.py DIR_T1 DIR_T03 DIR_T06 --markdown sweep.md
+    python benchmarks/rheo_sweep_table.py DIRS... --same-at "rheo[rank_law=untempered]=rheo@0,1"
 
 Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios; a
 row with options is compared with the ``eagle3`` row of the same options where the log has one
@@ -134,10 +135,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: tau against temperature per row")
     ap.add_argument("--title", default="", help="the plot's title (default: the folder's name)")
+    ap.add_argument("--same-at", action="append", default=[], metavar="ROW=OTHER@T1,T2",
+                    help="ROW's cells at T1, T2 are OTHER's (the two rows are the same method there, e.g. "
+                         "'rheo[rank_law=untempered]=rheo@0,1'); repeatable")
     args = ap.parse_args(argv)
     header, records, planned = read_logs(args.dirs)
     names = ", ".join(str(d / "runs.jsonl") for d in args.dirs)
     table = cells(records)
+    for spec in args.same_at:
+        rows_part, _, temps_part = spec.rpartition("@")
+        depth, cut = 0, -1  # the first "=" outside brackets (options carry their own)
+        for i, ch in enumerate(rows_part):
+            depth += {"[": 1, "]": -1}.get(ch, 0)
+            if ch == "=" and depth == 0:
+                cut = i
+                break
+        row, other = rows_part[:cut], rows_part[cut + 1:]
+        if cut < 0 or not row or not other or not temps_part:
+            ap.error(f"--same-at {spec!r}: expected ROW=OTHER@T1,T2")
+        for t in (float(x) for x in temps_part.split(",")):
+            if (row, t) in table:
+                ap.error(f"--same-at {spec!r}: {row} has its own cell at T={t:g}")
+            if (other, t) not in table:
+                ap.error(f"--same-at {spec!r}: {other} has no cell at T={t:g}")
+            table[(row, t)] = table.pop((other, t))
     rows = sorted({r for r, _ in table}, key=lambda r: (r not in ("eagle3", "rheo"), r))
     temps = sorted({t for _, t in table})
     out: dict[str, Any] = {"dirs": [str(d) for d in args.dirs], "generations": len(records), "cells": [], "ratios": []}
