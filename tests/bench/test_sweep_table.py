@@ -1,0 +1,65 @@
+"""``benchmarks/rheo_sweep_table.py`` on the committed SmolLM2 sweep logs (issue 19): merging folders,
+``--same-at`` and the comparison of a rheo row with the eagle3 row of the same options."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def table_module():
+    spec = importlib.util.spec_from_file_location("rheo_sweep_table", ROOT / "benchmarks" / "rheo_sweep_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DIRS = [RESULTS / "rheo_sweep_smollm2_b60_t03", RESULTS / "rheo_sweep_smollm2_b60_t03_untempered",
+        RESULTS / "rheo_sweep_smollm2_b60_t1"]
+
+
+@pytest.fixture(scope="module")
+def logs_present():
+    if not all((d / "runs.jsonl").exists() for d in DIRS):
+        pytest.skip("the committed sweep logs are not in this checkout")
+
+
+def run(tmp_path, *extra):
+    out = tmp_path / "out.json"
+    assert table_module().main([*map(str, DIRS), "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_rheo_row_with_options_is_compared_with_the_eagle3_row_of_the_same_options(tmp_path, logs_present):
+    ratios = {(r["temperature"], r["row"]): r for r in run(tmp_path)["ratios"]}
+    assert ratios[(0.3, "rheo")]["eagle_row"] == "eagle3"
+    assert ratios[(0.3, "rheo[rank_law=untempered]")]["eagle_row"] == "eagle3[rank_law=untempered]"
+    assert (1.0, "rheo[rank_law=untempered]") not in ratios  # no such row at T = 1 without --same-at
+
+
+def test_same_at_moves_the_cells(tmp_path, logs_present):
+    plain = {(c["row"], c["temperature"]): c["tau"] for c in run(tmp_path)["cells"]}
+    moved = run(tmp_path, "--same-at", "rheo[rank_law=untempered]=rheo@1",
+                "--same-at", "eagle3[rank_law=untempered]=eagle3@1")
+    cells = {(c["row"], c["temperature"]): c["tau"] for c in moved["cells"]}
+    assert cells[("rheo[rank_law=untempered]", 1.0)] == plain[("rheo", 1.0)]
+    assert ("rheo", 1.0) not in cells and cells[("rheo", 0.3)] == plain[("rheo", 0.3)]
+    ratio = {(r["temperature"], r["row"]): r for r in moved["ratios"]}[(1.0, "rheo[rank_law=untempered]")]
+    assert ratio["eagle_row"] == "eagle3[rank_law=untempered]" and 1.1 < ratio["rheo_over_eagle3"][0] < 1.3
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("rheo[rank_law=untempered]=rheo@0.3", "has its own cell"),
+    ("rheo[rank_law=untempered]=rheo@0.8", "has no cell"),
+    ("rheo", "expected ROW=OTHER"),
+])
+def test_same_at_refuses_what_it_cannot_do(tmp_path, logs_present, capsys, spec, message):
+    with pytest.raises(SystemExit):
+        table_module().main([*map(str, DIRS), "--same-at", spec])
+    assert message in capsys.readouterr().err
