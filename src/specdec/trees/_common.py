@@ -439,9 +439,14 @@ def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tenso
         q: ``[k, V]`` float64 draft laws.
         deterministic: ``[k, s]`` int64 token ids of each row's ``S``, ``-1`` padded.
     """
-    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)
-    hit.scatter_add_(-1, deterministic.clamp_min(0), (deterministic >= 0).to(torch.int64))
-    return row_mass(q.masked_fill(hit > 0, 0.0))
+    return row_mass(masked_outside(q, deterministic))
+
+
+def masked_outside(q: torch.Tensor, det_ids: torch.Tensor) -> torch.Tensor:
+    """``[k, V]`` ``q`` with the tokens ``det_ids`` ``[k, s]`` (``-1`` padded, ignored) zeroed."""
+    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)  # a count: padding (-1 -> 0) adds 0
+    hit.scatter_add_(-1, det_ids.clamp_min(0), (det_ids >= 0).to(torch.int64))
+    return q.masked_fill(hit > 0, 0.0)
 
 
 def log_weights(weights: Sequence[float]) -> list[float]:

@@ -39,7 +39,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import DraftLaw, _as_law, draft_law, draw_rows, row_mass, top_tokens_fixed
+from specdec.trees._common import DraftLaw, _as_law, draft_law, draw_rows, masked_outside, row_mass, top_tokens_fixed
 
 __all__ = ["CompiledLevelFn", "LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
 
@@ -132,12 +132,7 @@ def rheo_level(
     has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
     if live is not None:
         has_slot = has_slot & live
-    mass = row_mass(cand_probs)  # [R]
-    law_probs = cand_probs / torch.where(has_slot, mass, float("inf")).unsqueeze(-1)  # [R, L]: q' (0 without a slot)
-    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
-    drawn = draw_rows(law_probs, m, mode, rng, has_slot)  # [R, m] columns of q'
-    was_drawn = drawn >= 0
-    sampled_tok = torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)  # [R, m]
+    law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy == "displaced":
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
@@ -176,12 +171,7 @@ def _rheo_level_split(
     if live is not None:
         has_slot = has_slot & live
     cand_ids, cand_probs = top_tokens_fixed(outside, M - (K - m))  # [R, L]: a positive residual gives one
-    mass = row_mass(cand_probs)  # [R]
-    law_probs = cand_probs / torch.where(has_slot, mass, float("inf")).unsqueeze(-1)  # [R, L]: q' (0 without a slot)
-    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
-    drawn = draw_rows(law_probs, m, mode, rng, has_slot)  # [R, m] columns of q'
-    was_drawn = drawn >= 0
-    sampled_tok = torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)  # [R, m]
+    law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy == "displaced":  # the ranking law's q at rank K - m + i, or at its last positive rank
         n_pos = (ids >= 0).sum(dim=-1, keepdim=True)  # [R, 1]
         rank = torch.minimum(torch.arange(K - m, K, device=dev), (n_pos - 1).clamp_min(0))  # [R, m]
@@ -192,6 +182,19 @@ def _rheo_level_split(
         sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids, probs, cand_ids,
                           law_probs, m)
+
+
+def _draw_slots(
+    cand_ids: torch.Tensor, cand_probs: torch.Tensor, has_slot: torch.Tensor, m: int, rng: RandomSource
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampled slots of a Rheo level: ``q'`` (``cand_probs`` ``[R, L]`` renormalised, 0 without a
+    slot), which draws were made, and the drawn tokens (``[R, m]``, ``-1`` where none)."""
+    mass = row_mass(cand_probs)  # [R]
+    law_probs = cand_probs / torch.where(has_slot, mass, float("inf")).unsqueeze(-1)  # [R, L]: q' (0 without a slot)
+    mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
+    drawn = draw_rows(law_probs, m, mode, rng, has_slot)  # [R, m] columns of q'
+    was_drawn = drawn >= 0
+    return law_probs, was_drawn, torch.where(was_drawn, cand_ids.gather(-1, drawn.clamp_min(0)), -1)
 
 
 def _slot_children(
@@ -228,14 +231,6 @@ def dense_law(q: torch.Tensor | DraftLaw) -> torch.Tensor:
     """``[R, V]`` float64 ``q`` (a :class:`DraftLaw` divided by its ``total``: :func:`normalised_law`'s bits)."""
     probs, total, _ = _as_law(q)
     return probs if total is None else q.wide / total  # type: ignore[union-attr]
-
-
-def masked_outside(q: torch.Tensor, det_ids: torch.Tensor) -> torch.Tensor:
-    """``[R, V]`` float64 ``q`` with the tokens ``det_ids`` ``[R, s]`` (``-1`` padded, ignored) zeroed
-    (the per-node reference, :func:`~specdec.trees.rheo.rheo_proposal`, uses this too)."""
-    hit = torch.zeros(q.shape, dtype=torch.int64, device=q.device)  # a count: padding (-1 -> 0) adds 0
-    hit.scatter_add_(-1, det_ids.clamp_min(0), (det_ids >= 0).to(torch.int64))
-    return q.masked_fill(hit > 0, 0.0)
 
 
 def _residual(q: torch.Tensor | DraftLaw, det_ids: torch.Tensor) -> torch.Tensor:

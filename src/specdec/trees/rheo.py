@@ -54,9 +54,9 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
-from specdec.trees._common import draw_rows, residual_masses, row_mass, top_tokens_tensors
+from specdec.trees._common import draw_rows, masked_outside, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
-from specdec.trees.levelwise import LevelFn, eagle_level, masked_outside, rheo_level
+from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
 from specdec.methods import Method, register_method
 
 __all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
