@@ -139,6 +139,26 @@ def test_top_tokens_fixed_equals_top_tokens_tensors(seed, vocab, counts):
             assert (ids[r, k:] == -1).all() and (probs[r, k:] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(5))
+def test_packed_key_ranking_equals_the_tie_search_ranking(seed, dtype):
+    """Float32 / float16 / bfloat16 rows are ranked by one ``topk`` on (value bits, column) keys;
+    float64 rows by ``topk`` and the tie search. Same columns in the same order, exact ties at
+    every cut included (values ``k / 8``, exact in every dtype), zero rows and a flat row."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.rand(6, 300, generator=g, dtype=torch.float64) * 8).floor() / 8
+    q[0] = 0.0
+    q[0, 7] = 0.5
+    q[1] = 0.125
+    q[2, 100:] = 0.0
+    assert common._order_keys(q) is None and common._order_keys(q.to(dtype)) is not None
+    for count in (1, 4, 37, 299, 300):
+        want_values, want_ids = common._ranked(q, count)
+        got_values, got_ids = common._ranked(q.to(dtype), count)
+        assert torch.equal(got_ids, want_ids), count
+        assert torch.equal(got_values.double(), want_values)
+
+
 
 def _long_rows(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[7, vocab]`` float32 processed draft laws with the cases the grouped ranking must get

@@ -273,9 +273,45 @@ def top_tokens_fixed(q: torch.Tensor | DraftLaw, count: int) -> tuple[torch.Tens
     return torch.where(values > 0, ids, -1), values
 
 
+_KEY_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+"""Float dtypes whose values :func:`_order_keys` packs with their column into one int64 key."""
+_LOW = 0xFFFFFFFF
+"""The key's low 32 bits: ``_LOW - column`` (the smaller column, the larger key)."""
+
+
+def _order_keys(q: torch.Tensor) -> torch.Tensor | None:
+    """``[R, n]`` int64 keys ordering the entries of ``q`` ``[R, n]`` by ``(-value, column)``
+    (larger key first, every key distinct), or ``None`` for a dtype that does not fit.
+
+    The bits of a non-negative float, read as a signed integer of the same width, grow with
+    its value, so ``bits << 32 | (2^32 - 1 - column)`` compares as the pair does: one
+    ``topk`` on the keys ranks by the total order with no tie left to break. Negative
+    entries (the ``-1`` padding of :func:`_group_candidates`) get negative keys, below every
+    probability; a NaN (a bad row, whose result is discarded) gets a large one."""
+    bits = _KEY_BITS.get(q.dtype)
+    if bits is None or q.shape[-1] > _LOW:
+        return None
+    return (q.view(bits).to(torch.int64) << 32) | _low_keys(q.shape[-1], q.device)  # [R, n]
+
+
+@functools.lru_cache(maxsize=16)
+def _low_keys(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` int64 ``2^32 - 1 - column``, once per size and device (never written to)."""
+    return _LOW - torch.arange(n, device=device)
+
+
+def _top_keys(keys: torch.Tensor, c: int) -> torch.Tensor:
+    """``[R, c]`` int64 columns of the ``c`` largest keys of each row, largest first."""
+    return _LOW - (torch.topk(keys, c, dim=-1).values & _LOW)
+
+
 def _ranked(q: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[R, c]`` the ``c`` largest values of each row of ``q`` and their columns, ordered by
     ``(-value, column)``, the columns tied at the cut the smallest ones (zeros included)."""
+    keys = _order_keys(q)
+    if keys is not None:  # one topk on (value, column) keys: ties ordered by construction
+        ids = _top_keys(keys, c)  # [R, c]
+        return q.gather(-1, ids), ids
     values, ids = torch.topk(q, c, dim=-1)  # [R, c]: exact values; which of the tokens tied at the cut, not trusted
     kth = values[:, -1:]  # [R, 1]
     # order the c candidates by (-q, id): sort by id, then stably by -q; the tokens tied at the cut come last
@@ -318,6 +354,10 @@ def _group_candidates(q: torch.Tensor, c: int, group: int) -> tuple[torch.Tensor
     if full < V:
         maxima = torch.cat([maxima, q[:, full:].amax(dim=-1, keepdim=True)], dim=-1)
     G = maxima.shape[-1]
+    keys = _order_keys(maxima)
+    if keys is not None:  # the c best groups by (-max, index), in ascending index order
+        chosen = torch.sort(_top_keys(keys, c), dim=-1).values  # [R, c]
+        return _group_entries(q, chosen, group)
     # the chosen groups: every max above the c-th largest max, then the first groups (by index) equal to it
     kth = torch.topk(maxima, c, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)  # [R, 1]
     tied = maxima == kth  # [R, G]
@@ -328,9 +368,17 @@ def _group_candidates(q: torch.Tensor, c: int, group: int) -> tuple[torch.Tensor
     chosen = torch.zeros(R, c + 1, dtype=torch.int64, device=q.device).scatter_(
         -1, place, _offsets(G, q.device).expand(R, G)
     )[:, :c]  # [R, c] ascending group indices
+    return _group_entries(q, chosen, group)
+
+
+def _group_entries(q: torch.Tensor, chosen: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of ``q`` ``[R, V]`` in the groups ``chosen`` ``[R, c]`` (ascending) and their
+    columns, ``[R, c * group]`` each (columns past ``V``: value -1)."""
+    R, V = q.shape
+    c = chosen.shape[-1]
     columns = (chosen.unsqueeze(-1) * group + _offsets(group, q.device)).reshape(R, c * group)  # [R, c * group]
     values = q.gather(-1, columns.clamp(max=V - 1))
-    if full < V:  # the last group's columns past V: below every probability
+    if V % group:  # the last group's columns past V: below every probability
         values = values.masked_fill(columns >= V, -1.0)
     return values, columns
 
