@@ -254,3 +254,104 @@ def test_rows_mode_bad_input():
         draft.commit_rows([[1], [2], [3]])
     with pytest.raises(ValueError, match="keep_rows"):
         draft.keep_rows([0, 0])
+
+
+# --------------------------------------------------------------- proposal vocabulary
+
+PROPOSAL = torch.tensor([0, 3, 4, 10, 11, 12, 40, 41, 60, 77, 96])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_proposal_vocabulary_logits_are_the_heads_rows(dtype):
+    """HFDraft(proposal_ids=...): the forwards apply only the LM head's rows of the vocabulary:
+    ``*_proposal_logits`` are the plain forward's logits at those ids, and ``root_logits`` /
+    ``tree_logits`` the same with ``-inf`` elsewhere; one sequence and rows mode, across commits."""
+    model = make_tiny_llama("sdpa", dtype, seed=3)
+    tol = tolerance(dtype)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[PROPOSAL] = False
+    draft = HFDraft(model, proposal_ids=PROPOSAL.tolist())
+    assert torch.equal(draft.proposal_ids, PROPOSAL)
+
+    def same(row: torch.Tensor, context: list[int], full: bool) -> None:
+        ref = plain_logits(model, context)
+        got = row[PROPOSAL] if full else row
+        assert float((got.double() - ref[PROPOSAL]).abs().max()) < tol
+        if full:
+            assert row.shape == (VOCAB,) and torch.isneginf(row[outside]).all()
+        else:
+            assert row.shape == (len(PROPOSAL),)
+
+    rng = random.Random(1)
+    context = [5, 9, 2]
+    draft.begin(context)
+    for _step in range(3):
+        same(draft.root_proposal_logits(), context, False)
+        same(draft.root_logits(), context, True)
+        tokens = rng.sample(range(VOCAB), 3)
+        logits = draft.tree_proposal_logits([0, 0, 0], tokens)
+        for j, t in enumerate(tokens):
+            same(logits[j], context + [t], False)
+        deeper = draft.tree_logits([1], [7])
+        same(deeper[0], context + [tokens[0], 7], True)
+        emitted = [tokens[0], 7, rng.randrange(VOCAB)]
+        draft.commit(emitted)
+        context += emitted
+    rows = [[1, 2], [3, 4, 5, 6]]
+    draft.begin_rows(rows)
+    for b, row in enumerate(draft.root_rows_logits(proposal=True)):
+        same(row, rows[b], False)
+    for b, row in enumerate(draft.root_rows_logits()):
+        same(row, rows[b], True)
+    level = draft.tree_rows_logits(torch.zeros(2, 2, dtype=torch.int64), torch.tensor([[8, 9], [10, 11]]), proposal=True)
+    for b, toks in enumerate(([8, 9], [10, 11])):
+        for j, t in enumerate(toks):
+            same(level[b, j], rows[b] + [t], False)
+    level = draft.tree_rows_logits(torch.tensor([[1], [2]]), torch.tensor([[12], [13]]))
+    same(level[0, 0], rows[0] + [8, 12], True)
+    same(level[1, 0], rows[1] + [11, 13], True)
+
+
+class _Undeclared(HFDraft):
+    """The same logits, ``-inf`` outside the vocabulary, with no proposal vocabulary declared:
+    the builders rank, draw and record over all ``V`` columns."""
+
+    @property
+    def proposal_ids(self):
+        return None
+
+
+@pytest.mark.parametrize("method", ["sd", "specinfer", "eagle2", "rheo", "sequoia"])
+def test_a_proposal_vocabulary_gives_the_trees_and_tokens_of_the_full_width_law(method):
+    """Generation with a draft over its proposal vocabulary emits exactly what the full-width
+    law (``-inf`` outside it) emits, with the same seeds, at T = 1 and at T = 0.7 with top-k;
+    at T = 0 both give the target's greedy output."""
+    import specdec
+
+    target = make_tiny_llama("sdpa", torch.float32, seed=4)
+    model = make_tiny_llama("sdpa", torch.float32, seed=5, layers=1)
+    from specdec.targets.hf import HFTarget
+
+    reduced = HFDraft(model, proposal_ids=PROPOSAL)
+    full = _Undeclared(model, proposal_ids=PROPOSAL)
+    opts = {"sequoia": {"num_nodes": 6, "max_depth": 3, "acceptance": [0.5, 0.2, 0.1]}}.get(method, {})
+    outs = []
+    for draft in (reduced, full):
+        gen = specdec.SpeculativeGenerator(target=HFTarget(target), draft=draft, method=method, **opts)
+        per = []
+        for sampling in (specdec.SamplingConfig(temperature=1.0), specdec.SamplingConfig(temperature=0.7, top_k=20),
+                         specdec.SamplingConfig(temperature=0.0)):
+            per.append(gen.generate([3, 1, 4, 1], 12, sampling, seed=11).tokens)
+        outs.append(per)
+    assert outs[0] == outs[1]
+    greedy = specdec.autoregressive_generate(HFTarget(target), [3, 1, 4, 1], 12, specdec.SamplingConfig(temperature=0.0))
+    assert outs[0][2] == greedy.tokens
+
+
+def test_bad_proposal_ids_are_refused():
+    from specdec.errors import InvalidConfigError
+
+    model = make_tiny_llama("sdpa", torch.float32)
+    for bad in ([3, 2], [0, 0, 1], [-1, 2], [1, VOCAB], []):
+        with pytest.raises(InvalidConfigError, match="proposal_ids must be distinct ascending token ids"):
+            HFDraft(model, proposal_ids=bad)

@@ -106,9 +106,65 @@ def test_gemma3_recipe_trains_eagle3_and_exports_to_the_cache(gemma_env, tmp_pat
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 3
 
 
-def test_gemma3_recipe_refuses_a_draft_lm(gemma_env, tmp_path):
-    with pytest.raises(SystemExit):
-        recipes.main(["--target", "gemma3", "--out", str(tmp_path / "r"), "--students", "eagle3,draft_lm"])
+def test_gemma3_recipe_distils_a_draft_lm_over_the_draft_vocabulary(gemma_env, tmp_path):
+    """``--students draft_lm``: a 2-layer Gemma 3 draft LM (the target's first layers), trained over
+    the draft vocabulary, exported to the user cache with a NOTICE and its proposal vocabulary;
+    ``specdec bench --target gemma3`` drafts with it over that vocabulary, losslessly (greedy)."""
+    import specdec
+    from specdec.bench.models import load_bench_models
+    from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids, load_draft_lm
+    from specdec.targets.hf import HFTarget
+
+    target = gemma_env["model"]
+    run = tmp_path / "run"
+    assert recipes.main(["--target", "gemma3", "--students", "draft_lm", "--out", str(run), "--steps", "3",
+                         "--batch-size", "2", "--seq-len", "16", "--draft-vocab-size", "20", "--threads", "1",
+                         "--no-progress"]) == 0
+    lm = transformers.AutoModelForCausalLM.from_pretrained(str(run / "draft_lm"))
+    assert type(lm) is type(target) and lm.config.num_hidden_layers == 2
+    assert lm.config.layer_types == ["sliding_attention", "full_attention"]  # the target's first two
+    meta = json.loads((run / "draft_lm" / "specdec_meta.json").read_text())
+    assert meta["token_loss_vocab"].startswith("draft vocabulary") and "Gemma Terms of Use" in meta["license"]
+    assert gemma3.cached_draft_lm_path() is None
+    assert recipes.main(["--target", "gemma3", "--out", str(run), "--export"]) == 0
+    path = gemma3.cached_draft_lm_path()
+    assert path is not None and path.parent == gemma_env["cache"] / "heads" and path.name == gemma3.DRAFT_LM_NAME
+    assert (path / "NOTICE").read_text().startswith("Gemma is provided under and subject to the Gemma Terms of Use")
+    assert sorted(p.name for p in gemma_env["assets"].iterdir()) == ["sharegpt_heldout_ids.txt"]
+    ids = draft_lm_proposal_ids(path)
+    assert torch.equal(ids, torch.load(str(run / "draft_vocab.pt"), weights_only=True)) and len(ids) == 20
+    loaded = load_draft_lm(path, target)
+    assert torch.equal(loaded.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    models = load_bench_models("gemma3", need_kinds=frozenset({"lm"}))
+    draft = models.drafts["lm"]
+    assert torch.equal(draft.proposal_ids, ids) and "proposes over 20 ids" in models.descriptions["lm"]
+    prompt = [2, 5, 7, 9]
+    for method in ("sd", "specinfer"):
+        gen = specdec.SpeculativeGenerator(target=HFTarget(target), draft=draft, method=method)
+        out = gen.generate(prompt, 10, specdec.SamplingConfig(temperature=0.0), seed=0)
+        greedy = specdec.autoregressive_generate(HFTarget(target), prompt, 10, specdec.SamplingConfig(temperature=0.0))
+        assert out.tokens == greedy.tokens
+        sampled = gen.generate(prompt, 10, specdec.SamplingConfig(temperature=1.0), seed=0)
+        assert len(sampled.tokens) == 10
+
+
+def test_make_draft_lm_keeps_the_targets_class_and_layers(gemma_env):
+    from specdec.errors import InvalidConfigError
+    from specdec.train.trainer import make_draft_lm
+
+    target = gemma_env["model"]
+    lm = make_draft_lm(target, 2)
+    for i in range(2):
+        for (name, a), (_, b) in zip(lm.model.layers[i].state_dict().items(), target.model.layers[i].state_dict().items()):
+            assert torch.equal(a, b), name
+    assert not lm.get_input_embeddings().weight.requires_grad
+    x = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():  # one layer: the target truncated to its first layer, exactly
+        one = make_draft_lm(target, 1)
+        full = target(x, output_hidden_states=True)
+        assert torch.allclose(one.model(x).last_hidden_state, target.model.norm(full.hidden_states[1]), atol=1e-5)
+    with pytest.raises(InvalidConfigError, match="a draft LM of 5 layers from a target of 4"):
+        make_draft_lm(target, 5)
 
 
 def test_gemma3_head_warm_start_uses_gemma_norm_scale(gemma_env):

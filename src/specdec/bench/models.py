@@ -241,7 +241,8 @@ def load_bench_models(
             :func:`~specdec.models.smollm2.load_smollm2`), ``"gemma3"``
             (Gemma-3-270M via :func:`~specdec.models.gemma3.load_gemma3`), a
             local HF model folder or a hub name.
-        draft: ``"auto"`` (the shipped draft LM for SmolLM2, else a
+        draft: ``"auto"`` (the shipped draft LM for SmolLM2, the draft LM in
+            the user cache for Gemma-3-270M, with its proposal vocabulary; else a
             truncated copy of the target), ``"truncated:K"`` (the target's
             first ``K`` layers), a local HF folder or a hub name.
         eagle_heads: per version, ``"auto"`` (:func:`auto_head_path`: the
@@ -294,8 +295,23 @@ def load_bench_models(
 
     # --- the draft LM
     hf_draft = None
+    draft_proposal_ids = None  # a draft LM distilled over a draft vocabulary proposes over it (HFDraft proposal_ids)
+    gemma_lm = None
+    if draft == "auto" and target == "gemma3":
+        from specdec.models.gemma3 import cached_draft_lm_path
+
+        gemma_lm = cached_draft_lm_path()
     if draft == "auto":
-        if is_smollm2 and shipped_draft_available():
+        if gemma_lm is not None:
+            from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids, load_draft_lm
+
+            hf_draft = load_draft_lm(gemma_lm, hf_target)
+            draft_proposal_ids = draft_lm_proposal_ids(gemma_lm)
+            descriptions["lm"] = (f"draft LM for Gemma-3-270M trained by its user ({hf_draft.config.num_hidden_layers} "
+                                  f"layers, {gemma_lm}; user cache"
+                                  + ("" if draft_proposal_ids is None else
+                                     f"; proposes over {len(draft_proposal_ids)} ids") + ")")
+        elif is_smollm2 and shipped_draft_available():
             from specdec.drafts.eagle.checkpoints import load_draft_lm, shipped_draft_lm_path
 
             hf_draft = load_draft_lm(shipped_draft_lm_path(), hf_target)
@@ -304,7 +320,9 @@ def load_bench_models(
         else:
             k = default_truncation(int(hf_target.config.num_hidden_layers))
             hf_draft = truncated_copy(hf_target, k)
-            why = "no shipped draft LM installed" if is_smollm2 else "no shipped draft LM for this target"
+            why = ("no shipped draft LM installed" if is_smollm2 else
+                   "no draft LM in the user cache: python -m specdec.train.recipes --target gemma3 --students draft_lm"
+                   if target == "gemma3" else "no shipped draft LM for this target")
             descriptions["lm"] = f"truncated copy of the target ({k} of {hf_target.config.num_hidden_layers} layers; {why})"
     elif draft.startswith("truncated:"):
         try:
@@ -333,7 +351,7 @@ def load_bench_models(
     # logits stay on the models' device (None): the step processes and verifies them there
     plain = HFTarget(hf_target, logits_device=None)
     targets["lm"] = plain
-    drafts["lm"] = HFDraft(hf_draft, logits_device=None)
+    drafts["lm"] = HFDraft(hf_draft, logits_device=None, proposal_ids=draft_proposal_ids)
     if "ngram" in need_kinds:  # model-free: prompt lookup in the prompt and the generated text
         from specdec.drafts.ngram import NgramDraft
 

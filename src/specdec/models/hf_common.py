@@ -757,6 +757,7 @@ def forward_tokens(
     *,
     logits: str = "all",
     hidden_layers: Sequence[int] = (),
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One forward of ``q`` new tokens over the cached positions; the new
     tokens' keys and values are appended to ``cache``.
@@ -772,6 +773,8 @@ def forward_tokens(
         logits: ``"all"`` (``[q, V]``), ``"last"`` (``[V]``) or ``"none"`` (skips the LM head).
         hidden_layers: indices into the model's ``hidden_states`` tuple to return
             (``i`` = input of decoder layer ``i``; ``num_layers`` = final normed output).
+        head: an LM head applied to the final normed states ``[..., H]`` in place of the
+            model's own (e.g. its rows of a proposal vocabulary, ``[..., Vd]``); None: the model's.
 
     Returns:
         ``(logits, hidden)``: logits as requested (model dtype) or None;
@@ -796,7 +799,7 @@ def forward_tokens(
             None if allowed is None else allowed.to(device).unsqueeze(0), position_ids,
             torch.full((1,), past, dtype=torch.int64, device=device), _model_dtype(model),
         )
-    scores, hidden = _forward(model, cache, input_ids, position_ids, mask, logits, hidden_layers)
+    scores, hidden = _forward(model, cache, input_ids, position_ids, mask, logits, hidden_layers, head)
     if scores is not None:
         scores = scores[0, -1] if logits == "last" else scores[0]
     return scores, None if hidden is None else hidden[0]
@@ -811,6 +814,7 @@ def forward_rows(
     *,
     logits: str = "all",
     hidden_layers: Sequence[int] = (),
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """:func:`forward_tokens` for ``B`` rows at once: ``tokens``, ``positions``
     ``[B, q]`` int64 and ``allowed`` ``[B, q, K]`` bool (``K`` = the span of
@@ -827,7 +831,7 @@ def forward_rows(
         mask = cache.sliding_masks(allowed.to(device), positions.to(device), offsets.to(device), _model_dtype(model))
     else:
         mask = additive_mask(allowed.to(device), _model_dtype(model))[0, 0].unsqueeze(1)  # [B, 1, q, K]
-    scores, hidden = _forward(model, cache, tokens.to(device), positions.to(device), mask, logits, hidden_layers)
+    scores, hidden = _forward(model, cache, tokens.to(device), positions.to(device), mask, logits, hidden_layers, head)
     if scores is not None and logits == "last":
         scores = scores[:, -1]
     return scores, hidden
@@ -841,16 +845,17 @@ def _forward(
     mask: torch.Tensor | dict[str, torch.Tensor] | None,
     logits: str,
     hidden_layers: Sequence[int],
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The model call: ``input_ids``/``position_ids`` ``[B, q]``, ``mask`` ``[B or 1, 1, q, K]``
-    additive or None (causal). Returns ``logits [B, q, V]`` (``[B, 1, V]`` for ``"last"``) and
-    ``hidden [B, q, L, H]``."""
+    additive or None (causal). Returns ``logits [B, q, V]`` (``[B, 1, V]`` for ``"last"``; with
+    ``head``, ``head`` of the base model's final states) and ``hidden [B, q, L, H]``."""
     kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": True}
     if mask is not None:
         kwargs["attention_mask"] = mask
     if hidden_layers:
         kwargs["output_hidden_states"] = True
-    if logits == "none":
+    if logits == "none" or (head is not None and logits in ("all", "last")):
         runner = model.base_model
     elif logits in ("all", "last"):
         runner = model
@@ -858,10 +863,14 @@ def _forward(
         raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
     cache_kw, logits_kw = _forward_kwargs(type(runner))
     kwargs[cache_kw] = cache.obj
-    if logits == "last" and logits_kw is not None:
+    if logits == "last" and logits_kw is not None and runner is model:
         kwargs[logits_kw] = 1
     with torch.inference_mode(), model_call():
         out = runner(**kwargs)
+        scores = None
+        if head is not None and logits != "none":
+            final = out.last_hidden_state  # [B, q, H] (after the final norm)
+            scores = head(final[:, -1:] if logits == "last" else final)
     hidden = None
     if hidden_layers:
         states = out.hidden_states
@@ -870,7 +879,7 @@ def _forward(
         hidden = torch.stack([states[i] if states[i].device == home else states[i].to(home) for i in hidden_layers], dim=2)
     if logits == "none":
         return None, hidden
-    return out.logits, hidden
+    return (out.logits if head is None else scores), hidden
 
 
 # ------------------------------------------------------- attention implementations

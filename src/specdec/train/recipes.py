@@ -39,17 +39,21 @@ ShareGPT conversation is rendered as plain text, one turn per paragraph:
 EOS (:func:`plain_conversation`); the held-out slice is the same set of
 ids as SmolLM2's (:func:`~specdec.train.data.is_heldout`), written to
 ``RUN/sharegpt_heldout_ids.txt`` and checked against the shipped list, which a
-Gemma run never writes. Defaults for it: the EAGLE-3 head only (no draft LM:
-:func:`~specdec.train.trainer.make_draft_lm` builds a LLaMA from the target's
-decoder layers, which Gemma 3's do not fit), a draft vocabulary of 16,384 ids
-(out of 262,144) and target logits over the draft vocabulary only
-(``--restrict-vocab``: EAGLE-3's loss only reads those columns, and the
-target's 262,144-row LM head is then the largest cost of a step). A head
+Gemma run never writes. Defaults for it: the EAGLE-3 head only, a draft
+vocabulary of 16,384 ids (out of 262,144) and target logits over the draft
+vocabulary only (``--restrict-vocab``: EAGLE-3's loss only reads those
+columns, and the target's 262,144-row LM head is then the largest cost of a
+step). ``--students draft_lm`` distils a 2-layer draft LM of Gemma's own
+architecture (:func:`~specdec.train.trainer.make_draft_lm`: the target's first
+two layers, embedding and norm) over the same draft vocabulary, which
+becomes its proposal vocabulary (:class:`~specdec.drafts.hf.HFDraft`'s
+``proposal_ids``: it proposes over those ids only). A head or draft LM
 trained on Gemma is a *Model Derivative* under the Gemma Terms of Use
 (docs/models.md, "Gemma-3-270M"): ``--export`` never writes it into
 ``specdec/assets`` but into the user cache,
-``<cache>/heads/eagle3-gemma-3-270m`` (:func:`specdec.models.gemma3.cached_head_path`,
-with a ``NOTICE``), where ``specdec bench --target gemma3`` finds it.
+``<cache>/heads/eagle3-gemma-3-270m`` and ``<cache>/heads/draft-lm-gemma-3-270m``
+(:func:`specdec.models.gemma3.cached_head_path`, :func:`~specdec.models.gemma3.cached_draft_lm_path`,
+with a ``NOTICE``), where ``specdec bench --target gemma3`` finds them.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ _META_TARGET = {
 }
 _GEMMA_LICENSE = ("Model Derivative of Gemma: Gemma is provided under and subject to the Gemma Terms of Use found at "
                   "ai.google.dev/gemma/terms")
+_GEMMA_NOTICE = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
 _PLAIN_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
@@ -203,12 +208,14 @@ def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
 
 
 def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
-    """Copy the run's EAGLE heads for Gemma-3-270M into the user cache in float16
-    (``dest``, default :func:`specdec.models.gemma3.heads_root`), each with a ``NOTICE``;
-    never into ``specdec/assets`` (raises ``ValueError``). Returns file sizes."""
+    """Copy the run's EAGLE heads and draft LM for Gemma-3-270M into the user cache in
+    float16 (``dest``, default :func:`specdec.models.gemma3.heads_root`), each with a
+    ``NOTICE``; never into ``specdec/assets`` (raises ``ValueError``). A draft LM distilled
+    over the draft vocabulary (``--restrict-vocab``) gets it as its proposal vocabulary
+    (``proposal_ids.json``). Returns file sizes."""
     from safetensors.torch import load_file, save_file
 
-    from specdec.models.gemma3 import HEAD_NAME, heads_root
+    from specdec.models.gemma3 import DRAFT_LM_NAME, HEAD_NAME, heads_root
 
     dest = heads_root() if dest is None else Path(dest)
     _refuse_assets(dest)
@@ -227,9 +234,24 @@ def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
         doc.setdefault("meta", {})["stored_dtype"] = "float16"
         doc["meta"]["license"] = _GEMMA_LICENSE
         (dst / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (dst / "NOTICE").write_text("Gemma is provided under and subject to the Gemma Terms of Use found at "
-                                    "ai.google.dev/gemma/terms\n")
+        (dst / "NOTICE").write_text(_GEMMA_NOTICE)
         sizes[str(dst)] = (dst / "model.safetensors").stat().st_size
+    src = run / "draft_lm"
+    if (src / "config.json").exists():
+        from specdec.drafts.eagle.checkpoints import PROPOSAL_IDS_FILE, export_draft_lm
+
+        dst = dest / DRAFT_LM_NAME
+        _refuse_assets(dst)
+        sizes.update({str(dst): export_draft_lm(src, dst)[dst.name]})
+        meta_file = dst / "specdec_meta.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        meta["license"] = _GEMMA_LICENSE
+        if str(meta.get("token_loss_vocab", "")).startswith("draft vocabulary"):
+            ids = torch.load(str(run / "draft_vocab.pt"), weights_only=True)
+            (dst / PROPOSAL_IDS_FILE).write_text(json.dumps({"ids": [int(i) for i in ids]}) + "\n")
+            meta["proposal_vocabulary"] = f"{len(ids)} ids ({PROPOSAL_IDS_FILE}), the run's draft vocabulary"
+        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
+        (dst / "NOTICE").write_text(_GEMMA_NOTICE)
     return sizes
 
 
@@ -362,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft_vocab_size is None:
         args.draft_vocab_size = 16384 if gemma else 8192
     if args.restrict_vocab is None:
-        args.restrict_vocab = gemma and args.students.split(",") == ["eagle3"]
+        args.restrict_vocab = gemma and set(args.students.split(",")) <= {"eagle3", "draft_lm"}
     if args.export:
         run = args.out
         if args.from_checkpoint:
@@ -374,9 +396,6 @@ def main(argv: list[str] | None = None) -> int:
         print(plot_losses(args.out, args.plot, before=args.plot_before))
         return 0
     torch.set_num_threads(args.threads)
-    if gemma and "draft_lm" in args.students.split(","):
-        ap.error("--target gemma3 trains EAGLE heads only (the draft LM recipe builds a LLaMA from the target's "
-                 "decoder layers, which Gemma 3's do not fit)")
     from specdec.train.data import PackedBatches, is_heldout, load_records, read_heldout_ids, write_heldout_ids
     from specdec.train.trainer import (
         DraftLMStudent,

@@ -295,12 +295,20 @@ class Eagle3Student(Student):
 
 
 def make_draft_lm(target_model: Any, num_layers: int = 2, init_from_target: bool = True) -> Any:
-    """A small LLaMA-architecture causal LM at the target's width whose
-    embedding and LM head are the target's (frozen), initialised from the
-    target's first ``num_layers`` decoder layers and final norm."""
+    """A small causal LM at the target's width whose embedding and LM head are
+    the target's (frozen), initialised from the target's first ``num_layers``
+    decoder layers and final norm.
+
+    A LLaMA target (SmolLM2) gets a ``LlamaForCausalLM`` (the shipped draft
+    LM's architecture); any other (Gemma 2/3, Mistral, ...) a model of the
+    target's own class with ``num_layers`` layers, the target's first
+    ``num_layers`` layer types (sliding or full attention) and the rest of its
+    configuration (norm convention, embedding scale, rotary bases)."""
+    tc = target_model.config
+    if getattr(tc, "model_type", None) != "llama":
+        return _same_class_draft_lm(target_model, num_layers, init_from_target)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tc = target_model.config
     heads = int(tc.num_attention_heads)
     cfg = LlamaConfig(
         vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
@@ -328,6 +336,34 @@ def make_draft_lm(target_model: Any, num_layers: int = 2, init_from_target: bool
             model.model.norm.load_state_dict(target_model.model.norm.state_dict())
     model.model.embed_tokens.weight.requires_grad_(False)
     model.lm_head.weight.requires_grad_(False)
+    return model
+
+
+def _same_class_draft_lm(target_model: Any, num_layers: int, init_from_target: bool) -> Any:
+    """:func:`make_draft_lm` for a non-LLaMA target: the target's class, ``num_layers`` layers."""
+    import copy
+
+    tc = target_model.config
+    if num_layers < 1 or num_layers > int(tc.num_hidden_layers):
+        raise InvalidConfigError(f"a draft LM of {num_layers} layers from a target of {tc.num_hidden_layers}")
+    cfg = copy.deepcopy(tc)
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = list(cfg.layer_types[:num_layers])
+    attn = getattr(tc, "_attn_implementation", None) or "sdpa"
+    model = type(target_model)._from_config(cfg, attn_implementation=attn)
+    embed, lm_head = target_embeddings(target_model)
+    model = model.to(embed.dtype)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(embed)
+        if not getattr(cfg, "tie_word_embeddings", False):
+            model.get_output_embeddings().weight.copy_(lm_head)
+        if init_from_target:
+            for i in range(num_layers):
+                model.model.layers[i].load_state_dict(target_model.model.layers[i].state_dict())
+            model.model.norm.load_state_dict(target_model.model.norm.state_dict())
+    model.get_input_embeddings().weight.requires_grad_(False)
+    model.get_output_embeddings().weight.requires_grad_(False)
     return model
 
 

@@ -860,6 +860,23 @@ def load_draft_lm(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | 
     return model.to(dtype or embed.dtype).eval()
 
 
+PROPOSAL_IDS_FILE = "proposal_ids.json"
+"""A draft LM folder's proposal vocabulary (ascending target ids), when it was distilled over one."""
+
+
+def draft_lm_proposal_ids(path: str | os.PathLike) -> torch.Tensor | None:
+    """``[Vd]`` int64 the proposal vocabulary stored beside a draft LM (:data:`PROPOSAL_IDS_FILE`,
+    for :class:`~specdec.drafts.hf.HFDraft`'s ``proposal_ids``), or None when it has none."""
+    f = Path(path) / PROPOSAL_IDS_FILE
+    if not f.is_file():
+        return None
+    try:
+        ids = json.loads(f.read_text())["ids"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{f}: not a proposal vocabulary ({exc})") from None
+    return torch.tensor(ids, dtype=torch.int64)
+
+
 def shipped_draft_lm_path() -> Path:
     """Folder of the distilled 2-layer draft LM for SmolLM2-135M-Instruct in ``specdec/assets``."""
     p = SHIPPED_DIR / _DRAFT_LM_DIR
