@@ -126,6 +126,11 @@ def test_gemma3_recipe_distils_a_draft_lm_over_the_draft_vocabulary(gemma_env, t
     meta = json.loads((run / "draft_lm" / "specdec_meta.json").read_text())
     assert meta["token_loss_vocab"].startswith("draft vocabulary") and "Gemma Terms of Use" in meta["license"]
     assert gemma3.cached_draft_lm_path() is None
+    # an export from the latest checkpoint (training still running) records the same vocabulary
+    assert recipes.main(["--target", "gemma3", "--out", str(run), "--export", "--from-checkpoint"]) == 0
+    early = json.loads((run / "from-checkpoint" / "draft_lm" / "specdec_meta.json").read_text())
+    assert early["token_loss_vocab"] == meta["token_loss_vocab"] and early["from"] == "checkpoint"
+    assert (gemma3.cached_draft_lm_path() / "proposal_ids.json").is_file()
     assert recipes.main(["--target", "gemma3", "--out", str(run), "--export"]) == 0
     path = gemma3.cached_draft_lm_path()
     assert path is not None and path.parent == gemma_env["cache"] / "heads" and path.name == gemma3.DRAFT_LM_NAME

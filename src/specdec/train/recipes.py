@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -86,6 +87,8 @@ _META_TARGET = {
 }
 _GEMMA_LICENSE = ("Model Derivative of Gemma: Gemma is provided under and subject to the Gemma Terms of Use found at "
                   "ai.google.dev/gemma/terms")
+RUN_META = "run_meta.json"
+"""A run's settings as its exported models record them (``--export --from-checkpoint`` reads it)."""
 _GEMMA_NOTICE = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
 _PLAIN_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
@@ -165,8 +168,10 @@ def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> li
         _refuse_assets(dest)
     model, tok = _load_target(target)
     state = json.loads((run / "checkpoint" / "state.json").read_text())
-    meta = {"target": "SmolLM2-135M-Instruct" if target == "smollm2" else _META_TARGET[target],
-            "steps": state["step"], "elapsed_s": state.get("elapsed_s"), "from": "checkpoint"}
+    run_meta = run / RUN_META
+    meta = json.loads(run_meta.read_text()) if run_meta.is_file() else {}  # the run's settings (token loss vocabulary)
+    meta.update({"target": "SmolLM2-135M-Instruct" if target == "smollm2" else _META_TARGET[target],
+                 "steps": state["step"], "elapsed_s": state.get("elapsed_s"), "from": "checkpoint"})
     if target == "gemma3":
         meta["license"] = _GEMMA_LICENSE
     done = []
@@ -178,6 +183,8 @@ def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> li
         else:
             save_head(m, dest / name, meta=meta, target_num_layers=int(model.config.num_hidden_layers))
         done.append(name)
+    if (run / "draft_vocab.pt").exists():  # the draft vocabulary travels with the models (a proposal vocabulary)
+        shutil.copy(run / "draft_vocab.pt", dest / "draft_vocab.pt")
     return done
 
 
@@ -492,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             prev = json.loads((args.init_from / "state.json").read_text())
             meta["init_from_step"] = prev.get("step")
             _log(f"initialised {[s.name for s in students]} from {args.init_from} (step {prev.get('step')})")
+    (out / RUN_META).write_text(json.dumps(meta, indent=2) + "\n")  # what an export from a checkpoint records
     _log(f"training {[s.name for s in students]} for {args.steps} steps")
     train_students(model, batches, students, out, steps=args.steps, checkpoint_every=args.checkpoint_every,
                    resume=True, seed=0, meta=meta, time_budget_s=args.time_budget,
