@@ -295,8 +295,9 @@ def test_a_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bench_target_gemma3_loads_the_packaged_model(monkeypatch):
-    """``specdec bench --target gemma3``: the loader is called, the default draft is a (sliding) truncated copy."""
+def test_bench_target_gemma3_loads_the_packaged_model(monkeypatch, tmp_path):
+    """``specdec bench --target gemma3``: the loader is called, the default draft is a (sliding) truncated copy
+    (an empty user cache: no draft LM distilled by the user)."""
     from specdec.bench.models import NAMED_TARGETS, load_bench_models
     from specdec.models import gemma3
 
@@ -312,6 +313,7 @@ def test_bench_target_gemma3_loads_the_packaged_model(monkeypatch):
 
     model = tiny_gemma3(seed=3)
     monkeypatch.setattr(gemma3, "load_gemma3", lambda: (model, Tokenizer()))
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     models = load_bench_models("gemma3", need_kinds=frozenset({"lm"}))
     assert models.descriptions["target"] == NAMED_TARGETS["gemma3"]
     assert "truncated copy" in models.descriptions["lm"] and set(models.drafts) == {"lm"}

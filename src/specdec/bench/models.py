@@ -296,12 +296,10 @@ def load_bench_models(
     # --- the draft LM
     hf_draft = None
     draft_proposal_ids = None  # a draft LM distilled over a draft vocabulary proposes over it (HFDraft proposal_ids)
-    gemma_lm = None
-    if draft == "auto" and target == "gemma3":
+    if draft == "auto":
         from specdec.models.gemma3 import cached_draft_lm_path
 
-        gemma_lm = cached_draft_lm_path()
-    if draft == "auto":
+        gemma_lm = cached_draft_lm_path() if target == "gemma3" else None
         if gemma_lm is not None:
             from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids, load_draft_lm
 

@@ -102,6 +102,7 @@ class HFDraft(DraftModel):
             self.linear_plans = accelerate_linears(model)
         self._vocab_size = model_vocab_size(model)
         self._proposal_ids, self._head = _proposal_head(model, proposal_ids, self._vocab_size)
+        self._full_ids = self._proposal_ids  # the ids on the logits' device (moved once, by _full)
         self._max_length = model_max_length(model)
         self.kv_compactor = kv_compactor
         self.logits_device = logits_device
@@ -506,8 +507,10 @@ class HFDraft(DraftModel):
         """``[..., V]`` logits from the forwards' ``[..., Vd]`` (``-inf`` outside the proposal vocabulary)."""
         if self._proposal_ids is None:
             return logits
+        if self._full_ids.device != logits.device:
+            self._full_ids = self._proposal_ids.to(logits.device)
         full = logits.new_full((*logits.shape[:-1], self._vocab_size), float("-inf"))
-        return full.index_copy_(-1, self._proposal_ids.to(logits.device), logits)
+        return full.index_copy_(-1, self._full_ids, logits)
 
     def _out(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dtype != torch.float64:

@@ -867,9 +867,12 @@ def _forward(
         kwargs[logits_kw] = 1
     with torch.inference_mode(), model_call():
         out = runner(**kwargs)
-        scores = None
-        if head is not None and logits != "none":
-            final = out.last_hidden_state  # [B, q, H] (after the final norm)
+        if logits == "none":
+            scores = None
+        elif head is None:
+            scores = out.logits
+        else:  # the base model's final (normed) states [B, q, H] through the given head
+            final = out.last_hidden_state
             scores = head(final[:, -1:] if logits == "last" else final)
     hidden = None
     if hidden_layers:
@@ -877,9 +880,7 @@ def _forward(
         # a model split over devices (device_map) has its layers' states on their devices: gather on the first's
         home = states[hidden_layers[0]].device
         hidden = torch.stack([states[i] if states[i].device == home else states[i].to(home) for i in hidden_layers], dim=2)
-    if logits == "none":
-        return None, hidden
-    return (out.logits if head is None else scores), hidden
+    return scores, hidden
 
 
 # ------------------------------------------------------- attention implementations
