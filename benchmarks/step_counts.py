@@ -41,7 +41,7 @@ import torch
 
 import specdec
 import specdec.generate as generate
-from specdec.testing.counter import StepCounter
+from specdec.testing.counter import KernelCounter, StepCounter
 
 METHODS = ("eagle3", "rheo")
 
@@ -89,6 +89,24 @@ def _per_step(gen: Any, prompt: list[int], tokens: int, tensor_step: bool, seed:
         "compute_ops_outside_models": counter.compute_ops / steps,
         "top_sync_sites": [f"{k}x {kind} {site}" for (kind, site), k in counter.sync_sites["step"].most_common(8)],
         "top_ops": counter.op_names["step"].most_common(12),
+    }
+
+
+def _per_step_dispatched(gen: Any, prompt: list[int], tokens: int, seed: int = 0) -> dict[str, Any]:
+    """ATen ops and compiled kernels dispatched per step outside the model forwards
+    (:class:`KernelCounter`, the profiler's events: counts a compiled step too)."""
+    for warm_seed in (seed, seed + 1):  # compiles every shape of the step (root, middle and last levels)
+        gen.generate(prompt, 8, sampling=specdec.SamplingConfig(temperature=1.0), seed=warm_seed)
+    with KernelCounter() as counter:
+        out = gen.generate(prompt, tokens, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)
+    steps = out.stats.steps
+    return {
+        "steps": steps,
+        "tau": out.stats.tau,
+        "dispatched_outside_models": counter.ops / steps,
+        "compute_dispatched_outside_models": counter.compute_ops / steps,
+        "compiled_kernels": counter.kernels / steps,
+        "top_ops": counter.op_names.most_common(12),
     }
 
 
@@ -152,8 +170,9 @@ def stub(vocab: int, repeats: int, compile_backend: str | None = None) -> dict[s
     return results
 
 
-def stub_ops(vocab: int, tokens: int, step_only: bool) -> dict[str, Any]:
-    """ATen ops (and host syncs) per step outside the stub's logits function, ``T = 1``, seed 1."""
+def stub_ops(vocab: int, tokens: int, step_only: bool, compile_backend: str | None = None) -> dict[str, Any]:
+    """ATen ops (and host syncs) per step outside the stub's logits function, ``T = 1``, seed 1;
+    with ``compile_backend``, also the ops and kernels the compiled step dispatches."""
     results: dict[str, Any] = {}
     for method in METHODS:
         name = "eagle2" if method == "eagle3" else method
@@ -168,6 +187,13 @@ def stub_ops(vocab: int, tokens: int, step_only: bool) -> dict[str, Any]:
             print(f"stub ops {name} {label} (V = {vocab}): {r['ops_outside_models']:.1f} ops/step outside the logits "
                   f"({r['compute_ops_outside_models']:.1f} not views), {r['syncs_outside_models']:.1f} syncs/step, "
                   f"{r['steps']} steps", flush=True)
+        if compile_backend:
+            lm, _ = stub_models(vocab)
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=compile_backend)
+            r = row[f"step_compiled_{compile_backend}"] = _per_step_dispatched(gen, [1, 2, 3], tokens, seed=1)
+            print(f"stub ops {name} compiled ({compile_backend}, V = {vocab}): {r['dispatched_outside_models']:.1f} "
+                  f"ops + kernels/step outside the logits ({r['compute_dispatched_outside_models']:.1f} not views, "
+                  f"{r['compiled_kernels']:.1f} compiled kernels), {r['steps']} steps", flush=True)
         results[name] = row
     return results
 
@@ -182,15 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--compile", default=None, help="also time the step path compiled with this backend (e.g. inductor)")
+    ap.add_argument("--compile", default=None,
+                    help="also the step path compiled with this backend (e.g. inductor): time (--stub), "
+                         "ops and kernels dispatched (--stub-ops, --real)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.compile:
+        KernelCounter.profile_compiled_kernels()
     out: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads}
     if args.stub:
         out["stub"] = stub(args.vocab, args.repeats, args.compile)
     if args.stub_ops:
-        out["stub_ops"] = {"vocab": args.vocab, **stub_ops(args.vocab, args.tokens, args.step_only)}
+        out["stub_ops"] = {"vocab": args.vocab, **stub_ops(args.vocab, args.tokens, args.step_only, args.compile)}
     if args.real:
         target, draft, prompt = load_real()
         out["real"] = {}
@@ -204,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"({r['syncs_inside_models']:.1f} inside), {r['ops_outside_models']:.0f} ops/step outside "
                       f"({r['compute_ops_outside_models']:.0f} not views), "
                       f"tau {r['tau']:.2f}", flush=True)
+            if args.compile:
+                gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto",
+                                                   compile=args.compile)
+                label = f"step_compiled_{args.compile}"
+                r = out["real"][method][label] = _per_step_dispatched(gen, prompt, args.tokens)
+                print(f"real {method} {label}: {r['dispatched_outside_models']:.0f} ops + kernels/step outside "
+                      f"({r['compute_dispatched_outside_models']:.0f} not views, {r['compiled_kernels']:.0f} "
+                      f"compiled kernels), tau {r['tau']:.2f}", flush=True)
     text = json.dumps(out, indent=2)
     if args.json:
         with open(args.json, "w") as f:

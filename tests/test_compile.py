@@ -11,6 +11,7 @@ import torch
 from specdec.models import CallableLM
 from specdec.rng import TorchRandom, UniformTable
 from specdec.sampling import SamplingConfig
+from specdec.step import StepCompiler
 from specdec.trees.levelwise import eagle_level, rheo_level
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.verify.fast import decide_tree_batch
@@ -136,3 +137,39 @@ def test_bad_compile_option_raises():
     lm = CallableLM(lambda ps: torch.zeros(len(ps), 4), vocab_size=4)
     with pytest.raises(InvalidConfigError, match="compile"):
         specdec.SpeculativeGenerator(target=lm, draft=lm, method="eagle2", compile=3)
+
+
+class _Uncompiled(StepCompiler):
+    """The compiler's functions run as plain Python: the compiled graphs' reference."""
+
+    def _compile(self, fn):
+        return fn
+
+
+def _tree_fields(tree):
+    return {k: getattr(tree, k) for k in ("tokens", "parents", "depths", "kinds", "draw_order", "weights",
+                                          "num_nodes", "law_ids", "law_probs", "law_wor", "ancestors", "draft_bad")}
+
+
+@pytest.mark.parametrize("method", ["eagle2", "rheo", "rheo-m2", "rheo-untempered"])
+def test_compiled_levels_and_layout_build_the_uncompiled_tree(method):
+    """Each level (level function + scoring + beam, ``level_step``) and the final rerank and
+    layout (``finish_levels``) compile as whole graphs and build, from the same uniform tables,
+    the tree their uncompiled functions build, field by field."""
+    from specdec import registry
+
+    vocab = 60
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 2
+    draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
+    options = {"eagle2": ("eagle", {}), "rheo": ("rheo", {"M": 12}), "rheo-m2": ("rheo", {"M": 12, "m": 2}),
+               "rheo-untempered": ("rheo", {"M": 12, "rank_law": "untempered"})}[method]
+    builder = registry.get("tree", options[0])(K=4, depth=3, N=9, **options[1])
+    torch._dynamo.reset()
+    for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7)):
+        trees = []
+        for compiler in (StepCompiler("aot_eager"), _Uncompiled()):
+            draft.begin([1, 2])
+            trees.append(builder.build_batch(2, draft, sampling, TorchRandom.seeded(5), compiler=compiler))
+        for name, value in _tree_fields(trees[0]).items():
+            assert torch.equal(value, _tree_fields(trees[1])[name]), name
+        assert trees[0].tree(0).num_nodes == 10

@@ -12,9 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["model_call", "in_model_call"]
+import torch
+
+__all__ = ["MODEL_CALL_EVENT", "model_call", "in_model_call"]
+
+MODEL_CALL_EVENT = "specdec.model_call"
+"""The profiler event :func:`model_call` records while a
+:class:`specdec.testing.counter.KernelCounter` is active."""
 
 _depth = 0
+_profiled = 0
 
 
 @contextmanager
@@ -23,7 +30,11 @@ def model_call() -> Iterator[None]:
     global _depth
     _depth += 1
     try:
-        yield
+        if _profiled and _depth == 1:
+            with torch.profiler.record_function(MODEL_CALL_EVENT):
+                yield
+        else:
+            yield
     finally:
         _depth -= 1
 

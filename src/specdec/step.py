@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,7 +36,7 @@ from specdec.sampling import SamplingConfig, check_distribution, process_logits,
 from specdec.targets.base import TargetModel
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.levelwise import CompiledLevelFn, LevelFn
+from specdec.trees.levelwise import CompiledLevelFn, LevelFn, LevelStep, finish_levels, level_step
 from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_tree_batch
 
@@ -161,10 +162,13 @@ class StepClock:
 
 
 class StepCompiler:
-    """``torch.compile(fullgraph=True)`` of the step's two device parts: the
-    verification (:func:`~specdec.verify.fast.decide_tree_batch`) and each
-    level-wise builder's level function (its draws read from a uniform table
-    drawn before each level, :class:`~specdec.rng.UniformTable`). Used by
+    """``torch.compile(fullgraph=True)`` of the step's device parts between
+    model forwards: the verification (:func:`~specdec.verify.fast.decide_tree_batch`),
+    each level of a level-wise builder (its level function, its draws read from
+    a uniform table drawn before each level, :class:`~specdec.rng.UniformTable`,
+    and the driver's scoring and beam, :func:`~specdec.trees.levelwise.level_step`)
+    and the builder's final rerank and layout
+    (:func:`~specdec.trees.levelwise.finish_levels`). Used by
     ``SpeculativeGenerator(..., compile=True)``.
 
     Args:
@@ -174,19 +178,37 @@ class StepCompiler:
 
     def __init__(self, backend: str = "inductor") -> None:
         self.backend = backend
-        self.decide = torch.compile(decide_tree_batch, fullgraph=True, backend=backend)
+        self.decide = self._compile(decide_tree_batch)
         self._levels: dict[Any, CompiledLevelFn] = {}
+        self._finish = self._compile(finish_levels)
+
+    def _compile(self, fn: Any) -> Any:
+        return torch.compile(fn, fullgraph=True, backend=self.backend)
 
     def level(self, level: LevelFn, key: Any) -> CompiledLevelFn:
-        """The compiled ``fn(q, u, live)`` (``fn(q, u, live, draw)`` for a builder that draws by
-        a second law) of ``level``, one per ``key`` (builder and sampling)."""
+        """The compiled ``fn(q, u, live, draw, parent_score, vocab_map, root, beam_width)``
+        (:data:`~specdec.trees.levelwise.CompiledLevelFn`) of ``level`` followed by
+        :func:`~specdec.trees.levelwise.level_step`, one per ``key`` (builder and sampling)."""
         fn = self._levels.get(key)
         if fn is None:
-            def with_table(q: torch.Tensor, u: torch.Tensor, live: torch.Tensor, draw: Any = None) -> Any:
-                return level(q, UniformTable(u), live) if draw is None else level(q, UniformTable(u), live, draw)
+            def one_level(
+                q: Any, u: torch.Tensor, live: torch.Tensor, draw: Any, parent_score: torch.Tensor,
+                vocab_map: torch.Tensor | None, root: torch.Tensor, beam_width: int,
+            ) -> LevelStep:
+                table = UniformTable(u)
+                lv = level(q, table, live) if draw is None else level(q, table, live, draw)
+                return level_step(lv, parent_score, vocab_map, root, beam_width)
 
-            fn = self._levels[key] = torch.compile(with_table, fullgraph=True, backend=self.backend)
+            # dynamo caches its graphs per code object: one code object per key, so that each
+            # builder's few shapes (root level, middle levels, last level) have a cache of their own
+            code = one_level.__code__.replace(co_name=f"one_level_{len(self._levels)}")
+            own = types.FunctionType(code, one_level.__globals__, code.co_name, None, one_level.__closure__)
+            fn = self._levels[key] = self._compile(own)
         return fn
+
+    def assemble(self) -> Any:
+        """:func:`~specdec.trees.levelwise.finish_levels`, compiled."""
+        return self._finish
 
 
 def step_supported(verifier: Verifier, rng: RandomSource) -> bool:
@@ -240,9 +262,7 @@ def speculative_step(
     rule = type(verifier).__dict__.get("fused") if step_supported(verifier, rng) else None
     clock = StepClock(clock_kind)
     clock.mark()
-    tree = builder.build_batch(
-        root_token, draft, sampling, rng, compiler=None if compiler is None else compiler.level  # type: ignore[arg-type]
-    )
+    tree = builder.build_batch(root_token, draft, sampling, rng, compiler=compiler)
     clock.mark()
     with model_call():
         logits = target.score_batch(tree)  # [B, n, V]

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec.regions import in_model_call
 
-__all__ = ["StepCounter"]
+__all__ = ["KernelCounter", "StepCounter"]
 
 _READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")
 _HERE = __file__
@@ -172,3 +172,100 @@ class StepCounter:
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
+
+
+_KERNEL_MARKS = ("cpp_fused", "triton_")
+
+
+def _is_view_op(name: str) -> bool:
+    """Whether the ATen op ``name`` (``"aten::reshape"``) only makes a view (no kernel runs)."""
+    packet = getattr(torch.ops.aten, name.split("::", 1)[-1], None)
+    if packet is None:
+        return False
+    try:
+        return bool(packet.default.is_view)
+    except AttributeError:  # no default overload
+        return any(getattr(packet, o).is_view for o in packet.overloads())
+
+
+class KernelCounter:
+    """Context manager counting what the host *dispatches* outside model forwards:
+    top-level ATen ops (an op another op called counts within its caller) and
+    kernels that ``torch.compile``'s inductor generated, by name. Unlike
+    :class:`StepCounter` (a ``TorchDispatchMode``, which ``torch.compile`` refuses),
+    it reads the profiler's events, so it counts a compiled step too: a fused
+    kernel counts once, an op the compiled graph calls (``sort``, ``topk``) once.
+
+    Inductor's CPU kernels appear in the profile only when they were compiled
+    with ``torch._inductor.config.cpp.enable_kernel_profile = True``
+    (:meth:`profile_compiled_kernels`, before the first compiled call). Work inside
+    :func:`specdec.regions.model_call` is left out. Host syncs are not counted here
+    (:class:`StepCounter` counts them on the eager path).
+
+    Attributes:
+        op_names: ``Counter(name)`` of the dispatched ATen ops and kernels.
+        view_names: the ATen ops among them that only make a view.
+    """
+
+    def __init__(self) -> None:
+        self.op_names: collections.Counter = collections.Counter()
+        self.view_names: collections.Counter = collections.Counter()
+        self._prof: Any = None
+
+    @staticmethod
+    def profile_compiled_kernels() -> None:
+        """Make inductor's CPU kernels visible to the profiler (set before compiling)."""
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
+
+    @property
+    def ops(self) -> int:
+        """ATen ops and compiled kernels dispatched outside model forwards."""
+        return sum(self.op_names.values())
+
+    @property
+    def kernels(self) -> int:
+        """Compiled kernels among :attr:`ops`."""
+        return sum(k for name, k in self.op_names.items() if any(m in name for m in _KERNEL_MARKS))
+
+    @property
+    def compute_ops(self) -> int:
+        """:attr:`ops` that are not views (each a kernel launch on a GPU)."""
+        return self.ops - sum(self.view_names.values())
+
+    def __enter__(self) -> "KernelCounter":
+        import specdec.regions as regions
+
+        regions._profiled += 1
+        self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import specdec.regions as regions
+
+        try:
+            self._prof.__exit__(*exc)
+        finally:
+            regions._profiled -= 1
+        if exc[0] is not None:
+            return
+        for event in self._prof.events():
+            name = event.name
+            is_kernel = any(m in name for m in _KERNEL_MARKS)
+            if not (is_kernel or name.startswith("aten::")):
+                continue
+            parent, inside = event.cpu_parent, False
+            while parent is not None:  # inside a model forward, another op or a kernel: not dispatched by the step
+                if parent.name == regions.MODEL_CALL_EVENT or parent.name.startswith("aten::") or any(
+                    m in parent.name for m in _KERNEL_MARKS
+                ):
+                    inside = True
+                    break
+                parent = parent.cpu_parent
+            if inside:
+                continue
+            self.op_names[name] += 1
+            if not is_kernel and _is_view_op(name):
+                self.view_names[name] += 1

@@ -81,8 +81,8 @@ class TreeBuilder(ABC):
     ) -> TreeBatch:
         """The step path's form of :meth:`build`: the tree as a one-tree
         :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
-        level-wise builders grow it with tensor ops (and compile their level
-        function with ``compiler``); the default stacks :meth:`build`'s tree
+        level-wise builders grow it with tensor ops (and compile their levels
+        and layout with ``compiler``, a :class:`~specdec.step.StepCompiler`); the default stacks :meth:`build`'s tree
         (host work) and ignores ``compiler``."""
         if isinstance(root_token, torch.Tensor):
             root_token = int(root_token.reshape(-1)[0])

@@ -40,7 +40,7 @@ from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembl
 from specdec.trees._common import MAX_TREE_NODES, check_int, log_weights, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.levelwise import CompiledLevelFn, LevelFn, eagle_level, grow_levelwise
+from specdec.trees.levelwise import LevelCompiler, LevelFn, eagle_level, grow_levelwise
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -361,14 +361,15 @@ class DynamicTreeBuilder(TreeBuilder):
         sampling: SamplingConfig,
         rng: RandomSource,
         *,
-        compiler: "Callable[[LevelFn, object], CompiledLevelFn] | None" = None,
+        compiler: LevelCompiler | None = None,
     ) -> TreeBatch:
         """The step path: grow the tree with tensor ops (:func:`~specdec.trees.levelwise.grow_levelwise`),
         on the draft's device, with no host read; the same tree as :meth:`build_reference`.
 
-        ``compiler(level, key)`` (:meth:`specdec.step.StepCompiler.level`), if
-        given, compiles the level function; its draws then come from a uniform
-        table drawn per level (the same law, another use of the stream)."""
+        ``compiler`` (a :class:`~specdec.step.StepCompiler`), if given, compiles
+        each level's work between draft forwards and the final rerank and layout
+        as whole graphs; the level's draws then come from a uniform table drawn
+        per level (the same law, another use of the stream)."""
         config = self.construction(sampling)
         level = self._level_fn_if_exact(sampling)
         if level is None:
@@ -380,7 +381,7 @@ class DynamicTreeBuilder(TreeBuilder):
             root_token, draft, config, rng, level,
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
             draws_per_node=self.draws_per_node(sampling),
-            compiled_level=None if compiler is None else compiler(level, (self, sampling)),
+            compiler=compiler, compile_key=(self, sampling),
             draw_sampling=self.draw_config(sampling),
         )
 

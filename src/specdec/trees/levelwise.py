@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -41,7 +41,10 @@ from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees._common import DraftLaw, _as_law, draft_law, draw_rows, masked_outside, row_mass, top_tokens_fixed
 
-__all__ = ["CompiledLevelFn", "LevelChildren", "LevelFn", "eagle_level", "rheo_level", "grow_levelwise"]
+__all__ = [
+    "CompiledLevelFn", "LevelChildren", "LevelCompiler", "LevelFn", "LevelStep", "eagle_level", "grow_levelwise",
+    "level_step", "rheo_level",
+]
 
 
 class LevelChildren(NamedTuple):
@@ -67,12 +70,59 @@ class LevelChildren(NamedTuple):
 
 
 LevelFn = Callable[..., LevelChildren]
-CompiledLevelFn = Callable[..., LevelChildren]
 """``level(q, rng, live)``: the children of the nodes whose draft laws are ``q``
 ``[R, V]`` (float64, or a :class:`~specdec.trees._common.DraftLaw`); rows where ``live`` ``[R]`` is False are beam slots
 without a real node (a level with fewer than ``B`` nodes): they must not draw. A builder that ranks by one
 law and draws by another (``rank_law="untempered"``) gets the draw law as a fourth argument,
-``level(q, rng, live, draw)``. Compiled: ``fn(q, u, live)`` / ``fn(q, u, live, draw)``."""
+``level(q, rng, live, draw)``."""
+
+
+class LevelStep(NamedTuple):
+    """One level of :func:`grow_levelwise` after its level function (:func:`level_step`):
+    the children, scored, and the beam the draft expands next. ``B`` trees, ``R``
+    expanded rows per tree, ``C`` child slots per row.
+
+    Attributes:
+        children: the level's :class:`LevelChildren` (fields ``[B * R, ...]``), ids in
+            the target's vocabulary.
+        tokens: ``[B, R * C]`` int64 (``-1`` unused slots).
+        kinds: ``[B, R * C]`` int64.
+        weights: ``[B, R * C]`` float64.
+        scores: ``[B, R * C]`` float64 path scores (``-inf`` unused slots).
+        beam: ``[B, W]`` int64 indices into the level of the nodes expanded next (the
+            best ``W`` by (-score, creation index)); None at the last level.
+        beam_scores: ``[B * W, 1]`` float64 their path scores; None at the last level.
+        beam_live: ``[B, W]`` bool: the beam slot holds a real node; None at the last level.
+        beam_tokens: ``[B, W]`` int64 their tokens (the root's token where not live); None at the last level.
+    """
+
+    children: LevelChildren
+    tokens: torch.Tensor
+    kinds: torch.Tensor
+    weights: torch.Tensor
+    scores: torch.Tensor
+    beam: torch.Tensor | None
+    beam_scores: torch.Tensor | None
+    beam_live: torch.Tensor | None
+    beam_tokens: torch.Tensor | None
+
+
+CompiledLevelFn = Callable[..., LevelStep]
+"""A level function and :func:`level_step` compiled as one graph
+(:meth:`specdec.step.StepCompiler.level`): ``fn(q, u, live, draw, parent_score,
+vocab_map, root, beam_width)``, the level's draws read from the uniform table ``u``
+``[R, draws]`` (:class:`~specdec.rng.UniformTable`), ``draw`` None for a
+builder that ranks and draws by one law."""
+
+
+class LevelCompiler(Protocol):
+    """What :func:`grow_levelwise` compiles with (:class:`specdec.step.StepCompiler`)."""
+
+    def level(self, level: LevelFn, key: object) -> CompiledLevelFn:
+        """``level`` and :func:`level_step` compiled as one graph, one per ``key``."""
+
+    def assemble(self) -> Callable[..., dict[str, torch.Tensor]]:
+        """:func:`finish_levels` compiled as one graph."""
 
 
 def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
@@ -255,6 +305,42 @@ def _first_slots(m: int, K: int, device: torch.device) -> torch.Tensor:
     return torch.arange(K, device=device) < m
 
 
+def level_step(
+    lv: LevelChildren,
+    parent_score: torch.Tensor,
+    vocab_map: torch.Tensor | None,
+    root: torch.Tensor,
+    beam_width: int,
+) -> LevelStep:
+    """Score one level's children and pick the beam (the driver's work after the level function).
+
+    Args:
+        lv: the level function's children of ``B * R`` rows (tree-major), draft ids.
+        parent_score: ``[B * R, 1]`` float64 path scores of the expanded rows.
+        vocab_map: ``[Vd + 1]`` int64 draft id -> target id (``-1`` -> ``-1``), or None.
+        root: ``[B, 1]`` int64 the roots' tokens (a beam slot without a real node is
+            expanded with it; its children score ``-inf``).
+        beam_width: the beam's width ``B`` (the beam holds ``W = min(B, R * C)`` nodes);
+            0 at the last level (no beam).
+    """
+    B = root.shape[0]
+    if vocab_map is not None:  # draft ids -> target ids (padding -1 stays -1)
+        lv = lv._replace(
+            tokens=vocab_map[lv.tokens], law_ids=vocab_map[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
+        )
+    tokens = lv.tokens.reshape(B, -1)  # [B, R * C]
+    scores = (parent_score + torch.log(lv.weights)).reshape(B, -1)  # path scores; unused slots: -inf
+    kinds, weights = lv.kinds.reshape(B, -1), lv.weights.reshape(B, -1)  # [B, R * C]
+    if beam_width == 0:
+        return LevelStep(lv, tokens, kinds, weights, scores, None, None, None, None)
+    width = min(beam_width, tokens.shape[1])
+    beam = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, W] (-score, creation index)
+    beam_score = scores.gather(1, beam)  # [B, W]
+    beam_live = beam_score > float("-inf")  # a node of finite score is a real node (its token is >= 0)
+    beam_tokens = torch.where(beam_live, tokens.gather(1, beam), root)  # [B, W]
+    return LevelStep(lv, tokens, kinds, weights, scores, beam, beam_score.reshape(-1, 1), beam_live, beam_tokens)
+
+
 def grow_levelwise(
     root_token: int | torch.Tensor,
     draft: DraftModel,
@@ -267,7 +353,8 @@ def grow_levelwise(
     depth: int,
     num_keep: int,
     draws_per_node: int = 0,
-    compiled_level: CompiledLevelFn | None = None,
+    compiler: LevelCompiler | None = None,
+    compile_key: object = None,
     draw_sampling: SamplingConfig | None = None,
 ) -> TreeBatch:
     """Grow a dynamic tree level by level with tensor ops, then keep the best ``num_keep`` nodes.
@@ -284,9 +371,13 @@ def grow_levelwise(
         num_keep: ``N``, draft nodes kept (root excluded).
         draws_per_node: batched draws ``level`` makes per row (RheoSampling:
             ``m``), which is also the most sampled children a node gets.
-        compiled_level: ``level`` compiled as ``fn(q, u, live)``, its draws read
-            from a ``[R, draws_per_node]`` table ``u`` drawn from ``rng`` before the
-            call (:class:`~specdec.rng.UniformTable`; see :class:`specdec.step.StepCompiler`).
+        compiler: with a :class:`LevelCompiler` (:class:`specdec.step.StepCompiler`),
+            each level's work between two draft forwards (``level`` and
+            :func:`level_step`) runs as one compiled graph (``compiler.level(level,
+            compile_key)``), its draws read from a ``[R, draws_per_node]`` table
+            drawn from ``rng`` before the call (:class:`~specdec.rng.UniformTable`),
+            and the rerank and layout (:func:`finish_levels`) as another.
+        compile_key: the key of the compiled level function (builder and sampling).
         draw_sampling: the processing of the law the level draws by, when it is not
             ``sampling`` (``rank_law="untempered"``: ``sampling`` ranks); both laws come
             from the same draft forward and ``level`` gets the draw law as its fourth argument.
@@ -302,80 +393,52 @@ def grow_levelwise(
     configs = (sampling,) if draw_sampling is None else (sampling, draw_sampling)
     qs, bad = draft.root_rows_laws(configs, proposal=reduced)  # [B, Vd] per config, [B]: one row per tree
     law, draw = _laws(qs, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows); draw law or None
-    draft_bad = bad  # [B] the roots' rows; with the expanded rows', raised by the step's one read
     B = qs[0].shape[0]
     dev = law.device
-    vocab = draft.vocab_size
-    if reduced:  # [Vd + 1]: draft id -> target id, and the padding id -1 -> -1 (one gather per map)
-        vocab_ids = _padded_map(vocab_ids, dev)
+    vocab_map = _padded_map(vocab_ids, dev) if reduced else None  # [Vd + 1]: draft id -> target id, -1 -> -1
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(B, 1)  # [B, 1]
     start = _root_constants(dev)
-    # the created nodes of every tree, level by level (column 0 = the root); each list entry is one level
-    tok = [root]
-    kind = [start.kind.expand(B, 1)]
-    weight = [start.weight.expand(B, 1)]
-    score = [start.score.expand(B, 1)]
-    laws: list[tuple[int, LevelChildren]] = []  # per expansion: (R, the level's children, fields [B * R, ...])
-    beams: list[torch.Tensor] = []  # per expansion after the root's: the beam, [B, width] indices into its level
-    lives: list[torch.Tensor] = []  # per expansion after the root's: [B, width] the beam rows that are real nodes
-    bads: list[torch.Tensor] = []  # per expansion after the root's: [B, width] rows whose draft law was not a law
+    compiled = None if compiler is None else compiler.level(level, compile_key)
+    steps: list[LevelStep] = []  # per level
+    lives: list[torch.Tensor] = []  # per expansion after the root's: [B, W] the beam rows that are real nodes
+    bads: list[torch.Tensor] = [bad]  # per expansion: [B, R] rows whose draft law was not a law
     parent_score = start.score.expand(B, 1)  # [B * R, 1] path scores of the expanded rows
     level_sizes = [1]  # created nodes per level and tree (Python ints: the shapes)
-    rows_first_id, next_id = 0, 1  # draft id of the expanded rows' first node; next free draft id
+    rows_first_id = 0  # draft id of the expanded rows' first node
     live = start.live.expand(B)  # [B * R] the expanded rows that are real nodes
     for d in range(1, depth + 1):
         R = law.shape[0] // B  # the level function sees B * R rows, tree-major
-        if compiled_level is None:
+        width = 0 if d == depth else beam_width
+        if compiled is None:
             lv = level(law, rng, live) if draw is None else level(law, rng, live, draw)
+            step = level_step(lv, parent_score, vocab_map, root, width)
         else:
             u = (
                 rng.uniforms((B * R, draws_per_node), device=dev)
                 if draws_per_node
                 else torch.empty(B * R, 0, dtype=torch.float64, device=dev)
             )  # [B * R, draws]
-            lv = compiled_level(law, u, live) if draw is None else compiled_level(law, u, live, draw)
-        if reduced:  # draft ids -> target ids (padding -1 stays -1)
-            lv = lv._replace(
-                tokens=vocab_ids[lv.tokens], law_ids=vocab_ids[lv.law_ids] if lv.law_ids.shape[-1] else lv.law_ids
-            )
-        C = lv.tokens.shape[-1]
-        laws.append((R, lv))  # the rerank reads the laws only
-        lv_tok = lv.tokens.reshape(B, R * C)  # [B, R * C]
-        lv_score = (parent_score + torch.log(lv.weights)).reshape(B, R * C)  # path scores; unused slots: -inf
-        tok.append(lv_tok)
-        kind.append(lv.kinds.reshape(B, R * C))
-        weight.append(lv.weights.reshape(B, R * C))
-        score.append(lv_score)
-        level_sizes.append(R * C)
+            step = compiled(law, u, live, draw, parent_score, vocab_map, root, width)
+        steps.append(step)
+        level_sizes.append(step.tokens.shape[1])
         if d == depth:
             break
-        width = min(beam_width, R * C)
-        beam = torch.sort(lv_score, dim=-1, descending=True, stable=True).indices[:, :width]  # [B, width] (-score, creation index)
-        beam_score = lv_score.gather(1, beam)  # [B, width]
-        beam_live = beam_score > float("-inf")  # a node of finite score is a real node (its token is >= 0)
-        # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token; its children
-        # score -inf and it never counts as bad
+        # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token
         qs, bad = draft.expand_rows_laws(
-            beam // C + rows_first_id, torch.where(beam_live, lv_tok.gather(1, beam), root), configs, proposal=reduced
-        )  # [B, width, Vd] per config, [B, width]
+            step.beam // step.children.tokens.shape[-1] + rows_first_id, step.beam_tokens, configs, proposal=reduced
+        )  # [B, W, Vd] per config, [B, W]
+        width = step.beam.shape[1]
         law, draw = _laws([q.reshape(B * width, -1) for q in qs], bad)
-        beams.append(beam)
-        lives.append(beam_live)
+        lives.append(step.beam_live)
         bads.append(bad)
-        parent_score, live = beam_score.reshape(B * width, 1), beam_live.reshape(B * width)
-        rows_first_id, next_id = next_id, next_id + width
-    shape = _shape_constants(tuple(level_sizes), tuple(b.shape[1] for b in beams), dev)
-    # creation indices of the expanded nodes, in expansion order (the root's is 0)
-    all_expanded = torch.cat([start.index.expand(B, 1), *beams], dim=1) + shape.first_index  # [B, E]
-    # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
-    # (the root's parent is the column T, which _assemble maps to -1)
-    par = torch.cat([shape.root_parent.expand(B, 1), all_expanded.repeat_interleave(C, dim=1)], dim=1)
-    if beams:
-        draft_bad = (torch.cat(bads, dim=1) & torch.cat(lives, dim=1)).any(dim=-1) | draft_bad
-    return _assemble(
-        torch.cat(tok, dim=1), par, torch.cat(kind, dim=1), torch.cat(weight, dim=1), torch.cat(score, dim=1),
-        shape.levels, all_expanded, laws, num_keep=num_keep, vocab=vocab,
-        children=children, depth=depth, draft_bad=draft_bad, max_sampled=draws_per_node,
+        parent_score, live = step.beam_scores, step.beam_live.reshape(B * width)
+        rows_first_id += R  # the next level's rows follow this level's in the draft's tree
+    shape = _shape_constants(tuple(level_sizes), tuple(s.beam.shape[1] for s in steps[:-1]), dev)
+    finish = finish_levels if compiler is None else compiler.assemble()
+    fields = finish(steps, lives, bads, shape, root, num_keep=num_keep, depth=depth)
+    return TreeBatch(
+        **fields, vocab_size=draft.vocab_size, max_children=children, max_depth=depth,
+        max_sampled=draws_per_node,
     )
 
 
@@ -410,7 +473,7 @@ def _root_constants(device: torch.device) -> _RootConstants:
 class _ShapeConstants(NamedTuple):
     levels: torch.Tensor  # [T] int64 the level of every created node
     first_index: torch.Tensor  # [E] int64 creation index of the first node of each expanded row's level
-    root_parent: torch.Tensor  # [1] int64 T: the root's parent column (mapped to -1 by _assemble)
+    root_parent: torch.Tensor  # [1] int64 T: the root's parent column (mapped to -1 by finish_levels)
 
 
 @functools.lru_cache(maxsize=64)
@@ -442,28 +505,39 @@ def _padded_map(vocab_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.cat([vocab_ids.to(device), torch.full((1,), -1, dtype=vocab_ids.dtype, device=device)])
 
 
-def _assemble(
-    tok: torch.Tensor,
-    par: torch.Tensor,
-    kind: torch.Tensor,
-    weight: torch.Tensor,
-    score: torch.Tensor,
-    lvl: torch.Tensor,
-    expanded: torch.Tensor,
-    laws: list[tuple[int, LevelChildren]],
+def finish_levels(
+    steps: list[LevelStep],
+    lives: list[torch.Tensor],
+    bads: list[torch.Tensor],
+    shape: "_ShapeConstants",
+    root: torch.Tensor,
     *,
     num_keep: int,
-    vocab: int,
-    children: int,
     depth: int,
-    draft_bad: torch.Tensor,
-    max_sampled: int,
-) -> TreeBatch:
-    """The global rerank and the layout of the kept nodes of every tree (the
-    ``[B, T]`` inputs are over each tree's created nodes, ``par`` with the
-    root's parent ``T``; ``lvl`` ``[T]`` is shared; ``expanded`` ``[B, E]``;
-    ``laws``: ``(R, children)`` per expansion, fields ``[B * R, ...]``)."""
-    B, T = tok.shape
+) -> dict[str, torch.Tensor]:
+    """The global rerank and the layout of the kept nodes of every tree, from the
+    driver's levels (:func:`grow_levelwise`: ``steps`` per level, ``lives`` and
+    ``bads`` per expansion, ``bads[0]`` ``[B]`` the roots'): the tensor fields of a
+    :class:`~specdec.tree_batch.TreeBatch` by name (a dict, so that it compiles as one graph)."""
+    B = root.shape[0]
+    start = _root_constants(root.device)
+    C = steps[0].children.tokens.shape[-1]
+    beams = [s.beam for s in steps[:-1]]  # [B, W] per expansion after the root's
+    # creation indices of the expanded nodes, in expansion order (the root's is 0)
+    expanded = torch.cat([start.index.expand(B, 1), *beams], dim=1) + shape.first_index  # [B, E]
+    # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
+    # (the root's parent is the column T, which the layout maps to -1)
+    par = torch.cat([shape.root_parent.expand(B, 1), expanded.repeat_interleave(C, dim=1)], dim=1)
+    draft_bad = bads[0]  # [B]
+    if lives:
+        draft_bad = (torch.cat(bads[1:], dim=1) & torch.cat(lives, dim=1)).any(dim=-1) | draft_bad
+    tok = torch.cat([root, *(s.tokens for s in steps)], dim=1)  # [B, T]
+    kind = torch.cat([start.kind.expand(B, 1), *(s.kinds for s in steps)], dim=1)
+    weight = torch.cat([start.weight.expand(B, 1), *(s.weights for s in steps)], dim=1)
+    score = torch.cat([start.score.expand(B, 1), *(s.scores for s in steps)], dim=1)
+    laws = [(s.children.tokens.shape[0] // B, s.children) for s in steps]
+    lvl = shape.levels
+    T = tok.shape[1]
     dev = tok.device
     n = min(num_keep, T - 1) + 1
     # (-score, creation index) with the root first: every other score is <= 0 (weights <= 1) and the sort is stable
@@ -511,11 +585,10 @@ def _assemble(
         reach *= 2
         if reach <= depth:
             up = up.gather(1, up)
-    return TreeBatch(
-        tokens=tokens, parents=parents, depths=depths, kinds=kinds,
-        draw_order=draw_order, weights=weights, num_nodes=live.sum(dim=-1),
-        law_ids=law_ids, law_probs=law_probs, law_wor=law_wor, ancestors=anc,
-        vocab_size=vocab, max_children=children, max_depth=depth, draft_bad=draft_bad, max_sampled=max_sampled,
+    return dict(
+        tokens=tokens, parents=parents, depths=depths, kinds=kinds, draw_order=draw_order, weights=weights,
+        num_nodes=live.sum(dim=-1), law_ids=law_ids, law_probs=law_probs, law_wor=law_wor, ancestors=anc,
+        draft_bad=draft_bad,
     )
 
 
