@@ -386,6 +386,26 @@ def test_rheo_two_sampled_slots_are_drawn_without_replacement_with_split_proxy()
         assert [int(tree.tokens[c]) for c in tree.deterministic_children(0)] == [0]
 
 
+def test_rheo_geometric_proxy_weighs_the_ith_draw_c_r_times_one_minus_c_to_the_i():
+    """``"geometric"``: the first draw weighs what ``m = 1``'s one draw weighs, each later one (1 - c) of the
+    previous, whichever tokens were drawn; the reference and the tensor builder agree."""
+    draft = table_draft({(): [0.4, 0.3, 0.2, 0.1]}, 4)
+    for seed in range(6):
+        for m, expected in ((2, [0.15, 0.075]), (3, [0.3, 0.15, 0.075])):  # r = 1 - q(top K - m): 0.3, 0.6
+            builder = RheoTreeBuilder(K=4, m=m, depth=1, N=10, M=4, proxy="geometric", proxy_scale=0.5)
+            tree = build(builder, draft, seed=seed)
+            kids = tree.sampled_children(0)
+            assert [float(tree.weights[c]) for c in kids] == pytest.approx(expected)
+            draft.begin([0])
+            fast = builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
+            assert fast.tokens.tolist() == tree.tokens.tolist() and fast.weights.tolist() == tree.weights.tolist()
+    single = build(RheoTreeBuilder(K=3, m=1, depth=1, N=10, M=4, proxy="geometric"), draft, seed=0)
+    scaled = build(RheoTreeBuilder(K=3, m=1, depth=1, N=10, M=4), draft, seed=0)
+    assert single.weights.tolist() == scaled.weights.tolist()  # one draw: the scaled proxy, bit for bit
+    with pytest.raises(InvalidConfigError, match="geometric proxy"):
+        RheoTreeBuilder(m=2, proxy="geometric", proxy_scale=1.0)
+
+
 def test_rheo_without_residual_mass_or_below_threshold_is_an_eagle_node():
     one_hot = table_draft({(): [0.0, 1.0, 0.0]}, 3)
     tree = build(RheoTreeBuilder(K=2, depth=1, N=5, M=3), one_hot)

@@ -91,6 +91,14 @@ CASES = [
     ("rheo-scaled-half", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy_scale=0.5), "mixed", 3, (3, 4), True),
     ("rheo-displaced", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="displaced"), "mixed", 3, (1, 2), True),
     (
+        "rheo-geometric-m2",
+        RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="geometric", proxy_scale=0.5),
+        "mixed",
+        4,
+        (1, 2),
+        True,
+    ),
+    (
         "rheo-displaced-m2",
         RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="displaced"),
         "mixed",

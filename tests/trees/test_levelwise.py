@@ -87,6 +87,8 @@ RHEO_OPTIONS = [
     dict(K=3, m=1, B=3, depth=3, N=30, M=6, proxy_scale=1.0),
     dict(K=3, m=1, B=2, depth=3, N=5, M=4, rank_law="sampling"),
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced", rank_law="sampling"),
+    dict(K=4, m=3, B=2, depth=3, N=7, M=6, proxy="geometric", proxy_scale=0.5),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="geometric", rank_law="sampling"),
 ]
 
 
@@ -205,7 +207,7 @@ def test_level_functions_on_a_draft_law_equal_them_on_its_float64_law(m):
     q, bad = _long_rows(40000, 7)
     dense = normalised_law(q).masked_fill(bad.unsqueeze(-1), 0.0)
     live = torch.ones(7, dtype=torch.bool)
-    for proxy in ("scaled", "displaced"):
+    for proxy in ("scaled", "displaced", "geometric"):
         got = rheo_level(draft_law(q, bad), 5, m, 64, 0.0, TorchRandom.seeded(3), proxy, 0.25, live)
         want = rheo_level(dense, 5, m, 64, 0.0, TorchRandom.seeded(3), proxy, 0.25, live)
         for a, b in zip(got, want):

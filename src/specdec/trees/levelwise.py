@@ -187,13 +187,10 @@ def rheo_level(
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
         sampled_w = cand_probs.gather(-1, rank)
+    elif m == 1 and proxy != "residual":  # one draw: c * residual (scaled, geometric), the same bits
+        sampled_w = torch.clamp(proxy_scale * residual, max=1.0).unsqueeze(-1)  # [R, 1]
     else:
-        c = proxy_scale if proxy == "scaled" else 1.0
-        if m == 1:  # one draw: c * residual / 1, the same bits
-            sampled_w = torch.clamp(c * residual, max=1.0).unsqueeze(-1)  # [R, 1]
-        else:
-            n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
-            sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
+        sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids[:, :K], probs[:, :K],
                           cand_ids, law_probs, m)
 
@@ -227,11 +224,22 @@ def _rheo_level_split(
         rank = torch.minimum(torch.arange(K - m, K, device=dev), (n_pos - 1).clamp_min(0))  # [R, m]
         sampled_w = probs.gather(-1, rank)
     else:
-        c = proxy_scale if proxy == "scaled" else 1.0
-        n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
-        sampled_w = torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
+        sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids, probs, cand_ids,
                           law_probs, m)
+
+
+def _split_proxy(residual: torch.Tensor, was_drawn: torch.Tensor, proxy: str, proxy_scale: float) -> torch.Tensor:
+    """``[R, m]`` weights of the sampled children from the residual ``r`` ``[R]`` (docs/trees.md, "Proxies"):
+    ``"scaled"`` / ``"residual"`` split ``c r`` evenly among the draws made (``c = 1`` for ``"residual"``);
+    ``"geometric"`` gives the ``i``-th draw ``c r (1 - c)^i``. Functions of ``q`` alone, never of a drawn token."""
+    R, m = was_drawn.shape
+    if proxy == "geometric":
+        decay = (1.0 - proxy_scale) ** torch.arange(m, dtype=torch.float64, device=residual.device)  # [m]
+        return torch.clamp(proxy_scale * residual.unsqueeze(-1) * decay, max=1.0)
+    c = proxy_scale if proxy == "scaled" else 1.0
+    n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
+    return torch.clamp(c * residual.unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
 
 
 def _draw_slots(

@@ -68,13 +68,15 @@ def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
     return float(residual_masses(q_row.unsqueeze(0), ids)[0])
 
 
-PROXIES = ("scaled", "residual", "displaced")
+PROXIES = ("scaled", "residual", "displaced", "geometric")
 """Proxy weights of sampled children: ``"scaled"``, ``c (1 - q(S))`` split evenly
 (specdec's default, ``c = proxy_scale``); ``"residual"``, ``1 - q(S)`` split
 evenly (the reconstruction's first choice, ``c = 1``); ``"displaced"``, the ``q`` of the
 token ranked where the child sits (rank ``K - m + i`` for the ``i``-th draw),
-i.e. the weight of the deterministic child EAGLE-2 would have put in that slot.
-All are functions of ``q`` alone, never of the drawn token."""
+i.e. the weight of the deterministic child EAGLE-2 would have put in that slot;
+``"geometric"``, ``c (1 - q(S)) (1 - c)^i`` for the ``i``-th draw (``i = 0, 1, ...``): the
+first draw weighs what the one draw of ``m = 1`` weighs, each later one less (earlier draws
+rank first). All are functions of ``q`` alone, never of the drawn token."""
 
 
 def rheo_proposal(
@@ -141,6 +143,8 @@ def rheo_proposal(
         drawn = [i for i in drawn_rows[r] if i >= 0]
         if proxy == "displaced":
             weights = [float(cand_probs[min(i, cand_probs.numel() - 1)]) for i in range(len(drawn))]
+        elif proxy == "geometric":  # c r (1 - c)^i for the i-th draw
+            weights = [min(1.0, proxy_scale * residual * (1.0 - proxy_scale) ** i) for i in range(len(drawn))]
         else:
             c = proxy_scale if proxy == "scaled" else 1.0
             weights = [min(1.0, c * residual / len(drawn))] * len(drawn)
@@ -190,6 +194,8 @@ def _rheo_proposal_split(
         drawn = [i for i in drawn_rows[r] if i >= 0]
         if proxy == "displaced":  # q at rank K - m + i, or at the last ranked token
             weights = [float(probs[min(K - m + i, probs.numel() - 1)]) for i in range(len(drawn))]
+        elif proxy == "geometric":  # c r (1 - c)^i for the i-th draw
+            weights = [min(1.0, proxy_scale * residuals[r] * (1.0 - proxy_scale) ** i) for i in range(len(drawn))]
         else:
             c = proxy_scale if proxy == "scaled" else 1.0
             weights = [min(1.0, c * residuals[r] / len(drawn))] * len(drawn)
@@ -218,10 +224,11 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         threshold: inject sampled slots only where the residual mass
             ``1 - q(S)`` is at least this (default 0: wherever it is positive).
         proxy: the sampled children's construction weight, ``"scaled"``
-            (default), ``"residual"`` (the reconstruction's first choice) or ``"displaced"``
-            (:data:`PROXIES`).
-        proxy_scale: ``c`` of the ``"scaled"`` proxy, in ``(0, 1]`` (default
-            0.25; ``1`` is the ``"residual"`` proxy).
+            (default), ``"residual"`` (the reconstruction's first choice), ``"displaced"``
+            or ``"geometric"`` (:data:`PROXIES`).
+        proxy_scale: ``c`` of the ``"scaled"`` and ``"geometric"`` proxies, in ``(0, 1]``
+            (default 0.25; ``1`` makes ``"scaled"`` the ``"residual"`` proxy; ``"geometric"``
+            needs ``c < 1``).
 
     Verified by the ``"mixed"`` verifier (rule 5); at ``T = 0`` the trees are
     EAGLE-2's and ``"greedy"`` applies.
@@ -259,6 +266,7 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         {"K": 2, "m": 1, "B": 1, "depth": 3, "N": 3, "M": 3},
         {"K": 3, "m": 2, "B": 1, "depth": 2, "N": 3, "M": 4, "proxy": "residual"},
         {"K": 2, "m": 1, "B": 1, "depth": 2, "N": 3, "M": 3, "threshold": 0.4, "proxy": "displaced"},
+        {"K": 3, "m": 2, "B": 2, "depth": 2, "N": 4, "M": 4, "proxy": "geometric", "proxy_scale": 0.5},
     )
 
     def __attrs_post_init__(self) -> None:
@@ -285,6 +293,11 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             or not 0.0 < self.proxy_scale <= 1.0
         ):
             raise InvalidConfigError(f"proxy_scale must be a number in (0, 1], got {self.proxy_scale!r}")
+        if self.proxy == "geometric" and self.proxy_scale >= 1.0:
+            raise InvalidConfigError(
+                "the geometric proxy c r (1 - c)^i needs proxy_scale < 1 (c = 1 gives later draws weight 0), "
+                f"got {self.proxy_scale!r}"
+            )
 
     def propose(self, q: torch.Tensor, rng: RandomSource, q_draw: torch.Tensor | None = None) -> list[list[ChildProposal]]:
         return rheo_proposal(
