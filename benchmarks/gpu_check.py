@@ -39,8 +39,10 @@ nodes (``--vocab``, ``--sizes``):
    version vs the gather reference, correctness and time;
 4. the full step (``step_check``): a random-weight Llama of about 1B
    parameters in bf16 (V=128256) with a random EAGLE-3 head, 60-node depth-6
-   trees, eagle3 and rheo, step path vs Triton path: time split, host syncs
-   (``StepCounter`` and ``torch.cuda.set_sync_debug_mode("warn")``), tau.
+   trees, eagle3 and rheo, step path vs Triton path vs the compiled step
+   (``compile="inductor"``): time split, host syncs (``StepCounter`` and
+   ``torch.cuda.set_sync_debug_mode("warn")``), ops dispatched and CUDA kernels
+   launched outside the forwards (``KernelCounter``), tau.
    Smoke-tested on the CPU with ``--device cpu --skip correctness timing kv
    --step-vocab 1000 --step-hidden 128 --step-layers 2 --step-tokens 8``;
 5. a target split over two GPUs (``multi_gpu_check``, ``device_map`` through
@@ -322,9 +324,11 @@ def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """The whole speculative step (issue 14, item 13) on a random-weight Llama
     of about 1B parameters (``--step-*``; bf16 on CUDA) with a random EAGLE-3
     head, 60-node depth-6 trees, T=1: eagle3 and rheo on the step path
-    (``kernel="torch"``) and on the per-step Triton path (``kernel="triton"``);
-    per step, the time split (CUDA events), host syncs counted by
-    ``StepCounter`` and under ``torch.cuda.set_sync_debug_mode("warn")``, and tau."""
+    (``kernel="torch"``), on the per-step Triton path (``kernel="triton"``) and
+    compiled (``compile="inductor"``); per step, the time split (CUDA events), host
+    syncs counted by ``StepCounter`` and under ``torch.cuda.set_sync_debug_mode("warn")``,
+    the ops and kernels dispatched and the CUDA kernels launched outside the
+    forwards (``KernelCounter``), and tau."""
     import warnings
 
     import transformers
@@ -332,7 +336,7 @@ def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     import specdec
     from specdec.drafts.eagle import EagleConfig, EagleHead, make_draft
     from specdec.targets.hf import HFTarget
-    from specdec.testing.counter import StepCounter
+    from specdec.testing.counter import KernelCounter, StepCounter
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -350,13 +354,16 @@ def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     target = HFTarget(model, capture_layers=head_cfg.target_layers)
     prompt = list(range(1, 65))
     rows = []
+    KernelCounter.profile_compiled_kernels()
     for method in ("eagle3", "rheo"):
-        for kernel in ("torch", "triton"):
-            row: dict[str, Any] = {"method": method, "kernel": kernel, "params": params}
+        for kernel, compile_backend in (("torch", None), ("triton", None), ("torch", "inductor")):
+            row: dict[str, Any] = {"method": method, "kernel": kernel, "compile": compile_backend, "params": params}
             try:
-                gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel)
+                gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel,
+                                                   compile=compile_backend or False)
                 sampling = specdec.SamplingConfig(temperature=1.0)
-                gen.generate(prompt, 8, sampling=sampling, seed=0)  # warm-up
+                for warm_seed in (0, 2):  # warm-up (and, compiled, every shape of the step)
+                    gen.generate(prompt, 8, sampling=sampling, seed=warm_seed)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 with warnings.catch_warnings(record=True) as caught:
@@ -369,6 +376,15 @@ def step_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     finally:
                         if device.type == "cuda":
                             torch.cuda.set_sync_debug_mode("default")
+                # what the host dispatches and launches per step outside the forwards (KernelCounter:
+                # ATen ops and inductor kernels; on CUDA, the kernel launches themselves)
+                with KernelCounter(cuda=device.type == "cuda") as dispatched:
+                    counted = gen.generate(prompt, args.step_tokens, sampling=sampling, seed=1)
+                counted_steps = max(counted.stats.steps, 1)
+                row.update(
+                    dispatched_per_step_outside_models=dispatched.ops / counted_steps,
+                    launches_per_step_outside_models=dispatched.launches / counted_steps,
+                )
                 st = out.stats
                 steps = max(st.steps, 1)
                 row.update(
@@ -547,16 +563,19 @@ def to_markdown(report: dict[str, Any]) -> str:
                              f"{r['reference_ms']:.3f} |")
     if report.get("step"):
         lines += ["", "## Full step (random Llama, EAGLE-3 head, 60 nodes, T=1), per step", "",
-                  "| method | kernel | tau | draft ms | target ms | verify ms | total ms | syncs outside | "
-                  "syncs inside | CUDA sync warnings |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| method | kernel | compile | tau | draft ms | target ms | verify ms | total ms | syncs outside | "
+                  "syncs inside | CUDA sync warnings | dispatched outside | launches outside |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in report["step"]:
+            where = f"| {r['method']} | {r['kernel']} | {r.get('compile') or '-'} |"
             if "error" in r:
-                lines.append(f"| {r['method']} | {r['kernel']} | error: {r['error'][-80:]} |")
+                lines.append(f"{where} error: {r['error'][-80:]} |")
                 continue
-            lines.append(f"| {r['method']} | {r['kernel']} | {r['tau']:.2f} | {r['ms_draft']:.2f} | "
+            lines.append(f"{where} {r['tau']:.2f} | {r['ms_draft']:.2f} | "
                          f"{r['ms_target']:.2f} | {r['ms_verify']:.2f} | {r['ms_total']:.2f} | "
                          f"{r['syncs_per_step_outside_models']:.1f} | {r['syncs_per_step_inside_models']:.1f} | "
-                         f"{r['cuda_sync_warnings_per_step']:.1f} |")
+                         f"{r['cuda_sync_warnings_per_step']:.1f} | {r['dispatched_per_step_outside_models']:.0f} | "
+                         f"{r['launches_per_step_outside_models']:.0f} |")
     if report.get("batch"):
         lines += ["", "## Batched verification: one launch for all rows vs a launch per row (T=0.7, top-k 50), ms (median)",
                   "", "| tree | B | nodes | V | one launch | per-row launches | torch batched | vs per-row | vs torch "

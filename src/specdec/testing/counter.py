@@ -175,6 +175,17 @@ class StepCounter:
 
 
 _KERNEL_MARKS = ("cpp_fused", "triton_")
+_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"})
+
+
+def _inside(event: Any, marks: Any) -> bool:
+    """Whether one of ``event``'s enclosing host events has a name for which ``marks`` holds."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if marks(parent.name):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _is_view_op(name: str) -> bool:
@@ -202,14 +213,22 @@ class KernelCounter:
     :func:`specdec.regions.model_call` is left out. Host syncs are not counted here
     (:class:`StepCounter` counts them on the eager path).
 
+    With ``cuda=True`` (a CUDA device present) the profiler also records the
+    CUDA runtime, and :attr:`launches` counts the kernel launches the host made
+    outside model forwards (``cudaLaunchKernel``, ``cuLaunchKernel``: ATen's
+    kernels and Triton's alike), the figure a GPU pays for.
+
     Attributes:
         op_names: ``Counter(name)`` of the dispatched ATen ops and kernels.
         view_names: the ATen ops among them that only make a view.
+        launches: CUDA kernel launches outside model forwards (``cuda=True``; else 0).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.op_names: collections.Counter = collections.Counter()
         self.view_names: collections.Counter = collections.Counter()
+        self.launches = 0
+        self.cuda = cuda
         self._prof: Any = None
 
     @staticmethod
@@ -238,7 +257,10 @@ class KernelCounter:
         import specdec.regions as regions
 
         regions._profiled += 1
-        self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities)
         self._prof.__enter__()
         return self
 
@@ -253,18 +275,15 @@ class KernelCounter:
             return
         for event in self._prof.events():
             name = event.name
+            if name in _LAUNCHES:  # the CUDA runtime's launch call, on the host
+                self.launches += not _inside(event, lambda n: n == regions.MODEL_CALL_EVENT)
+                continue
             is_kernel = any(m in name for m in _KERNEL_MARKS)
             if not (is_kernel or name.startswith("aten::")):
                 continue
-            parent, inside = event.cpu_parent, False
-            while parent is not None:  # inside a model forward, another op or a kernel: not dispatched by the step
-                if parent.name == regions.MODEL_CALL_EVENT or parent.name.startswith("aten::") or any(
-                    m in parent.name for m in _KERNEL_MARKS
-                ):
-                    inside = True
-                    break
-                parent = parent.cpu_parent
-            if inside:
+            # inside a model forward, another op or a kernel: not dispatched by the step
+            if _inside(event, lambda n: n == regions.MODEL_CALL_EVENT or n.startswith("aten::")
+                       or any(m in n for m in _KERNEL_MARKS)):
                 continue
             self.op_names[name] += 1
             if not is_kernel and _is_view_op(name):
