@@ -151,16 +151,27 @@ def _tree_fields(tree):
                                           "num_nodes", "law_ids", "law_probs", "law_wor", "ancestors", "draft_bad")}
 
 
-@pytest.mark.parametrize("method", ["eagle2", "rheo", "rheo-m2", "rheo-untempered"])
-def test_compiled_levels_and_layout_build_the_uncompiled_tree(method):
-    """Each level (level function + scoring + beam, ``level_step``) and the final rerank and
-    layout (``finish_levels``) compile as whole graphs and build, from the same uniform tables,
-    the tree their uncompiled functions build, field by field."""
+@pytest.mark.parametrize(
+    "method, proposal",
+    [("eagle2", False), ("rheo", False), ("rheo-m2", False), ("rheo-untempered", False), ("eagle2", True),
+     ("rheo", True)],
+    ids=["eagle2", "rheo", "rheo-m2", "rheo-untempered", "eagle2-proposal-ids", "rheo-proposal-ids"],
+)
+def test_compiled_levels_and_layout_build_the_uncompiled_tree(method, proposal):
+    """Each level (level function + scoring + beam, ``level_step``, with a draft vocabulary's id
+    map too) and the final rerank and layout (``finish_levels``) compile as whole graphs and
+    build, from the same uniform tables, the tree their uncompiled functions build, field by field."""
     from specdec import registry
+    from specdec.testing import ProposalLM
 
     vocab = 60
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 2
-    draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
+    if proposal:  # a draft vocabulary of the odd ids: -inf elsewhere
+        keep = list(range(1, vocab, 2))
+        table[:, [i for i in range(vocab) if i % 2 == 0]] = float("-inf")
+        draft = ProposalLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab, keep=keep)
+    else:
+        draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
     options = {"eagle2": ("eagle", {}), "rheo": ("rheo", {"M": 12}), "rheo-m2": ("rheo", {"M": 12, "m": 2}),
                "rheo-untempered": ("rheo", {"M": 12, "rank_law": "untempered"})}[method]
     builder = registry.get("tree", options[0])(K=4, depth=3, N=9, **options[1])
@@ -173,3 +184,4 @@ def test_compiled_levels_and_layout_build_the_uncompiled_tree(method):
         for name, value in _tree_fields(trees[0]).items():
             assert torch.equal(value, _tree_fields(trees[1])[name]), name
         assert trees[0].tree(0).num_nodes == 10
+        assert not proposal or bool((trees[0].tokens[0, 1:] % 2 == 1).all())  # target ids of the draft vocabulary
