@@ -180,7 +180,7 @@ class StepCompiler:
         self.backend = backend
         self.decide = self._compile(decide_tree_batch)
         self._levels: dict[Any, CompiledLevelFn] = {}
-        self._finish = self._compile(finish_levels)
+        self.finish = self._compile(finish_levels)
 
     def _compile(self, fn: Any) -> Any:
         return torch.compile(fn, fullgraph=True, backend=self.backend)
@@ -206,9 +206,6 @@ class StepCompiler:
             fn = self._levels[key] = self._compile(own)
         return fn
 
-    def assemble(self) -> Any:
-        """:func:`~specdec.trees.levelwise.finish_levels`, compiled."""
-        return self._finish
 
 
 def step_supported(verifier: Verifier, rng: RandomSource) -> bool:

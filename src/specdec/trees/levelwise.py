@@ -118,11 +118,11 @@ builder that ranks and draws by one law."""
 class LevelCompiler(Protocol):
     """What :func:`grow_levelwise` compiles with (:class:`specdec.step.StepCompiler`)."""
 
+    finish: Callable[..., dict[str, torch.Tensor]]
+    """:func:`finish_levels` compiled as one graph."""
+
     def level(self, level: LevelFn, key: object) -> CompiledLevelFn:
         """``level`` and :func:`level_step` compiled as one graph, one per ``key``."""
-
-    def assemble(self) -> Callable[..., dict[str, torch.Tensor]]:
-        """:func:`finish_levels` compiled as one graph."""
 
 
 def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
@@ -187,8 +187,9 @@ def rheo_level(
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
         sampled_w = cand_probs.gather(-1, rank)
-    elif m == 1 and proxy != "residual":  # one draw: c * residual (scaled, geometric), the same bits
-        sampled_w = torch.clamp(proxy_scale * residual, max=1.0).unsqueeze(-1)  # [R, 1]
+    elif m == 1:  # one draw: c * residual (c = 1 for "residual"), the split's bits
+        c = 1.0 if proxy == "residual" else proxy_scale
+        sampled_w = torch.clamp(c * residual, max=1.0).unsqueeze(-1)  # [R, 1]
     else:
         sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids[:, :K], probs[:, :K],
@@ -442,7 +443,7 @@ def grow_levelwise(
         parent_score, live = step.beam_scores, step.beam_live.reshape(B * width)
         rows_first_id += R  # the next level's rows follow this level's in the draft's tree
     shape = _shape_constants(tuple(level_sizes), tuple(s.beam.shape[1] for s in steps[:-1]), dev)
-    finish = finish_levels if compiler is None else compiler.assemble()
+    finish = finish_levels if compiler is None else compiler.finish
     fields = finish(steps, lives, bads, shape, root, num_keep=num_keep, depth=depth)
     return TreeBatch(
         **fields, vocab_size=draft.vocab_size, max_children=children, max_depth=depth,

@@ -143,15 +143,21 @@ def rheo_proposal(
         drawn = [i for i in drawn_rows[r] if i >= 0]
         if proxy == "displaced":
             weights = [float(cand_probs[min(i, cand_probs.numel() - 1)]) for i in range(len(drawn))]
-        elif proxy == "geometric":  # c r (1 - c)^i for the i-th draw
-            weights = [min(1.0, proxy_scale * residual * (1.0 - proxy_scale) ** i) for i in range(len(drawn))]
         else:
-            c = proxy_scale if proxy == "scaled" else 1.0
-            weights = [min(1.0, c * residual / len(drawn))] * len(drawn)
+            weights = _split_weights(residual, len(drawn), proxy, proxy_scale)
         children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
         children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
         out.append(children)
     return out
+
+
+def _split_weights(residual: float, n: int, proxy: str, proxy_scale: float) -> list[float]:
+    """The weights of a node's ``n`` sampled children under the ``scaled``, ``residual`` and
+    ``geometric`` proxies (:data:`PROXIES`; the per-node form of the level-wise builder's)."""
+    if proxy == "geometric":  # c r (1 - c)^i for the i-th draw
+        return [min(1.0, proxy_scale * residual * (1.0 - proxy_scale) ** i) for i in range(n)]
+    c = proxy_scale if proxy == "scaled" else 1.0
+    return [min(1.0, c * residual / n)] * n
 
 
 def _rheo_proposal_split(
@@ -194,11 +200,8 @@ def _rheo_proposal_split(
         drawn = [i for i in drawn_rows[r] if i >= 0]
         if proxy == "displaced":  # q at rank K - m + i, or at the last ranked token
             weights = [float(probs[min(K - m + i, probs.numel() - 1)]) for i in range(len(drawn))]
-        elif proxy == "geometric":  # c r (1 - c)^i for the i-th draw
-            weights = [min(1.0, proxy_scale * residuals[r] * (1.0 - proxy_scale) ** i) for i in range(len(drawn))]
         else:
-            c = proxy_scale if proxy == "scaled" else 1.0
-            weights = [min(1.0, c * residuals[r] / len(drawn))] * len(drawn)
+            weights = _split_weights(residuals[r], len(drawn), proxy, proxy_scale)
         children = [ChildProposal(int(law.indices[i]), NodeKind.SAMPLED, w, law) for i, w in zip(drawn, weights)]
         children += [ChildProposal(t, NodeKind.DETERMINISTIC, p)
                      for t, p in zip(ids[: K - m].tolist(), probs[: K - m].tolist())]
