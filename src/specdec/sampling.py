@@ -141,6 +141,19 @@ def row_is_bad(logits: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(logits.amax(dim=-1))  # one pass: NaN and +inf propagate to the max, all -inf stays -inf
 
 
+def law_is_bad(p: torch.Tensor) -> torch.Tensor:
+    """``[...]`` bool: :func:`row_is_bad` of the logits a law ``p`` ``[..., V]`` came from,
+    read from its first column, for a law of :func:`process_logits` at ``T > 0`` (not
+    greedy: a one-hot row is never NaN).
+
+    A softmax ``exp(s - max s) / sum`` of a row whose max is not finite (NaN, ``+inf``,
+    all ``-inf``: the rows :func:`row_is_bad` flags, which temperature, top-k and top-p
+    keep as they are) has a NaN in ``exp`` and so a NaN sum, which makes every entry NaN;
+    a good row has ``1 <= sum <= V`` and no NaN. One column read instead of a pass over
+    the vocabulary."""
+    return torch.isnan(p[..., 0])
+
+
 def process_logits(
     logits: torch.Tensor, config: SamplingConfig, *, check: bool = True, source: str | None = None
 ) -> torch.Tensor:

@@ -38,7 +38,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, LevelStep, finish_levels, level_step
 from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import TreeDecision, decide_tree_batch
+from specdec.verify.fast import TreeDecision, decide_from_scores, decide_tree_batch, step_scores
 
 __all__ = [
     "CLOCKS",
@@ -103,7 +103,7 @@ class StepOutcome:
 
 
 def emitted_logprobs(
-    logits: torch.Tensor, p: torch.Tensor, chain: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig
+    logits: torch.Tensor, p: torch.Tensor | None, chain: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig
 ) -> torch.Tensor:
     """``[k + 1]`` float64 log-probability of each emitted token under the law it was drawn
     from, on the device (docs/generation.md, "Log-probabilities").
@@ -117,7 +117,8 @@ def emitted_logprobs(
 
     Args:
         logits: ``[n, V]`` the target's logits after the logits processors.
-        p: ``[n, V]`` the processed law (:func:`~specdec.sampling.process_logits` of ``logits``).
+        p: ``[n, V]`` the processed law (:func:`~specdec.sampling.process_logits` of ``logits``),
+            or ``None``: the chain's rows are processed here (row by row the same bits).
         chain: ``[k + 1]`` int64 node of the law of each emitted token (``0`` first).
         tokens: ``[k + 1]`` int64 the emitted tokens.
     """
@@ -126,7 +127,8 @@ def emitted_logprobs(
     if sampling.greedy:
         rows = torch.log_softmax(logits.index_select(0, chain).to(torch.float64), dim=-1)
         return rows.gather(1, tokens).view(-1)
-    return p.index_select(0, chain).gather(1, tokens).view(-1).to(torch.float64).log()
+    rows = process_logits(logits.index_select(0, chain), sampling, check=False) if p is None else p.index_select(0, chain)
+    return rows.gather(1, tokens).view(-1).to(torch.float64).log()
 
 
 CLOCKS = ("perf_counter", "cuda_events")
@@ -179,6 +181,7 @@ class StepCompiler:
     def __init__(self, backend: str = "inductor") -> None:
         self.backend = backend
         self.decide = self._compile(decide_tree_batch)
+        self.decide_scores = self._compile(decide_from_scores)
         self._levels: dict[Any, CompiledLevelFn] = {}
         self.finish = self._compile(finish_levels)
 
@@ -288,17 +291,21 @@ def speculative_step(
                                              torch.tensor(result.tokens, dtype=torch.int64), sampling)
         clock.mark()
         return StepOutcome(result, host.num_nodes, *clock.splits(), device_logprobs=walk_logprobs), tree
-    bad = row_is_bad(logits)  # [B, n]
-    p = process_logits(logits, sampling, check=False)  # [B, n, V]
     if _VALIDATE:  # every node's row that is not flagged bad (those raise only where visited)
+        flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)
         for b in range(tree.batch_size):
             n = int(tree.num_nodes[b])
-            check_distribution(p[b, :n][~bad[b, :n]], "p")
-    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
-    decide = decide_tree_batch if compiler is None else compiler.decide
-    decision = TreeDecision(*decide(rule, tree, p, u, bad))
+            check_distribution(p_check[b, :n][~flags[b, :n]], "p")
+    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
+    if sampling.greedy:  # one-hot rows
+        decide = decide_tree_batch if compiler is None else compiler.decide
+        decision = TreeDecision(*decide(rule, tree, process_logits(logits, sampling, check=False), u, row_is_bad(logits)))
+    else:  # the law is never normalised over the vocabulary (verify.fast.target_weights)
+        scores, temperature = step_scores(logits, sampling)  # [B, n, V]
+        decide_scores = decide_from_scores if compiler is None else compiler.decide_scores
+        decision = TreeDecision(*decide_scores(rule, tree, scores, u, temperature))
     D = tree.max_depth
-    draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=p.device)
+    draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=logits.device)
     row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read
     num_accepted, _bonus, attempted, bad_visited, stop = row[:5]
     if row[-1]:
@@ -318,7 +325,7 @@ def speculative_step(
     step_logprobs = None
     if logprobs:  # gathered on the device after the read; the caller reads them once, at the end
         chain = torch.cat([decision.accepted.new_zeros(1), decision.accepted[0, :k]])
-        step_logprobs = emitted_logprobs(logits[0], p[0], chain, decision.tokens[0, : k + 1], sampling)
+        step_logprobs = emitted_logprobs(logits[0], None, chain, decision.tokens[0, : k + 1], sampling)
     return StepOutcome(
         VerifyResult(accepted, tokens, attempted), row[-2], *clock.splits(),
         device_path=decision.accepted[0, :k], device_tokens=decision.tokens[0, : k + 1],

@@ -22,7 +22,7 @@ import torch
 
 from specdec.errors import InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
-from specdec.sampling import SamplingConfig, process_logits, row_is_bad
+from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad
 
 __all__ = ["DraftModel"]
 
@@ -211,7 +211,7 @@ class DraftModel(ABC):
             else:
                 logits = self._checked(self.root_proposal_logits() if proposal else self.root_logits(), 1, proposal)
                 logits = logits.unsqueeze(0)  # [1, V]
-        return [process_logits(logits, s, check=False) for s in samplings], row_is_bad(logits)
+        return _laws_and_flags(logits, samplings)
 
     @final
     def expand_rows_laws(
@@ -224,7 +224,7 @@ class DraftModel(ABC):
                 logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
         else:
             logits = self._tree_logits_checked(parents[0], tokens[0], proposal).unsqueeze(0)  # [1, k, V]
-        return [process_logits(logits, s, check=False) for s in samplings], row_is_bad(logits)
+        return _laws_and_flags(logits, samplings)
 
     def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
         if len(parents) != len(tokens):
@@ -251,3 +251,14 @@ class DraftModel(ABC):
                 f"{rows[-1]} added node(s); expected [{expected}, {logits.shape[-1]}]: one row per node, in the order given"
             )
         return logits
+
+
+def _laws_and_flags(logits: torch.Tensor, samplings: Sequence[SamplingConfig]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``([q [..., V] per config], bad [...])``: the processed laws of ``logits`` and the rows
+    :func:`~specdec.sampling.row_is_bad` flags, read from a sampled law's first column where
+    there is one (:func:`~specdec.sampling.law_is_bad`; a pass over the vocabulary otherwise)."""
+    qs = [process_logits(logits, s, check=False) for s in samplings]
+    for q, s in zip(qs, samplings):
+        if not s.greedy:
+            return qs, law_is_bad(q)
+    return qs, row_is_bad(logits)

@@ -8,7 +8,6 @@ Every random draw goes through a :class:`~specdec.rng.RandomSource`
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -30,6 +29,7 @@ __all__ = [
     "log_weights",
     "normalised_law",
     "residual_masses",
+    "slot_residual",
     "row_mass",
     "top_tokens",
     "MAX_TREE_NODES",
@@ -79,10 +79,12 @@ def normalised_law(q: torch.Tensor, *, on_device: bool = False) -> torch.Tensor:
         this law, so the recorded law is exactly the one sampled from.
     """
     device = q.device if on_device and q.device.type == "cuda" else torch.device("cpu")
-    q64 = (q.detach() if q.requires_grad else q).to(device, torch.float64)  # (no detach op where no graph is kept)
-    if q64.data_ptr() == q.data_ptr():  # already float64 there: a new tensor
-        return q64 / q64.sum(dim=-1, keepdim=True)
-    return q64.div_(q64.sum(dim=-1, keepdim=True))  # the copy made above, divided in place (the same bits)
+    q = (q.detach() if q.requires_grad else q).to(device)  # (no op where no graph is kept, or already there)
+    total = law_total(q)  # [..., 1]
+    q64 = q.to(torch.float64)
+    if q64.data_ptr() == q.data_ptr():  # already float64: a new tensor
+        return q64 / total
+    return q64.div_(total)  # the copy made above, divided in place (the same bits)
 
 
 def top_tokens(q: torch.Tensor, count: int) -> list[list[tuple[int, float]]]:
@@ -151,18 +153,17 @@ class DraftLaw(NamedTuple):
     :func:`normalised_law` gives, so only the entries that are read need the
     division: ranking by ``probs`` ranks by ``q`` (dividing by one positive
     ``total`` keeps the order and the ties of values with 24 or 53 bits of
-    mantissa), and the few ranked entries are divided after the gather.
+    mantissa), and the few ranked entries are divided after the gather. No
+    level function reads the dense law (RheoSampling's residual ``1 - q(S)``
+    is read from ``S``'s entries, :func:`slot_residual`).
 
     Attributes:
         probs: ``[R, V]`` processed draft probabilities (any float dtype; rows flagged ``bad`` are not laws).
-        wide: ``[R, V]`` ``probs`` in float64 (``probs`` itself when float64; otherwise a copy
-            that the level function may overwrite: RheoSampling's residual is computed in it).
-        total: ``[R, 1]`` float64 the sum of each row of ``wide`` (:func:`normalised_law`'s divisor).
+        total: ``[R, 1]`` float64 the sum of each row of ``probs`` in float64 (:func:`normalised_law`'s divisor).
         bad: ``[R, 1]`` bool rows whose draft logits were not a distribution: ``q`` is 0 there.
     """
 
     probs: torch.Tensor
-    wide: torch.Tensor
     total: torch.Tensor
     bad: torch.Tensor
 
@@ -175,47 +176,25 @@ class DraftLaw(NamedTuple):
         return self.probs.device
 
     def dense(self) -> torch.Tensor:
-        """``[R, V]`` float64 ``q`` (a new tensor): :func:`normalised_law` with the bad rows zeroed
-        (before a level function has overwritten ``wide``)."""
-        return (self.wide / self.total).masked_fill_(self.bad, 0.0)
+        """``[R, V]`` float64 ``q`` (a new tensor): :func:`normalised_law` with the bad rows zeroed."""
+        return (self.probs.to(torch.float64) / self.total).masked_fill_(self.bad, 0.0)
 
 
-def draft_law(q: torch.Tensor, bad: torch.Tensor, *, scratch: bool = True) -> DraftLaw:
+def law_total(probs: torch.Tensor) -> torch.Tensor:
+    """``[..., 1]`` float64 the sum of each row of ``probs`` ``[..., V]`` in float64, without a
+    float64 copy: :func:`normalised_law`'s divisor and :class:`DraftLaw`'s ``total``, one op."""
+    return probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
+
+
+def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
     """:class:`DraftLaw` of processed draft probabilities ``q`` ``[R, V]`` and their flags
     ``bad`` (``R`` of them, any shape): :func:`normalised_law` (``on_device=True``) without its
-    ``[R, V]`` division (the sum over the float64 row is the same op on the same tensor).
-
-    On a CPU the float64 copy of a float32 ``q`` is written into a buffer
-    reused by the next call in the same thread (a fresh ``[R, V]`` float64
-    tensor per level costs more in page faults than the copy): the law's
-    ``wide`` is valid until then (the level-wise driver consumes each law in
-    its level function before drafting the next). ``scratch=False``: a fresh copy
-    (a second law alive at the same time)."""
+    ``[R, V]`` copy and division (its divisor is the same op on the same tensor, :func:`law_total`)."""
     device = q.device if q.device.type in ("cuda", "cpu") else torch.device("cpu")
     probs = q.detach() if q.requires_grad else q
     if probs.device != device:  # (no op where it is already there)
         probs, bad = probs.to(device), bad.to(device)
-    scratch = scratch and device.type == "cpu" and probs.dtype != torch.float64 and probs.dim() == 2
-    if scratch and _BUFFER_MIN <= probs.numel() <= _BUFFER_MAX:
-        wide = _cpu_buffer(probs.numel()).view(probs.shape).copy_(probs)
-    else:
-        wide = probs.to(torch.float64)
-    return DraftLaw(probs, wide, wide.sum(dim=-1, keepdim=True), bad.reshape(-1, 1))
-
-
-_BUFFERS = threading.local()
-_BUFFER_MIN = 1 << 18
-"""Float64 copies of at least this many entries go to :func:`_cpu_buffer` (smaller ones cost no page faults)."""
-_BUFFER_MAX = 1 << 23
-"""... and of at most this many (64 MiB of scratch kept per thread)."""
-
-
-def _cpu_buffer(numel: int) -> torch.Tensor:
-    """``[numel]`` float64 CPU scratch, this thread's, grown as needed (see :func:`draft_law`)."""
-    buffer = getattr(_BUFFERS, "wide", None)
-    if buffer is None or buffer.numel() < numel:
-        buffer = _BUFFERS.wide = torch.empty(numel, dtype=torch.float64)
-    return buffer[:numel]
+    return DraftLaw(probs, law_total(probs), bad.reshape(-1, 1))
 
 
 def _as_law(q: torch.Tensor | DraftLaw) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -480,14 +459,28 @@ def row_mass(x: torch.Tensor) -> torch.Tensor:
 
 
 def residual_masses(q: torch.Tensor, deterministic: torch.Tensor) -> torch.Tensor:
-    """``[k]`` residual mass ``1 - q(S)`` of each row, computed as the sum of
-    ``q`` outside ``S`` (exactly 0 when ``S`` holds all of the row's support).
+    """``[k]`` residual mass ``1 - q(S)`` of each row (:func:`slot_residual` of ``q``'s
+    entries at ``S``): read from ``S`` alone, not from the row.
 
     Args:
         q: ``[k, V]`` float64 draft laws.
         deterministic: ``[k, s]`` int64 token ids of each row's ``S``, ``-1`` padded.
     """
-    return row_mass(masked_outside(q, deterministic))
+    return slot_residual(torch.where(deterministic >= 0, q.gather(-1, deterministic.clamp_min(0)), 0.0))
+
+
+def slot_residual(in_s: torch.Tensor) -> torch.Tensor:
+    """``[k]`` float64 ``1 - q(S)``: one minus the sum (:func:`row_mass`, left to right) of
+    ``q`` at ``S`` (``in_s`` ``[k, s]``, ``0`` padded), clamped at 0; ``1`` for an empty ``S``.
+
+    ``O(s)`` per row, where the sum of ``q`` outside ``S`` reads the vocabulary. Where ``S``
+    holds all of a row's support the result can be a few ulps above 0: RheoSampling gives a
+    node a sampled slot only where a positive entry remains outside ``S`` as well (the
+    first candidate of ``q'``), so such a node gets none, as with an exact 0. The per-node
+    and the tensor builders both use it (the same bits)."""
+    if in_s.shape[-1] == 0:
+        return torch.ones(in_s.shape[0], dtype=torch.float64, device=in_s.device)
+    return (1.0 - row_mass(in_s)).clamp_min(0.0)
 
 
 def masked_outside(q: torch.Tensor, det_ids: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,9 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import DraftLaw, _as_law, draft_law, draw_rows, masked_outside, row_mass, top_tokens_fixed
+from specdec.trees._common import (
+    DraftLaw, _as_law, draft_law, draw_rows, row_mass, slot_residual, top_tokens_fixed,
+)
 
 __all__ = [
     "CompiledLevelFn", "LevelChildren", "LevelCompiler", "LevelFn", "LevelStep", "eagle_level", "grow_levelwise",
@@ -175,11 +177,9 @@ def rheo_level(
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
-    # residual mass 1 - q(S), the sum of q outside S (residual_masses' sum): S is the row's top K - m, so
-    # where S is padded (-1, read as token 0 here) the row has no positive entry outside S and the sum is 0 either way
-    residual = _residual(q, det_ids)  # [R]
-    # a positive residual leaves a positive entry outside S, so q' has one (the first candidate)
-    has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
+    residual = slot_residual(probs[:, : K - m])  # [R] 1 - q(S), from S's entries (0 padded)
+    # a slot needs a positive entry outside S (q' has one: the first candidate) and the residual test
+    has_slot = (cand_probs[:, 0] > 0) & (residual >= threshold if threshold > 0 else residual > 0)  # [R]
     if live is not None:
         has_slot = has_slot & live
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
@@ -213,12 +213,18 @@ def _rheo_level_split(
     ids, probs = top_tokens_fixed(q, K)  # [R, K] the ranking law's top K
     dev = ids.device
     det_ids = ids[:, : K - m]  # [R, K - m] S
-    outside = masked_outside(dense_law(draw), det_ids)  # [R, V] float64: draw, S zeroed (padding ignored)
-    residual = row_mass(outside)  # [R] 1 - draw(S)
-    has_slot = residual >= threshold if threshold > 0 else residual > 0  # [R]
+    # q' ranks the draw law outside S: S's K - m tokens leave the draw law's top M (order kept), the first L stay
+    L = M - (K - m)
+    top_ids, top_probs = top_tokens_fixed(draw, M)  # [R, M] (-1 / 0 padded at the end)
+    in_s = (top_ids.unsqueeze(-1) == det_ids.unsqueeze(-2)).any(dim=-1) & (top_ids >= 0)  # [R, M]
+    keep = torch.sort(in_s.to(torch.int8), dim=-1, stable=True).indices[:, :L]  # [R, L] the others, in rank order
+    dropped = in_s.gather(-1, keep)  # [R, L] S's tokens, where fewer than L others are ranked (V < M)
+    cand_ids = torch.where(dropped, -1, top_ids.gather(-1, keep))  # [R, L]
+    cand_probs = torch.where(dropped, 0.0, top_probs.gather(-1, keep))
+    residual = slot_residual(_law_at(draw, det_ids))  # [R] 1 - draw(S), from S's entries
+    has_slot = (cand_probs[:, 0] > 0) & (residual >= threshold if threshold > 0 else residual > 0)  # [R]
     if live is not None:
         has_slot = has_slot & live
-    cand_ids, cand_probs = top_tokens_fixed(outside, M - (K - m))  # [R, L]: a positive residual gives one
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy == "displaced":  # the ranking law's q at rank K - m + i, or at its last positive rank
         n_pos = (ids >= 0).sum(dim=-1, keepdim=True)  # [R, 1]
@@ -286,26 +292,14 @@ def _slot_children(
     )
 
 
-def dense_law(q: torch.Tensor | DraftLaw) -> torch.Tensor:
-    """``[R, V]`` float64 ``q`` (a :class:`DraftLaw` divided by its ``total``: :func:`normalised_law`'s bits)."""
-    probs, total, _ = _as_law(q)
-    return probs if total is None else q.wide / total  # type: ignore[union-attr]
-
-
-def _residual(q: torch.Tensor | DraftLaw, det_ids: torch.Tensor) -> torch.Tensor:
-    """``[R]`` ``row_mass`` of ``q`` (float64) with the columns ``det_ids`` zeroed: the sum of ``q`` outside ``S``.
-
-    For a :class:`DraftLaw`, a bad row's sum is not the 0 of its zeroed float64
-    law (it is NaN where its ``probs`` hold NaN). It is never used: a bad row
-    that is a real node (``live``) makes the step raise at its read, whatever
-    its children, and a row that is not live gets no sampled slot."""
-    probs, total, _ = _as_law(q)
-    if total is None:
-        return row_mass(probs.scatter(-1, det_ids.clamp_min(0), 0.0))
-    # [R, V] q, S zeroed: in the law's own float64 copy where it has one (draft_law's scratch, read no more)
-    law = q.wide / total if q.wide is probs else q.wide.div_(total)  # type: ignore[union-attr]
-    law.scatter_(-1, det_ids.clamp_min(0), 0.0)
-    return law.cumsum_(dim=-1)[:, -1]  # row_mass, in place (the same running sum)
+def _law_at(q: torch.Tensor | DraftLaw, ids: torch.Tensor) -> torch.Tensor:
+    """``[R, s]`` float64 ``q`` at ``ids`` ``[R, s]`` (``-1`` padded: 0), :func:`~specdec.trees._common.normalised_law`'s
+    bits (0 on a :class:`DraftLaw`'s bad rows)."""
+    probs, total, bad = _as_law(q)
+    at = probs.gather(-1, ids.clamp_min(0))
+    if total is not None:
+        at = (at.to(torch.float64) / total).masked_fill(bad, 0.0)
+    return torch.where(ids >= 0, at, 0.0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -455,8 +449,7 @@ def _laws(qs: list[torch.Tensor], bad: torch.Tensor) -> tuple[DraftLaw, DraftLaw
     """The ranking law and, when there is one, the draw law of one level (``[R, V]`` each)."""
     if len(qs) == 1:
         return draft_law(qs[0], bad), None
-    # the ranking law's float64 copy is not the thread's scratch buffer, which the draw law's takes
-    return draft_law(qs[0], bad, scratch=False), draft_law(qs[1], bad)
+    return draft_law(qs[0], bad), draft_law(qs[1], bad)
 
 
 class _RootConstants(NamedTuple):

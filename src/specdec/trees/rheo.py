@@ -178,7 +178,7 @@ def _rheo_proposal_split(
     for r, (ids, _) in enumerate(ranked):
         slot_ids[r, : min(K - m, ids.numel())] = ids[: K - m]
     outside = masked_outside(q_draw, slot_ids)  # q_draw with S zeroed
-    residuals = row_mass(outside).tolist()
+    residuals = residual_masses(q_draw, slot_ids).tolist()  # 1 - q_draw(S)
     cand_rows = top_tokens_tensors(outside, M - (K - m))
     L = M - (K - m)
     cand = torch.zeros(q.shape[0], L, dtype=torch.float64, device=q.device)
@@ -186,7 +186,8 @@ def _rheo_proposal_split(
         cand[r, : probs.numel()] = probs
     mass = row_mass(cand)
     has_slot = torch.tensor(
-        [residuals[r] > 0.0 and residuals[r] >= threshold for r in range(q.shape[0])], dtype=torch.bool, device=q.device
+        [cand_rows[r][0].numel() > 0 and residuals[r] > 0.0 and residuals[r] >= threshold for r in range(q.shape[0])],
+        dtype=torch.bool, device=q.device,
     )
     mode = SampleMode.WITHOUT_REPLACEMENT if m > 1 else SampleMode.IID
     law_probs = cand / torch.where(has_slot, mass, 1.0).unsqueeze(-1)

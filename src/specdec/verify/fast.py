@@ -25,11 +25,12 @@ import functools
 import attrs
 import torch
 
+from specdec.sampling import SamplingConfig, law_is_bad, temperature_scores, warped_scores
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "decide_tree_batch", "verify_tree_batch"]
+__all__ = ["TreeDecision", "decide_from_scores", "decide_tree_batch", "step_scores", "target_weights", "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -91,6 +92,58 @@ def verify_tree_batch(
     return TreeDecision(*decide_tree_batch(rule, tree, p, u, bad_rows))
 
 
+def target_weights(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The processed target law up to a factor per row, and the rows that are not a law.
+
+    The rows :func:`~specdec.sampling.row_is_bad` flags have a non-finite
+    max score: eagerly the flag is read from the law's first column
+    (:func:`~specdec.sampling.law_is_bad`), compiled from the max, with no
+    pass of its own over the vocabulary.
+
+    Eager, ``p = softmax(s)`` (torch's fused kernel: one ``[..., V]`` write).
+    Compiled (:class:`specdec.step.StepCompiler`), ``w = exp(s - max s)``,
+    the softmax before its division by the row's sum, which
+    :func:`decide_tree_batch` makes itself on the few entries it reads: the
+    max and the exp-sum are the only passes over the vocabulary.
+
+    Args:
+        scores: ``[..., V]`` warped scores (:func:`~specdec.sampling.warped_scores`), float32 or float64.
+
+    Returns:
+        ``w [..., V]`` (``scores``' dtype) and ``bad [...]`` bool.
+    """
+    if torch.compiler.is_compiling():
+        top = scores.amax(dim=-1, keepdim=True)  # [..., 1]
+        return torch.exp(scores - top), ~torch.isfinite(top.squeeze(-1))
+    p = torch.softmax(scores, dim=-1)  # [..., V]
+    return p, law_is_bad(p)
+
+
+def decide_from_scores(
+    rule: FusedRule, tree: TreeBatch, scores: torch.Tensor, u: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, ...]:
+    """:func:`decide_tree_batch` on the law of ``scores / temperature``
+    (:func:`~specdec.sampling.temperature_scores`, then :func:`target_weights`):
+    the step's verification from the target's logits at ``T > 0`` without
+    top-k or top-p (``temperature = T``), or from warped scores (``1``).
+    Returns the :class:`TreeDecision` fields with ``bad_visited`` from the
+    scores' own flags."""
+    w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
+    return decide_tree_batch(rule, tree, w, u, bad)
+
+
+def step_scores(logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, float]:
+    """``(scores, temperature)`` for :func:`decide_from_scores` at ``T > 0``: the
+    logits themselves and ``T`` when only a temperature applies (the division
+    then runs inside the, possibly compiled, decision), else the warped scores
+    (top-k, top-p: :func:`~specdec.sampling.warped_scores`, eager) and ``1``."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0:
+        return warped_scores(logits, sampling), 1.0
+    return logits, sampling.temperature
+
+
 def decide_tree_batch(
     rule: FusedRule, tree: TreeBatch, p: torch.Tensor, u: torch.Tensor, bad_rows: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, ...]:
@@ -101,7 +154,10 @@ def decide_tree_batch(
     Args:
         rule: the verifier's :class:`~specdec.verify.base.FusedRule`.
         tree: ``B`` trees of ``n`` node slots.
-        p: ``[B, n, V]`` processed target probabilities (rows of padding slots are ignored).
+        p: ``[B, n, V]`` the processed target law of each node, up to a positive
+            factor per row (probabilities, or :func:`target_weights`'
+            ``exp(s - max s)``): every entry read is divided by its row's sum.
+            Rows of padding slots are ignored.
         u: ``[B, n, C + 1]`` float64 uniforms, ``C = tree.max_children``.
         bad_rows: ``[B, n]`` bool rows whose logits were not a distribution
             (:func:`~specdec.sampling.row_is_bad`).

@@ -1,0 +1,109 @@
+"""The step's target law without a normalised ``[n, V]`` softmax (``verify.fast.target_weights``):
+decisions equal the walk's on the processed law, and the bad-row flags equal ``row_is_bad``
+read from the law instead of a pass of their own (eager and compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.registry import get
+from specdec.rng import TorchRandom
+from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad, temperature_scores
+from specdec.tree_batch import TreeBatch
+from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.static import StaticTreeBuilder
+from specdec.verify.fast import decide_from_scores, step_scores, target_weights
+
+from test_verify_fast import TableRandom, random_draft
+
+NAN, INF = float("nan"), float("inf")
+BAD_ROWS = torch.tensor(
+    [
+        [0.0, 1.0, 2.0, -1.0, 0.5],
+        [NAN, 0.0, 1.0, 2.0, 3.0],
+        [-INF, -INF, -INF, -INF, -INF],
+        [INF, 0.0, 1.0, 2.0, 3.0],
+        [1.0, -INF, -INF, 0.0, -INF],
+        [3.0e38, 1.0, 0.0, -1.0, 2.0],  # finite, but logits / T overflows at a small T
+        [0.0, 0.0, 0.0, 0.0, NAN],
+    ]
+)
+CONFIGS = [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7),
+    SamplingConfig(temperature=1e-3),
+    SamplingConfig(temperature=1.3, top_k=2),
+    SamplingConfig(temperature=0.9, top_p=0.6),
+    SamplingConfig(temperature=0.9, top_k=3, top_p=0.8),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_law_flags_exactly_the_bad_rows(config, dtype):
+    logits = BAD_ROWS.to(dtype)
+    want = row_is_bad(logits)
+    assert want.tolist() == [False, True, True, True, False, False, True]
+    assert torch.equal(law_is_bad(process_logits(logits, config, check=False)), want)
+    scores, temperature = step_scores(logits, config)
+    s = temperature_scores(scores, temperature)
+    _, eager = target_weights(s)
+    assert torch.equal(eager, want)
+    torch._dynamo.reset()
+    _, compiled = torch.compile(target_weights, fullgraph=True, backend="aot_eager")(s)
+    assert torch.equal(compiled, want)
+
+
+CASES = [
+    ("rheo-mixed", RheoTreeBuilder(K=3, m=1, B=2, depth=3, N=8, M=6), "mixed"),
+    ("rheo-m2", RheoTreeBuilder(K=4, m=2, B=2, depth=3, N=9, M=7), "mixed"),
+    ("static-wor", StaticTreeBuilder(expansion=(3, 2), mode="wor"), "rejection-wor"),
+    ("static-iid", StaticTreeBuilder(expansion=(3, 2), mode="iid"), "rejection-iid"),
+]
+
+
+def _agreement(builder, verifier_name, config, compiled: bool, temperature_given: float | None = None) -> tuple[int, int]:
+    """(seeds where the decision from the logits equals the walk on the processed law, seeds run)."""
+    verifier = get("verifier", verifier_name)()
+    if compiled:
+        torch._dynamo.reset()  # each case its own graphs (dynamo's recompile limit is per function)
+    decide = torch.compile(decide_from_scores, fullgraph=True, backend="aot_eager") if compiled else decide_from_scores
+    vocab, same, runs = 6, 0, 40
+    for seed in range(runs):
+        draft = random_draft(vocab, seed % 7)
+        draft.begin([seed % vocab])
+        tree = builder.build(seed % vocab, draft, config, TorchRandom.seeded(seed))
+        batch = TreeBatch.from_trees([tree], max_children=builder.max_nodes, max_depth=builder.max_depth)
+        g = torch.Generator().manual_seed(2000 + seed)
+        logits = torch.randn(tree.num_nodes, vocab, generator=g, dtype=torch.float64) * 2
+        u = torch.rand(tree.num_nodes, batch.max_children + 1, generator=g, dtype=torch.float64)
+        want = verifier.verify(tree, process_logits(logits, config), TableRandom(u))
+        scores, temperature = step_scores(logits, config)
+        if temperature_given is not None:
+            temperature = temperature_given
+        got = decide(verifier.fused, batch, scores[None], u[None], temperature)
+        k = int(got[1][0])
+        same += (
+            tuple(got[0][0, :k].tolist()) == want.accepted_nodes
+            and tuple(got[2][0, : k + 1].tolist()) == want.tokens
+            and int(got[4][0]) == want.attempted_depths
+            and not bool(got[5][0])
+        )
+    return same, runs
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+@pytest.mark.parametrize("config", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.2, top_k=4)],
+                         ids=["T0.7", "T1.2-k4"])
+@pytest.mark.parametrize("name,builder,verifier_name", CASES, ids=[c[0] for c in CASES])
+def test_decisions_from_the_logits_equal_the_walk_on_the_processed_law(name, builder, verifier_name, config, compiled):
+    same, runs = _agreement(builder, verifier_name, config, compiled)
+    assert same == runs
+
+
+def test_a_lost_temperature_is_caught_by_the_comparison():
+    """Power: deciding on ``logits / 1`` where the law is ``logits / 0.7`` differs from the walk."""
+    builder, verifier_name = CASES[0][1], CASES[0][2]
+    same, runs = _agreement(builder, verifier_name, SamplingConfig(temperature=0.7), False, temperature_given=1.0)
+    assert same < runs
