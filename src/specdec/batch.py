@@ -36,7 +36,7 @@ from specdec.rng import CounterRandom, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
-from specdec.verify.fast import TreeDecision, decide_tree_batch
+from specdec.verify.fast import TreeDecision, decide_from_scores, decide_tree_batch, step_scores
 
 __all__ = [
     "BatchOutput",
@@ -363,17 +363,20 @@ def speculative_stream_batch(
                 if first:
                     verifier.check_batch(tree)
                     first = False
-                bad = row_is_bad(logits)  # [B, n]
                 if use_kernel:  # one launch for every row's nodes
                     from specdec.kernels.verify_fused import fused_verify_batch
 
                     x = logits if fuse_logits else process_logits(logits, sampling, check=False)
                     decision = fused_verify_batch(verifier, tree, x, verify_rng, inputs="logits" if fuse_logits else "probs",
-                                                  sampling=sampling, bad_rows=bad)
+                                                  sampling=sampling, bad_rows=row_is_bad(logits))
                 else:
-                    p = process_logits(logits, sampling, check=False)
-                    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=p.device)
-                    decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, bad))
+                    u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
+                    if sampling.greedy:  # one-hot rows
+                        p = process_logits(logits, sampling, check=False)
+                        decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, row_is_bad(logits)))
+                    else:  # the law up to a factor per row, as the one-tree step (verify.fast.target_weights)
+                        scores, temperature = step_scores(logits, sampling)  # [B, n, V]
+                        decision = TreeDecision(*decide_from_scores(rule, tree, scores, u, temperature))
                 draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
                 read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
             stats["steps"] += 1

@@ -165,7 +165,9 @@ class StepClock:
 
 class StepCompiler:
     """``torch.compile(fullgraph=True)`` of the step's device parts between
-    model forwards: the verification (:func:`~specdec.verify.fast.decide_tree_batch`),
+    model forwards: the verification (:func:`~specdec.verify.fast.decide_from_scores` at
+    ``T > 0``, from the target's logits or warped scores, with the law's max and exp-sum
+    fused; :func:`~specdec.verify.fast.decide_tree_batch` on one-hot rows at ``T = 0``),
     each level of a level-wise builder (its level function, its draws read from
     a uniform table drawn before each level, :class:`~specdec.rng.UniformTable`,
     and the driver's scoring and beam, :func:`~specdec.trees.levelwise.level_step`)
