@@ -65,15 +65,15 @@ def test_the_sampled_slots_are_the_pilots_best():
             return taus[m]
         return fn
 
-    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.4, 3: 2.2}), 10).m == 2
-    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.1, 3: 2.6}), 4).m == 3
-    tie = choose_sampled_slots(pilot({1: 2.0, 2: 2.5, 3: 2.5}), 10)
-    assert tie.m == 2 and tie.tau == {1: 2.0, 2: 2.5, 3: 2.5}  # ties go to the smaller m
+    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.4, 3: 2.2, 10: 2.3}), 10).m == 2
+    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.1, 3: 2.6, 4: 2.5}), 4).m == 3
+    tie = choose_sampled_slots(pilot({1: 2.0, 2: 2.5, 3: 2.5, 10: 2.5}), 10)
+    assert tie.m == 2 and tie.tau == {1: 2.0, 2: 2.5, 3: 2.5, 10: 2.5}  # ties go to the smaller m
     calls.clear()
-    assert choose_sampled_slots(pilot({1: 1.0, 2: 3.0, 3: 9.0}), 3).m == 2 and calls == [1, 2]  # m < K = 3
+    assert choose_sampled_slots(pilot({1: 1.0, 2: 3.0, 3: 9.0, 5: 1.0}), 2).m == 2 and calls == [1, 2]  # m <= K = 2
     calls.clear()
-    only = choose_sampled_slots(pilot({}), 2)  # K = 2: m = 1 is the only choice, nothing is measured
-    assert (only.m, only.candidates, dict(only.tau), calls) == (1, (1,), {}, [])
+    every = choose_sampled_slots(pilot({1: 1.0, 2: 1.1, 3: 1.2, 10: 1.5}), 10)  # m = K (every slot sampled) is tried
+    assert (every.m, every.candidates, calls) == (10, (1, 2, 3, 10), [1, 2, 3, 10])
     with pytest.raises(InvalidConfigError, match="K must be an int >= 2"):
         choose_sampled_slots(pilot({}), 1)
 
@@ -116,12 +116,12 @@ def test_the_runner_uses_each_temperatures_budget_and_m():
     # batched runs carry the budget of their temperature too
     batched = run_bench(_models(), attrs_evolve(config, batch_size=2), [[1, 2], [3], [4]], options=options)
     assert {(r.temperature, r.budget_nodes) for r in batched if r.row == "rheo"} == {(0.0, 2), (1.0, 12)}
-    # a rheo row whose own K leaves no room for auto's m gets m = K - 1
+    # a rheo row whose own K leaves no room for auto's m gets m = K
     small = BenchConfig(parse_rows("rheo[K=2]@lm", ["lm"]), (1.0,), (0,), 4, {1.0: Budget(12, 3)}, sampled_slots={1.0: 3})
-    assert row_options(small)[("rheo[K=2]@lm", 1.0)]["m"] == 1
+    assert row_options(small)[("rheo[K=2]@lm", 1.0)]["m"] == 2
     # a row's own m that the temperature's K has no room for widens K (N and d stay): no late error
     own = BenchConfig(parse_rows("rheo[m=3]@lm", ["lm"]), (0.0, 1.0), (0,), 4, budgets, sampled_slots={0.0: 1, 1.0: 2})
-    assert row_options(own)[("rheo[m=3]@lm", 0.0)] == {"N": 2, "depth": 2, "K": 4, "B": 2, "m": 3}
+    assert row_options(own)[("rheo[m=3]@lm", 0.0)] == {"N": 2, "depth": 2, "K": 3, "B": 2, "m": 3}
     assert row_options(own)[("rheo[m=3]@lm", 1.0)] == {"N": 12, "depth": 3, "K": 4, "B": 4, "m": 3}
     with pytest.raises(InvalidConfigError, match="no tree budget for T=1"):
         BenchConfig(rows, (0.0, 1.0), (0,), 4, {0.0: Budget(2, 2)})
@@ -171,7 +171,7 @@ def _patch(monkeypatch, budgets, taus, calls):
 
 
 BUDGETS = {0.0: Budget(2, 2), 1.0: Budget(12, 3)}
-TAUS = {1: 2.0, 2: 2.5, 3: 2.5}  # m = 2 and m = 3 tie: the smaller wins
+TAUS = {1: 2.0, 2: 2.5, 3: 2.5, 4: 2.4}  # m = 2 and m = 3 tie: the smaller wins; m = K = 4 below them
 
 
 @pytest.fixture(scope="module")
@@ -193,14 +193,14 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     out, calls = auto_run
     assert ("choose", [0.0, 1.0]) in calls
     pilots = [c for c in calls if c[0] == "pilot"]
-    # only the rheo row without its own m is piloted, only at T = 1, at T = 1's budget, for every m < K = 4
-    assert sorted(pilots) == [("pilot", "rheo", 1.0, m, 12) for m in (1, 2, 3)]
+    # only the rheo row without its own m is piloted, only at T = 1, at T = 1's budget, for every m <= K = 4
+    assert sorted(pilots) == [("pilot", "rheo", 1.0, m, 12) for m in (1, 2, 3, 4)]
     log = read_runlog(out)
     entry = log.resolved["budget"]
     assert entry["auto"] and entry["nodes"] is None and entry["by_temperature"] == [
         {"temperature": 0.0, "nodes": 2, "depth": 2, "m": 1}, {"temperature": 1.0, "nodes": 12, "depth": 3, "m": 2}]
     pilot = log.resolved["auto_budget"]["by_temperature"][1]["pilot"]
-    assert pilot["tau"] == {"1": 2.0, "2": 2.5, "3": 2.5} and pilot["candidates"] == [1, 2, 3]
+    assert pilot["tau"] == {"1": 2.0, "2": 2.5, "3": 2.5, "4": 2.4} and pilot["candidates"] == [1, 2, 3, 4]
     assert log.resolved["auto_budget"]["by_temperature"][0]["pilot"] is None  # T = 0: m plays no part
     options = {(name, t): o for name, t, o in log.resolved["options"]}
     assert options[("rheo", 1.0)]["m"] == 2 and options[("rheo", 0.0)]["m"] == 1
@@ -224,7 +224,7 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     assert code == 0, err
     assert "budget auto, per temperature (below)" in stdout
     assert "auto budget at T=0: 2 nodes, depth 2, rheo m=1 (greedy: m plays no part)" in stdout
-    assert "auto budget at T=1: 12 nodes, depth 3, rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500)" in stdout
+    assert "auto budget at T=1: 12 nodes, depth 3, rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500, m=4 2.400)" in stdout
 
 
 def _interrupt_after(monkeypatch, n):

@@ -454,7 +454,7 @@ def test_rheo_draft_calls_are_batched_by_level():
         lambda: EagleTreeBuilder(K=True),
         lambda: RheoTreeBuilder(K=1),
         lambda: RheoTreeBuilder(K=4, m=0),
-        lambda: RheoTreeBuilder(K=4, m=4),
+        lambda: RheoTreeBuilder(K=4, m=5),
         lambda: RheoTreeBuilder(K=4, m=1, M=3),
         lambda: RheoTreeBuilder(threshold=1.5),
         lambda: RheoTreeBuilder(threshold=-0.1),

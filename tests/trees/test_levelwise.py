@@ -89,6 +89,9 @@ RHEO_OPTIONS = [
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced", rank_law="sampling"),
     dict(K=4, m=3, B=2, depth=3, N=7, M=6, proxy="geometric", proxy_scale=0.5),
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="geometric", rank_law="sampling"),
+    dict(K=3, m=3, B=2, depth=3, N=6, M=5),  # every slot sampled: S empty
+    dict(K=2, m=2, B=2, depth=3, N=5, M=3, proxy="displaced"),
+    dict(K=3, m=3, B=2, depth=2, N=6, M=4, proxy="geometric", proxy_scale=0.5, rank_law="sampling"),
 ]
 
 

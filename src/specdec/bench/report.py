@@ -436,7 +436,7 @@ def budget_lines(header: Mapping[str, Any]) -> list[str]:
             elif pilot and pilot.get("tau"):
                 line += " (pilot tau " + ", ".join(f"m={m} {v:.3f}" for m, v in pilot["tau"].items()) + ")"
             elif pilot:
-                line += f" (the only m < K of {pilot.get('candidates')})"
+                line += f" (the only candidate of {pilot.get('candidates')})"
         lines.append(line)
     return lines
 

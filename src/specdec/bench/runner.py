@@ -481,10 +481,10 @@ def row_options(
             m = config.sampled_slots.get(float(t))
             if m is not None and "m" not in own and rheo:
                 k = opts.get("K")
-                opts["m"] = max(1, min(m, int(k) - 1)) if isinstance(k, int) else m
+                opts["m"] = max(1, min(m, int(k))) if isinstance(k, int) else m
             elif rheo and isinstance(own.get("m"), int) and "K" not in own and isinstance(opts.get("K"), int) \
-                    and own["m"] >= opts["K"]:
-                opts["K"] = own["m"] + 1  # the row's m needs m < K: widen the nodes' children (N and d stay)
+                    and own["m"] > opts["K"]:
+                opts["K"] = own["m"]  # the row's m needs m <= K: widen the nodes' children (N and d stay)
             out[(row.name, t)] = opts
     return out
 

@@ -95,7 +95,7 @@ def rheo_proposal(
     Args:
         q: ``[k, V]`` float64 processed draft laws, one row per expanded node.
         K: children per node (deterministic + sampled).
-        m: sampled slots per node (``1 <= m < K``).
+        m: sampled slots per node (``1 <= m <= K``; ``m = K``: no deterministic slot, ``S`` is empty).
         M: size of the sparse draft (``M >= K - m + 1``).
         threshold: inject the sampled slots only where ``1 - q(S) >= threshold``.
         rng: source of the draws (one ``categorical`` per sampled child).
@@ -218,7 +218,8 @@ class RheoTreeBuilder(DynamicTreeBuilder):
     Args:
         K: children per expanded node, deterministic + sampled (default 10, as
             EAGLE-2's top-k; ``K >= 2``).
-        m: sampled slots per node (default 1; ``1 <= m < K``).
+        m: sampled slots per node (default 1; ``1 <= m <= K``; ``m = K``: every slot sampled, ``S``
+            empty, residual 1).
         B: beam width (default ``K``).
         depth: levels below the root (default 6, as EAGLE-2).
         N: draft nodes kept (default 60, as EAGLE-2).
@@ -271,14 +272,15 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         {"K": 3, "m": 2, "B": 1, "depth": 2, "N": 3, "M": 4, "proxy": "residual"},
         {"K": 2, "m": 1, "B": 1, "depth": 2, "N": 3, "M": 3, "threshold": 0.4, "proxy": "displaced"},
         {"K": 3, "m": 2, "B": 2, "depth": 2, "N": 4, "M": 4, "proxy": "geometric", "proxy_scale": 0.5},
+        {"K": 2, "m": 2, "B": 2, "depth": 2, "N": 4, "M": 3},
     )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         if self.K < 2:
             raise InvalidConfigError(f"RheoSampling needs K >= 2 (K - m deterministic + m sampled), got K={self.K}")
-        if not isinstance(self.m, int) or isinstance(self.m, bool) or not 1 <= self.m < self.K:
-            raise InvalidConfigError(f"m (sampled slots) must be an int with 1 <= m < K={self.K}, got {self.m!r}")
+        if not isinstance(self.m, int) or isinstance(self.m, bool) or not 1 <= self.m <= self.K:
+            raise InvalidConfigError(f"m (sampled slots) must be an int with 1 <= m <= K={self.K}, got {self.m!r}")
         if not isinstance(self.M, int) or isinstance(self.M, bool) or self.M < self.K - self.m + 1:
             raise InvalidConfigError(
                 f"M (sparse draft size) must be an int >= K - m + 1 = {self.K - self.m + 1}, got {self.M!r}"
