@@ -36,7 +36,7 @@ from specdec.rng import CounterRandom, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
-from specdec.verify.fast import TreeDecision, decide_from_scores, decide_tree_batch, step_scores
+from specdec.verify.fast import decide_from_logits
 
 __all__ = [
     "BatchOutput",
@@ -186,12 +186,10 @@ def autoregressive_stream_batch(
             with torch.inference_mode():
                 tree = _root_batch(roots, vocab)  # every row a root-only tree, built on the device
                 logits = target.score_batch(tree)  # [B, 1, V]
-                bad = row_is_bad(logits)  # [B, 1]
-                p = process_logits(logits, sampling, check=False)
-                u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=p.device)
+                u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=logits.device)
                                for r in active])  # [B, 1, C + 1]: each row from its own stream
-                accepted, num_accepted, tokens, bonus, _attempted, bad_visited, _stop = decide_tree_batch(rule, tree, p, u, bad)
-                read = torch.stack([bonus, bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
+                decision = decide_from_logits(rule, tree, logits, u, sampling)
+                read = torch.stack([decision.bonus, decision.bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
             stats["steps"] += 1
             stats["row_steps"] += len(active)
             for r in active:
@@ -214,8 +212,8 @@ def autoregressive_stream_batch(
             if not keep:
                 return
             with torch.inference_mode():
-                target.accept_rows(accepted, num_accepted, [chunk[r] for r in active])
-                roots = bonus  # [B] the next roots, on the device
+                target.accept_rows(decision.accepted, decision.num_accepted, [chunk[r] for r in active])
+                roots = decision.bonus  # [B] the next roots, on the device
                 if len(keep) < len(active):
                     target.keep_rows(keep)
                     roots = roots.index_select(0, torch.tensor(keep, dtype=torch.int64, device=roots.device))
@@ -371,12 +369,7 @@ def speculative_stream_batch(
                                                   sampling=sampling, bad_rows=row_is_bad(logits))
                 else:
                     u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
-                    if sampling.greedy:  # one-hot rows
-                        p = process_logits(logits, sampling, check=False)
-                        decision = TreeDecision(*decide_tree_batch(rule, tree, p, u, row_is_bad(logits)))
-                    else:  # the law up to a factor per row, as the one-tree step (verify.fast.target_weights)
-                        scores, temperature = step_scores(logits, sampling)  # [B, n, V]
-                        decision = TreeDecision(*decide_from_scores(rule, tree, scores, u, temperature))
+                    decision = decide_from_logits(rule, tree, logits, u, sampling)
                 draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
                 read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
             stats["steps"] += 1

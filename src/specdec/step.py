@@ -38,7 +38,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, LevelStep, finish_levels, level_step
 from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import TreeDecision, decide_from_scores, decide_tree_batch, step_scores
+from specdec.verify.fast import decide_from_logits, decide_from_scores, decide_tree_batch
 
 __all__ = [
     "CLOCKS",
@@ -299,13 +299,8 @@ def speculative_step(
             n = int(tree.num_nodes[b])
             check_distribution(p_check[b, :n][~flags[b, :n]], "p")
     u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
-    if sampling.greedy:  # one-hot rows
-        decide = decide_tree_batch if compiler is None else compiler.decide
-        decision = TreeDecision(*decide(rule, tree, process_logits(logits, sampling, check=False), u, row_is_bad(logits)))
-    else:  # the law is never normalised over the vocabulary (verify.fast.target_weights)
-        scores, temperature = step_scores(logits, sampling)  # [B, n, V]
-        decide_scores = decide_from_scores if compiler is None else compiler.decide_scores
-        decision = TreeDecision(*decide_scores(rule, tree, scores, u, temperature))
+    compiled = () if compiler is None else (compiler.decide, compiler.decide_scores)
+    decision = decide_from_logits(rule, tree, logits, u, sampling, *compiled)
     D = tree.max_depth
     draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=logits.device)
     row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read

@@ -175,10 +175,6 @@ class DraftLaw(NamedTuple):
     def device(self) -> torch.device:
         return self.probs.device
 
-    def dense(self) -> torch.Tensor:
-        """``[R, V]`` float64 ``q`` (a new tensor): :func:`normalised_law` with the bad rows zeroed."""
-        return (self.probs.to(torch.float64) / self.total).masked_fill_(self.bad, 0.0)
-
 
 def law_total(probs: torch.Tensor) -> torch.Tensor:
     """``[..., 1]`` float64 the sum of each row of ``probs`` ``[..., V]`` in float64, without a

@@ -178,10 +178,7 @@ def rheo_level(
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
     residual = slot_residual(probs[:, : K - m])  # [R] 1 - q(S), from S's entries (0 padded)
-    # a slot needs a positive entry outside S (q' has one: the first candidate) and the residual test
-    has_slot = (cand_probs[:, 0] > 0) & (residual >= threshold if threshold > 0 else residual > 0)  # [R]
-    if live is not None:
-        has_slot = has_slot & live
+    has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy == "displaced":
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
@@ -222,9 +219,7 @@ def _rheo_level_split(
     cand_ids = torch.where(dropped, -1, top_ids.gather(-1, keep))  # [R, L]
     cand_probs = torch.where(dropped, 0.0, top_probs.gather(-1, keep))
     residual = slot_residual(_law_at(draw, det_ids))  # [R] 1 - draw(S), from S's entries
-    has_slot = (cand_probs[:, 0] > 0) & (residual >= threshold if threshold > 0 else residual > 0)  # [R]
-    if live is not None:
-        has_slot = has_slot & live
+    has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy == "displaced":  # the ranking law's q at rank K - m + i, or at its last positive rank
         n_pos = (ids >= 0).sum(dim=-1, keepdim=True)  # [R, 1]
@@ -290,6 +285,15 @@ def _slot_children(
         law_probs=law_probs,
         law_wor=has_slot & (m > 1),
     )
+
+
+def _has_slot(
+    cand_probs: torch.Tensor, residual: torch.Tensor, threshold: float, live: torch.Tensor | None
+) -> torch.Tensor:
+    """``[R]`` the nodes that get sampled slots: a positive entry outside ``S`` (``q'``'s first
+    candidate, ``cand_probs`` ``[R, L]``), a residual that passes ``threshold``, a real node."""
+    has_slot = (cand_probs[:, 0] > 0) & (residual >= threshold if threshold > 0 else residual > 0)
+    return has_slot if live is None else has_slot & live
 
 
 def _law_at(q: torch.Tensor | DraftLaw, ids: torch.Tensor) -> torch.Tensor:

@@ -21,16 +21,17 @@ the bonus row alone is rebuilt over the vocabulary.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import attrs
 import torch
 
-from specdec.sampling import SamplingConfig, law_is_bad, temperature_scores, warped_scores
+from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad, temperature_scores, warped_scores
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "decide_from_scores", "decide_tree_batch", "step_scores", "target_weights", "verify_tree_batch"]
+__all__ = ["TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "step_scores", "target_weights", "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -142,6 +143,26 @@ def step_scores(logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.T
     if 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0:
         return warped_scores(logits, sampling), 1.0
     return logits, sampling.temperature
+
+
+def decide_from_logits(
+    rule: FusedRule,
+    tree: TreeBatch,
+    logits: torch.Tensor,
+    u: torch.Tensor,
+    sampling: SamplingConfig,
+    decide: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+    decide_scores: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+) -> TreeDecision:
+    """The step's verification of ``tree`` from the target's ``logits`` ``[B, n, V]``:
+    at ``T = 0`` :func:`decide_tree_batch` on the one-hot rows, at ``T > 0``
+    :func:`decide_from_scores` (the law up to a factor per row). ``decide`` and
+    ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`)."""
+    if sampling.greedy:  # one-hot rows
+        p = process_logits(logits, sampling, check=False)  # [B, n, V]
+        return TreeDecision(*(decide or decide_tree_batch)(rule, tree, p, u, row_is_bad(logits)))
+    scores, temperature = step_scores(logits, sampling)  # [B, n, V]
+    return TreeDecision(*(decide_scores or decide_from_scores)(rule, tree, scores, u, temperature))
 
 
 def decide_tree_batch(
