@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-import functools
 import os
 from collections.abc import Sequence
 
 import torch
+
+from specdec._constants import device_constant
 
 __all__ = [
     "DOMAIN",
@@ -70,7 +71,7 @@ def inverse_cdf_rows(probs: torch.Tensor, u: torch.Tensor, active: torch.Tensor)
     return torch.where(active, torch.minimum(index, last_positive), -1)
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _columns(n: int, device: torch.device) -> torch.Tensor:
     """``[n]`` int64 ``0 .. n - 1``, once per size and device (never written to)."""
     return torch.arange(n, device=device)

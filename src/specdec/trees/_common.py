@@ -7,12 +7,12 @@ Every random draw goes through a :class:`~specdec.rng.RandomSource`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
+from specdec._constants import device_constant
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.tree import SampleMode
@@ -176,10 +176,34 @@ class DraftLaw(NamedTuple):
         return self.probs.device
 
 
+_TOTAL_CHUNK = 1 << 19
+"""Entries per float64 chunk of :func:`law_total` on a CPU (4 MiB)."""
+
+
 def law_total(probs: torch.Tensor) -> torch.Tensor:
-    """``[..., 1]`` float64 the sum of each row of ``probs`` ``[..., V]`` in float64, without a
-    float64 copy: :func:`normalised_law`'s divisor and :class:`DraftLaw`'s ``total``, one op."""
-    return probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
+    """``[..., 1]`` float64 the sum of each row of ``probs`` ``[..., V]`` in float64:
+    :func:`normalised_law`'s divisor and :class:`DraftLaw`'s ``total``.
+
+    On a CPU, eagerly, a few rows at a time (4 MiB of float64) are copied to
+    float64 and summed: the bits of ``probs.sum(-1, dtype=float64)`` (each
+    row is summed alone, in the same order), which makes a float64 copy of
+    the whole ``[R, V]`` inside: past glibc's 32 MiB mmap threshold that copy
+    is fresh memory at every call, so at ``V = 128256`` 80 rows (a batch of
+    8 beams of 10) cost 62 ms that way and 7 ms in chunks (10 rows: about 1
+    ms either way). Elsewhere, and in a compiled graph, it is that one op
+    (fused there: no copy).
+    """
+    if probs.dtype == torch.float64:
+        return probs.sum(dim=-1, keepdim=True)
+    if probs.device.type != "cpu" or torch.compiler.is_compiling():
+        return probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
+    V = probs.shape[-1]
+    per = max(1, _TOTAL_CHUNK // max(V, 1))  # rows per chunk
+    if probs.numel() <= per * V:  # one chunk: two ops
+        return probs.to(torch.float64).sum(dim=-1, keepdim=True)
+    rows = probs.reshape(-1, V)  # [R, V]
+    total = torch.cat([c.to(torch.float64).sum(dim=-1, keepdim=True) for c in rows.split(per)])  # [R, 1]
+    return total.reshape(*probs.shape[:-1], 1)
 
 
 def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
@@ -269,7 +293,7 @@ def _order_keys(q: torch.Tensor) -> torch.Tensor | None:
     return (q.view(bits).to(torch.int64) << 32) | _low_keys(q.shape[-1], q.device)  # [R, n]
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _low_keys(n: int, device: torch.device) -> torch.Tensor:
     """``[n]`` int64 ``2^32 - 1 - column``, once per size and device (never written to)."""
     return _LOW - torch.arange(n, device=device)
@@ -358,7 +382,7 @@ def _group_entries(q: torch.Tensor, chosen: torch.Tensor, group: int) -> tuple[t
     return values, columns
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _offsets(group: int, device: torch.device) -> torch.Tensor:
     """``[group]`` int64 ``0 .. group - 1``, once per size and device (never written to)."""
     return torch.arange(group, device=device)

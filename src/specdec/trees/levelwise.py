@@ -27,13 +27,13 @@ check that both give the identical tree for the same draws
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
 
+from specdec._constants import device_constant
 from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
@@ -135,7 +135,7 @@ def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
     return LevelChildren(ids, probs, kinds, *_no_laws(ids.shape[0], ids.device))
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _no_laws(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The law fields of ``rows`` nodes without sampled children: ``[R, 0]`` ids and probs,
     ``[R]`` False; made once per size and device (never written to: the driver only reads them)."""
@@ -306,7 +306,7 @@ def _law_at(q: torch.Tensor | DraftLaw, ids: torch.Tensor) -> torch.Tensor:
     return torch.where(ids >= 0, at, 0.0)
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _first_slots(m: int, K: int, device: torch.device) -> torch.Tensor:
     """``[K]`` bool: the first ``m`` slots (a node's sampled ones), once per shape and device (never written to)."""
     return torch.arange(K, device=device) < m
@@ -464,7 +464,7 @@ class _RootConstants(NamedTuple):
     live: torch.Tensor  # [1] bool True
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _root_constants(device: torch.device) -> _RootConstants:
     """The root's entries, made once per device (never written to: every use concatenates or compares)."""
     return _RootConstants(
@@ -482,7 +482,7 @@ class _ShapeConstants(NamedTuple):
     root_parent: torch.Tensor  # [1] int64 T: the root's parent column (mapped to -1 by finish_levels)
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _shape_constants(sizes: tuple[int, ...], widths: tuple[int, ...], device: torch.device) -> _ShapeConstants:
     """Index tensors of one tree shape (``sizes[d]`` nodes at level ``d``, ``widths[d - 1]`` of
     them expanded for level ``d + 1``), made once per shape and device (never written to)."""
@@ -495,7 +495,7 @@ def _shape_constants(sizes: tuple[int, ...], widths: tuple[int, ...], device: to
     )
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _node_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[n]`` node ids, ``[n, n]`` ``j < i`` and ``[n, n]`` identity (bool), once per size and device (never written to)."""
     return (
@@ -505,7 +505,7 @@ def _node_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     )
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _padded_map(vocab_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``[Vd + 1]`` the draft's proposal ids with ``-1`` appended, so that the padding id ``-1`` maps to ``-1``."""
     return torch.cat([vocab_ids.to(device), torch.full((1,), -1, dtype=vocab_ids.dtype, device=device)])

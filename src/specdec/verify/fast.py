@@ -20,12 +20,12 @@ the bonus row alone is rebuilt over the vocabulary.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import attrs
 import torch
 
+from specdec._constants import device_constant
 from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad, temperature_scores, warped_scores
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
@@ -278,13 +278,13 @@ def decide_tree_batch(
     return accepted, num_accepted, tokens, bonus, attempted, bad, node
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _arange(n: int, device: torch.device) -> torch.Tensor:
     """``[n]`` int64 ``0 .. n - 1``, once per size and device (never written to)."""
     return torch.arange(n, device=device)
 
 
-@functools.lru_cache(maxsize=64)
+@device_constant(64)
 def _is_first(n: int, device: torch.device) -> torch.Tensor:
     """``[n]`` bool, True at 0 only (the root), once per size and device (never written to)."""
     return torch.arange(n, device=device) == 0
