@@ -315,7 +315,7 @@ def _top_k_top_p_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.T
     return torch.full_like(logits, float("-inf"), dtype=scores.dtype).scatter_(-1, index, scores)
 
 
-def temperature_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def temperature_scores(logits: torch.Tensor, temperature: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """transformers' ``TemperatureLogitsWarper``: ``[..., V]`` scores ``logits / T``.
 
     ``T == 1`` returns ``logits`` itself (``generate`` skips the warper; the
@@ -328,13 +328,18 @@ def temperature_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor
     Args:
         logits: ``[..., V]`` float32 or float64 logits.
         temperature: ``> 0``.
+        out: a tensor of ``logits``' shape and dtype to write the scores to
+            (the same bits), or None for a new one; ``T == 1`` ignores it.
     """
     if temperature == 1.0:
         return logits
     top = logits.amax(dim=-1, keepdim=True)  # [..., 1]; max(l / T) == max(l) / T (rounding is monotone)
     overflow = ~torch.isfinite(top / temperature)
     # l - 0 == l bit for bit (also for -inf and -0.0): no [..., V] select, no host read
-    return (logits - torch.where(overflow, top, torch.zeros_like(top))) / temperature
+    shift = torch.where(overflow, top, torch.zeros_like(top))  # [..., 1]
+    if out is None:
+        return (logits - shift) / temperature
+    return torch.sub(logits, shift, out=out).div_(temperature)
 
 
 def top_k_logit_threshold(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

@@ -4,6 +4,8 @@ read from the law instead of a pass of their own (eager and compiled)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_
 from specdec.tree_batch import TreeBatch
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
+import specdec.verify.fast as fast
 from specdec.verify.fast import decide_from_scores, step_scores, target_weights
 
 from test_verify_fast import TableRandom, random_draft
@@ -93,13 +96,51 @@ def _agreement(builder, verifier_name, config, compiled: bool, temperature_given
     return same, runs
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+@pytest.mark.parametrize("path", ["eager", "aot_eager", "workspace"])
 @pytest.mark.parametrize("config", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.2, top_k=4)],
                          ids=["T0.7", "T1.2-k4"])
 @pytest.mark.parametrize("name,builder,verifier_name", CASES, ids=[c[0] for c in CASES])
-def test_decisions_from_the_logits_equal_the_walk_on_the_processed_law(name, builder, verifier_name, config, compiled):
-    same, runs = _agreement(builder, verifier_name, config, compiled)
+def test_decisions_from_the_logits_equal_the_walk_on_the_processed_law(name, builder, verifier_name, config, path,
+                                                                        monkeypatch):
+    if path == "workspace":  # the per-thread buffers, used here for every law (by default only for large ones)
+        monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 0)
+    same, runs = _agreement(builder, verifier_name, config, path == "aot_eager")
     assert same == runs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_workspace_gives_the_same_decisions_as_new_tensors(temperature, monkeypatch):
+    """Verifications of different sizes and dtypes in turn through the reused buffers (bad rows
+    included) decide as with new tensors, bit for bit; each thread has its own buffers."""
+    builder, verifier_name = CASES[1][1], CASES[1][2]
+    rule = get("verifier", verifier_name)().fused
+    vocab = 6
+    runs = []
+    for seed, (rows, dtype) in enumerate([(1, torch.float64), (3, torch.float32), (2, torch.float64), (3, torch.float32)]):
+        draft = random_draft(vocab, seed)
+        draft.begin([seed])
+        tree = builder.build(seed, draft, SamplingConfig(temperature=temperature), TorchRandom.seeded(seed))
+        batch = TreeBatch.from_trees([tree] * rows, max_children=builder.max_nodes, max_depth=builder.max_depth)
+        g = torch.Generator().manual_seed(seed)
+        logits = (torch.randn(rows, tree.num_nodes, vocab, generator=g, dtype=torch.float64) * 2).to(dtype)
+        logits[0, 0] = float("nan") if seed % 2 else logits[0, 0]
+        logits[-1, -1] = float("-inf")
+        u = torch.rand(rows, tree.num_nodes, batch.max_children + 1, generator=g, dtype=torch.float64)
+        runs.append((batch, logits, u))
+    fresh = [decide_from_scores(rule, b, x, u, temperature) for b, x, u in runs]
+    monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 0)
+    fast.release_workspace()
+    reused = [decide_from_scores(rule, b, x, u, temperature) for b, x, u in runs]
+    for a, b in zip(fresh, reused):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert fast._WORKSPACE.buffers["law"].numel() == max(x.numel() for _, x, _ in runs)
+    mine = fast._WORKSPACE.buffers["law"]
+    other: dict = {}
+    thread = threading.Thread(target=lambda: (decide_from_scores(rule, *runs[0][:2], runs[0][2], temperature),
+                                              other.update(fast._WORKSPACE.buffers)))
+    thread.start()
+    thread.join()
+    assert other["law"].data_ptr() != mine.data_ptr() and fast._WORKSPACE.buffers["law"] is mine
 
 
 def test_a_lost_temperature_is_caught_by_the_comparison():

@@ -16,10 +16,17 @@ The residual is never made dense: after rejections it differs from ``p``
 only on the support of ``q'`` (``L`` entries), and rule 2 only removes the
 tested tokens, so each rule runs on ``[B, n, L]`` and ``[B, n, C]`` tensors;
 the bonus row alone is rebuilt over the vocabulary.
+
+Workspace: on a CPU, uncompiled, :func:`decide_from_scores` writes the
+target's ``[B, n, V]`` tempered scores and law (torch's softmax, the same
+bits) into buffers kept per thread, sized by the largest law verified, instead
+of new tensors each step (:func:`release_workspace` frees them). Compiled, the
+law is never written; on CUDA the caching allocator reuses memory already.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import attrs
@@ -31,7 +38,8 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "step_scores", "target_weights", "verify_tree_batch"]
+__all__ = ["TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "release_workspace", "step_scores", "target_weights",
+           "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -129,8 +137,51 @@ def decide_from_scores(
     top-k or top-p (``temperature = T``), or from warped scores (``1``).
     Returns the :class:`TreeDecision` fields with ``bad_visited`` from the
     scores' own flags."""
-    w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
+    if torch.compiler.is_compiling():  # the law is never written: decide_tree_batch reads exp(s - max s) where it looks
+        scores = temperature_scores(scores, temperature)  # [B, n, V]
+        return decide_tree_batch(rule, tree, scores, u, None, scores=True)
+    if scores.device.type != "cpu" or scores.numel() < WORKSPACE_MIN_ENTRIES:
+        w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
+    else:  # the same ops into this thread's buffers (module docstring, "Workspace")
+        scores = temperature_scores(scores, temperature, out=_WORKSPACE.take("scores", scores))  # [B, n, V]
+        w = torch.ops.aten._softmax.out(scores, -1, False, out=_WORKSPACE.take("law", scores))  # torch.softmax's bits
+        bad = law_is_bad(w)  # [B, n]
     return decide_tree_batch(rule, tree, w, u, bad)
+
+
+WORKSPACE_MIN_ENTRIES = 1 << 18
+"""Laws of at least this many entries (1 MiB of float32) are written to :data:`_WORKSPACE` on a CPU."""
+
+
+class _Workspace(threading.local):
+    """Per-thread CPU buffers for :func:`decide_from_scores`' ``[B, n, V]`` law and scores.
+
+    A new ``[B, n, V]`` tensor per step is, past glibc's 32 MiB mmap threshold
+    (61 rows at ``V = 128256`` are 31 MiB), fresh memory whose pages fault in
+    at every step; on this project's CPU that cost more than the softmax. The
+    buffers grow to the largest law verified in the thread and are reused;
+    nothing they hold outlives the call (the decision is new tensors).
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, slot: str, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous CPU tensor of ``like``'s shape and dtype, reusing ``slot``'s buffer."""
+        n = like.numel()
+        buf = self.buffers.get(slot)
+        if buf is None or buf.numel() < n or buf.dtype != like.dtype:
+            buf = self.buffers[slot] = torch.empty(n, dtype=like.dtype)
+        return buf[:n].view(like.shape)
+
+
+_WORKSPACE = _Workspace()
+
+
+def release_workspace() -> None:
+    """Free this thread's verification buffers (:data:`WORKSPACE_MIN_ENTRIES`; they are
+    made again at the next large CPU verification)."""
+    _WORKSPACE.buffers.clear()
 
 
 def step_scores(logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, float]:
@@ -166,7 +217,13 @@ def decide_from_logits(
 
 
 def decide_tree_batch(
-    rule: FusedRule, tree: TreeBatch, p: torch.Tensor, u: torch.Tensor, bad_rows: torch.Tensor | None = None
+    rule: FusedRule,
+    tree: TreeBatch,
+    p: torch.Tensor,
+    u: torch.Tensor,
+    bad_rows: torch.Tensor | None = None,
+    *,
+    scores: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """The body of :func:`verify_tree_batch`: tensors in, the :class:`TreeDecision`
     fields out, in order, with no host read and no Python object built, so that
@@ -182,6 +239,12 @@ def decide_tree_batch(
         u: ``[B, n, C + 1]`` float64 uniforms, ``C = tree.max_children``.
         bad_rows: ``[B, n]`` bool rows whose logits were not a distribution
             (:func:`~specdec.sampling.row_is_bad`).
+        scores: ``p`` holds (warped, tempered) scores ``s`` instead: the law is
+            ``exp(s - max s)`` up to a factor per row, read only where the rule
+            looks (its sum, the gathers, the bonus row), so compiled the
+            ``[B, n, V]`` law is never written; ``bad_rows`` is then the rows
+            whose max score is not finite (:func:`target_weights`' rule) and
+            the argument is ignored.
 
     Returns:
         The :class:`TreeDecision` fields, on ``p``'s device.
@@ -193,8 +256,20 @@ def decide_tree_batch(
     table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
-    p_total = p.sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
-    P_child = p.gather(-1, child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
+    if scores:
+        top = p.amax(dim=-1, keepdim=True)  # [B, n, 1]
+        bad_rows = ~torch.isfinite(top.squeeze(-1))  # [B, n]
+        p_total = torch.exp(p - top).sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
+
+        def weights_at(index: torch.Tensor) -> torch.Tensor:  # [B, n, k] the unnormalised law at index [B, n, k]
+            return torch.exp(p.gather(-1, index) - top)
+    else:
+
+        def weights_at(index: torch.Tensor) -> torch.Tensor:
+            return p.gather(-1, index)
+
+        p_total = p.sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
+    P_child = weights_at(child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
     slots = _arange(C, dev)
     n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
     ids = tree.law_ids  # [B, n, L]
@@ -204,7 +279,7 @@ def decide_tree_batch(
     matched = has  # the children tested by rule 2
     if rejecting:
         on = ids >= 0
-        r_s = torch.where(on, p.gather(-1, ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L] residual on q's support
+        r_s = torch.where(on, weights_at(ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L] residual on q's support
         off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)  # [B, n] residual mass outside it
         q = tree.law_probs.to(work)  # [B, n, L] q' (updated by rule 4)
         wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
@@ -255,7 +330,10 @@ def decide_tree_batch(
     bad = (reached & bad_rows).any(dim=-1) if bad_rows is not None else torch.zeros(B, dtype=torch.bool, device=dev)
     # the bonus: the stop node's final residual over the vocabulary, inverse CDF with the node's next uniform
     rows = node.view(B, 1, 1)
-    P = (p.gather(1, rows.expand(B, 1, V)).squeeze(1).to(work) / p_total.gather(1, rows).squeeze(-1))  # [B, V]
+    row = p.gather(1, rows.expand(B, 1, V)).squeeze(1)  # [B, V] the stop node's row
+    if scores:
+        row = torch.exp(row - top.gather(1, rows).squeeze(-1))
+    P = row.to(work) / p_total.gather(1, rows).squeeze(-1)  # [B, V]
     if rejecting:
         stop_ids = ids.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)  # [B, L]
         stop_rs = r_s.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)
