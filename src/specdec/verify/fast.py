@@ -156,9 +156,10 @@ WORKSPACE_MIN_ENTRIES = 1 << 18
 class _Workspace(threading.local):
     """Per-thread CPU buffers for :func:`decide_from_scores`' ``[B, n, V]`` law and scores.
 
-    A new ``[B, n, V]`` tensor per step is, past glibc's 32 MiB mmap threshold
-    (61 rows at ``V = 128256`` are 31 MiB), fresh memory whose pages fault in
-    at every step; on this project's CPU that cost more than the softmax. The
+    A new ``[B, n, V]`` tensor per step (61 rows at ``V = 128256`` are 31 MB)
+    is memory glibc gives back to the system between steps (mmap'd, or heap
+    trimmed after the free), whose pages fault in again at every step; on this
+    project's CPU that cost more than the softmax. The
     buffers grow to the largest law verified in the thread and are reused;
     nothing they hold outlives the call (the decision is new tensors).
     """
