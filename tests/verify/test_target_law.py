@@ -141,6 +141,12 @@ def test_the_workspace_gives_the_same_decisions_as_new_tensors(temperature, monk
     thread.start()
     thread.join()
     assert other["law"].data_ptr() != mine.data_ptr() and fast._WORKSPACE.buffers["law"] is mine
+    # a law above the cap is a new tensor: the thread keeps no larger buffer
+    monkeypatch.setattr(fast, "WORKSPACE_MAX_ENTRIES", runs[0][1].numel())
+    fast.release_workspace()
+    again = [decide_from_scores(rule, b, x, u, temperature) for b, x, u in runs]
+    assert all(all(torch.equal(x, y) for x, y in zip(a, b)) for a, b in zip(fresh, again))
+    assert fast._WORKSPACE.buffers["law"].numel() == runs[0][1].numel()
 
 
 def test_a_lost_temperature_is_caught_by_the_comparison():

@@ -140,7 +140,7 @@ def decide_from_scores(
     if torch.compiler.is_compiling():  # the law is never written: decide_tree_batch reads exp(s - max s) where it looks
         scores = temperature_scores(scores, temperature)  # [B, n, V]
         return decide_tree_batch(rule, tree, scores, u, None, scores=True)
-    if scores.device.type != "cpu" or scores.numel() < WORKSPACE_MIN_ENTRIES:
+    if scores.device.type != "cpu" or not WORKSPACE_MIN_ENTRIES <= scores.numel() <= WORKSPACE_MAX_ENTRIES:
         w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
     else:  # the same ops into this thread's buffers (module docstring, "Workspace")
         scores = temperature_scores(scores, temperature, out=_WORKSPACE.take("scores", scores))  # [B, n, V]
@@ -151,6 +151,10 @@ def decide_from_scores(
 
 WORKSPACE_MIN_ENTRIES = 1 << 18
 """Laws of at least this many entries (1 MiB of float32) are written to :data:`_WORKSPACE` on a CPU."""
+
+WORKSPACE_MAX_ENTRIES = 1 << 26
+"""...and of at most this many (256 MiB of float32, a batch of about 8 trees of 61 nodes at
+``V = 128256``): a thread keeps no larger buffers; larger laws are new tensors each step."""
 
 
 class _Workspace(threading.local):
@@ -180,8 +184,8 @@ _WORKSPACE = _Workspace()
 
 
 def release_workspace() -> None:
-    """Free this thread's verification buffers (:data:`WORKSPACE_MIN_ENTRIES`; they are
-    made again at the next large CPU verification)."""
+    """Free this thread's verification buffers (at most two of :data:`WORKSPACE_MAX_ENTRIES`
+    entries; they are made again at the next large CPU verification)."""
     _WORKSPACE.buffers.clear()
 
 
