@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import attrs
 import pytest
 import torch
 
@@ -154,3 +155,30 @@ def test_a_lost_temperature_is_caught_by_the_comparison():
     builder, verifier_name = CASES[0][1], CASES[0][2]
     same, runs = _agreement(builder, verifier_name, SamplingConfig(temperature=0.7), False, temperature_given=1.0)
     assert same < runs
+
+
+def test_greedy_rows_in_the_workspace_decide_as_process_logits_rows(monkeypatch):
+    """At T = 0 the one-hot rows written into the reused buffer (after a larger T > 0 law left
+    other values there) decide as process_logits' new rows, bit for bit; float16 logits too."""
+    from specdec.verify.fast import decide_from_logits
+
+    builder, verifier_name = CASES[0][1], CASES[0][2]
+    rule = get("verifier", verifier_name)().fused
+    greedy = SamplingConfig(temperature=0.0)
+    draft = random_draft(6, 3)
+    draft.begin([3])
+    tree = builder.build(3, draft, greedy, TorchRandom.seeded(3))
+    batch = TreeBatch.from_trees([tree] * 2, max_children=builder.max_nodes, max_depth=builder.max_depth)
+    g = torch.Generator().manual_seed(5)
+    u = torch.rand(2, tree.num_nodes, batch.max_children + 1, generator=g, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float16):
+        logits = (torch.randn(2, tree.num_nodes, 6, generator=g) * 3).to(dtype)
+        logits[1, 0, 2] = logits[1, 0].max()  # a tie: the first maximum wins, as in process_logits
+        monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 1 << 30)
+        want = decide_from_logits(rule, batch, logits, u, greedy)
+        monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 0)
+        big = torch.randn(3, tree.num_nodes, 6, generator=g)
+        decide_from_scores(rule, TreeBatch.from_trees([tree] * 3, max_children=builder.max_nodes,
+                                                       max_depth=builder.max_depth), big, u[:1].expand(3, -1, -1), 1.0)
+        got = decide_from_logits(rule, batch, logits, u, greedy)
+        assert all(torch.equal(getattr(want, f), getattr(got, f)) for f in attrs.fields_dict(type(want)))

@@ -20,8 +20,9 @@ the bonus row alone is rebuilt over the vocabulary.
 Workspace: on a CPU, uncompiled, :func:`decide_from_scores` writes the
 target's ``[B, n, V]`` tempered scores and law (torch's softmax, the same
 bits) into buffers kept per thread, sized by the largest law verified, instead
-of new tensors each step (:func:`release_workspace` frees them). Compiled, the
-law is never written; on CUDA the caching allocator reuses memory already.
+of new tensors each step (:func:`release_workspace` frees them), and at
+``T = 0`` :func:`decide_from_logits` its one-hot rows. Compiled, the law at
+``T > 0`` is never written; on CUDA the caching allocator reuses memory already.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def decide_from_scores(
     if torch.compiler.is_compiling():  # the law is never written: decide_tree_batch reads exp(s - max s) where it looks
         scores = temperature_scores(scores, temperature)  # [B, n, V]
         return decide_tree_batch(rule, tree, scores, u, None, scores=True)
-    if scores.device.type != "cpu" or not WORKSPACE_MIN_ENTRIES <= scores.numel() <= WORKSPACE_MAX_ENTRIES:
+    if not _in_workspace(scores):
         w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
     else:  # the same ops into this thread's buffers (module docstring, "Workspace")
         scores = temperature_scores(scores, temperature, out=_WORKSPACE.take("scores", scores))  # [B, n, V]
@@ -155,6 +156,12 @@ WORKSPACE_MIN_ENTRIES = 1 << 18
 WORKSPACE_MAX_ENTRIES = 1 << 26
 """...and of at most this many (256 MiB of float32, a batch of about 8 trees of 61 nodes at
 ``V = 128256``): a thread keeps no larger buffers; larger laws are new tensors each step."""
+
+
+def _in_workspace(x: torch.Tensor) -> bool:
+    """Whether the law of ``x`` is written to this thread's buffers (a CPU tensor of
+    :data:`WORKSPACE_MIN_ENTRIES` to :data:`WORKSPACE_MAX_ENTRIES` entries)."""
+    return x.device.type == "cpu" and WORKSPACE_MIN_ENTRIES <= x.numel() <= WORKSPACE_MAX_ENTRIES
 
 
 class _Workspace(threading.local):
@@ -215,7 +222,11 @@ def decide_from_logits(
     :func:`decide_from_scores` (the law up to a factor per row). ``decide`` and
     ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`)."""
     if sampling.greedy:  # one-hot rows
-        p = process_logits(logits, sampling, check=False)  # [B, n, V]
+        if _in_workspace(logits):  # process_logits' one-hot rows, in this thread's buffer
+            wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+            p = _WORKSPACE.take("law", wide).zero_().scatter_(-1, wide.argmax(dim=-1, keepdim=True), 1.0)  # [B, n, V]
+        else:
+            p = process_logits(logits, sampling, check=False)  # [B, n, V]
         return TreeDecision(*(decide or decide_tree_batch)(rule, tree, p, u, row_is_bad(logits)))
     scores, temperature = step_scores(logits, sampling)  # [B, n, V]
     return TreeDecision(*(decide_scores or decide_from_scores)(rule, tree, scores, u, temperature))
