@@ -204,9 +204,16 @@ def process_logits(
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if config.greedy:
-        index = logits.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, index, 1.0)
+        return greedy_law(logits)
     return torch.softmax(warped_scores(logits, config), dim=-1)
+
+
+def greedy_law(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The law at ``T = 0``: ``[..., V]`` one-hot rows at each row's argmax (the first of tied
+    maxima), in ``logits``' dtype; written into ``out`` (same shape and dtype) when given."""
+    index = logits.argmax(dim=-1, keepdim=True)
+    law = torch.zeros_like(logits) if out is None else out.zero_()
+    return law.scatter_(-1, index, 1.0)
 
 
 def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

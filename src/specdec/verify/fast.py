@@ -34,7 +34,15 @@ import attrs
 import torch
 
 from specdec._constants import device_constant
-from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad, temperature_scores, warped_scores
+from specdec.sampling import (
+    SamplingConfig,
+    greedy_law,
+    law_is_bad,
+    process_logits,
+    row_is_bad,
+    temperature_scores,
+    warped_scores,
+)
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
@@ -123,10 +131,17 @@ def target_weights(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``w [..., V]`` (``scores``' dtype) and ``bad [...]`` bool.
     """
     if torch.compiler.is_compiling():
-        top = scores.amax(dim=-1, keepdim=True)  # [..., 1]
-        return torch.exp(scores - top), ~torch.isfinite(top.squeeze(-1))
+        top, bad = _max_and_bad(scores)  # [..., 1], [...]
+        return torch.exp(scores - top), bad
     p = torch.softmax(scores, dim=-1)  # [..., V]
     return p, law_is_bad(p)
+
+
+def _max_and_bad(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., 1]`` each row's max score and ``[...]`` the rows where it is not finite: the
+    rows :func:`~specdec.sampling.row_is_bad` flags (NaN, +inf or all -inf), with no pass of their own."""
+    top = scores.amax(dim=-1, keepdim=True)  # [..., 1]
+    return top, ~torch.isfinite(top.squeeze(-1))
 
 
 def decide_from_scores(
@@ -144,7 +159,8 @@ def decide_from_scores(
     if not _in_workspace(scores):
         w, bad = target_weights(temperature_scores(scores, temperature))  # [B, n, V], [B, n]
     else:  # the same ops into this thread's buffers (module docstring, "Workspace")
-        scores = temperature_scores(scores, temperature, out=_WORKSPACE.take("scores", scores))  # [B, n, V]
+        if temperature != 1.0:  # (T = 1: the scores themselves, no buffer)
+            scores = temperature_scores(scores, temperature, out=_WORKSPACE.take("scores", scores))  # [B, n, V]
         w = torch.ops.aten._softmax.out(scores, -1, False, out=_WORKSPACE.take("law", scores))  # torch.softmax's bits
         bad = law_is_bad(w)  # [B, n]
     return decide_tree_batch(rule, tree, w, u, bad)
@@ -224,7 +240,7 @@ def decide_from_logits(
     if sampling.greedy:  # one-hot rows
         if _in_workspace(logits):  # process_logits' one-hot rows, in this thread's buffer
             wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-            p = _WORKSPACE.take("law", wide).zero_().scatter_(-1, wide.argmax(dim=-1, keepdim=True), 1.0)  # [B, n, V]
+            p = greedy_law(wide, out=_WORKSPACE.take("law", wide))  # [B, n, V]
         else:
             p = process_logits(logits, sampling, check=False)  # [B, n, V]
         return TreeDecision(*(decide or decide_tree_batch)(rule, tree, p, u, row_is_bad(logits)))
@@ -273,18 +289,13 @@ def decide_tree_batch(
     has = table >= 0  # [B, n, C]
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
     if scores:
-        top = p.amax(dim=-1, keepdim=True)  # [B, n, 1]
-        bad_rows = ~torch.isfinite(top.squeeze(-1))  # [B, n]
-        p_total = torch.exp(p - top).sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
+        top, bad_rows = _max_and_bad(p)  # [B, n, 1], [B, n]
 
-        def weights_at(index: torch.Tensor) -> torch.Tensor:  # [B, n, k] the unnormalised law at index [B, n, k]
-            return torch.exp(p.gather(-1, index) - top)
-    else:
+    def weights_at(index: torch.Tensor) -> torch.Tensor:  # [B, n, k] the law, up to its row's factor, at index
+        at = p.gather(-1, index)
+        return torch.exp(at - top) if scores else at
 
-        def weights_at(index: torch.Tensor) -> torch.Tensor:
-            return p.gather(-1, index)
-
-        p_total = p.sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
+    p_total = (torch.exp(p - top) if scores else p).sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
     P_child = weights_at(child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
     slots = _arange(C, dev)
     n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
