@@ -36,6 +36,7 @@ from specdec.rng import CounterRandom, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
+from specdec import step as _step
 from specdec.verify.fast import decide_from_logits
 
 __all__ = [
@@ -188,7 +189,7 @@ def autoregressive_stream_batch(
                 logits = target.score_batch(tree)  # [B, 1, V]
                 u = torch.cat([rngs[r].verify_uniforms((1, tree.node_slots, tree.max_children + 1), device=logits.device)
                                for r in active])  # [B, 1, C + 1]: each row from its own stream
-                decision = decide_from_logits(rule, tree, logits, u, sampling)
+                decision = decide_from_logits(rule, tree, logits, u, sampling, rows=_step._ROWS)
                 read = torch.stack([decision.bonus, decision.bad_visited.long()], dim=-1).tolist()  # the step's one read, [B, 2]
             stats["steps"] += 1
             stats["row_steps"] += len(active)
@@ -369,7 +370,7 @@ def speculative_stream_batch(
                                                   sampling=sampling, bad_rows=row_is_bad(logits))
                 else:
                     u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
-                    decision = decide_from_logits(rule, tree, logits, u, sampling)
+                    decision = decide_from_logits(rule, tree, logits, u, sampling, rows=_step._ROWS)
                 draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
                 read = torch.cat([decision.packed(), draft_bad.long().unsqueeze(-1)], dim=-1).tolist()  # the one read
             stats["steps"] += 1

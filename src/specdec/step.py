@@ -38,7 +38,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, LevelStep, finish_levels, level_step
 from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import decide_from_logits, decide_from_scores, decide_tree_batch
+from specdec.verify.fast import VERIFY_ROWS, decide_from_logits, decide_from_scores, decide_tree_batch
 
 __all__ = [
     "CLOCKS",
@@ -50,6 +50,7 @@ __all__ = [
     "speculative_step",
     "step_supported",
     "validate_steps",
+    "verification_rows",
 ]
 
 _VALIDATE = os.environ.get("SPECDEC_VALIDATE", "") not in ("", "0")
@@ -70,6 +71,26 @@ def validate_steps(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _VALIDATE = before
+
+
+_ROWS = "auto"
+
+
+@contextmanager
+def verification_rows(rows: str) -> Iterator[None]:
+    """Within the block, the step verifies the rows ``rows`` (:data:`~specdec.verify.fast.VERIFY_ROWS`):
+    ``"all"`` every node at once (what a GPU and the compiled step run), ``"path"`` only the
+    nodes the verification visits (:func:`~specdec.verify.fast.decide_tree_walk`), ``"auto"``
+    (the default) the walk for uncompiled CPU logits and every node otherwise. The same
+    decisions either way; for benchmarks (the ops of the GPU's form, counted on a CPU) and tests."""
+    global _ROWS
+    if rows not in VERIFY_ROWS:
+        raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
+    before, _ROWS = _ROWS, rows
+    try:
+        yield
+    finally:
+        _ROWS = before
 
 
 @attrs.frozen
@@ -300,7 +321,7 @@ def speculative_step(
             check_distribution(p_check[b, :n][~flags[b, :n]], "p")
     u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
     compiled = () if compiler is None else (compiler.decide, compiler.decide_scores)
-    decision = decide_from_logits(rule, tree, logits, u, sampling, *compiled)
+    decision = decide_from_logits(rule, tree, logits, u, sampling, *compiled, rows=_ROWS)
     D = tree.max_depth
     draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=logits.device)
     row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read

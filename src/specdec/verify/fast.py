@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import attrs
 import torch
@@ -43,12 +44,13 @@ from specdec.sampling import (
     temperature_scores,
     warped_scores,
 )
+from specdec.errors import InvalidConfigError
 from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "release_workspace", "step_scores", "target_weights",
-           "verify_tree_batch"]
+__all__ = ["VERIFY_ROWS", "TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "decide_tree_walk",
+           "release_workspace", "step_scores", "target_weights", "verify_tree_batch"]
 
 
 @attrs.frozen(eq=False)
@@ -224,6 +226,10 @@ def step_scores(logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.T
     return logits, sampling.temperature
 
 
+VERIFY_ROWS = ("auto", "all", "path")
+"""The verification's choices of rows (:func:`decide_from_logits`)."""
+
+
 def decide_from_logits(
     rule: FusedRule,
     tree: TreeBatch,
@@ -232,11 +238,30 @@ def decide_from_logits(
     sampling: SamplingConfig,
     decide: Callable[..., tuple[torch.Tensor, ...]] | None = None,
     decide_scores: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+    *,
+    rows: str = "auto",
 ) -> TreeDecision:
-    """The step's verification of ``tree`` from the target's ``logits`` ``[B, n, V]``:
-    at ``T = 0`` :func:`decide_tree_batch` on the one-hot rows, at ``T > 0``
-    :func:`decide_from_scores` (the law up to a factor per row). ``decide`` and
-    ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`)."""
+    """The step's verification of ``tree`` from the target's ``logits`` ``[B, n, V]``.
+
+    ``rows="all"``: every node decided at once, at ``T = 0`` by
+    :func:`decide_tree_batch` on the one-hot rows, at ``T > 0`` by
+    :func:`decide_from_scores` (the law up to a factor per row); ``decide`` and
+    ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`).
+    ``rows="path"``: :func:`decide_tree_walk`, only the visited rows processed.
+    ``rows="auto"`` (the step's choice): the walk for uncompiled CPU logits, where
+    the work over the vocabulary, not the number of ops, sets the time (at 61
+    nodes and ``V = 128256``, 7 rows instead of 61); every node at once otherwise
+    (a GPU runs the ``n`` rows in parallel in about the time of one, and the
+    compiled graphs are the batch form). The same decisions either way, with
+    the same uniforms, except when a uniform falls within float rounding of a
+    threshold (``tests/verify/test_verify_walk.py``).
+    """
+    if rows not in VERIFY_ROWS:
+        raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
+    if rows == "auto":
+        rows = "path" if logits.device.type == "cpu" and decide is None and decide_scores is None else "all"
+    if rows == "path":
+        return TreeDecision(*decide_tree_walk(rule, tree, logits, u, sampling))
     if sampling.greedy:  # one-hot rows
         if _in_workspace(logits):  # process_logits' one-hot rows, in this thread's buffer
             wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -284,63 +309,16 @@ def decide_tree_batch(
     B, n, V = p.shape
     C, D = tree.max_children, tree.max_depth
     dev = p.device
-    work = torch.float64
     table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    top = None
     if scores:
         top, bad_rows = _max_and_bad(p)  # [B, n, 1], [B, n]
-
-    def weights_at(index: torch.Tensor) -> torch.Tensor:  # [B, n, k] the law, up to its row's factor, at index
-        at = p.gather(-1, index)
-        return torch.exp(at - top) if scores else at
-
-    p_total = (torch.exp(p - top) if scores else p).sum(dim=-1, keepdim=True).to(work)  # [B, n, 1]
-    P_child = weights_at(child_tok.clamp_min(0)).to(work) / p_total  # [B, n, C] normalised p at the children
-    slots = _arange(C, dev)
-    n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
-    ids = tree.law_ids  # [B, n, L]
-    rejecting = rule.rejection and ids.shape[-1] > 0
-    Z: torch.Tensor | float = 1.0  # the residual's mass: 1 (p normalised) until rules 3/4 reject
-    first: torch.Tensor | None = None  # first accepted slot by rules 3/4, [B, n] (C = none)
-    matched = has  # the children tested by rule 2
-    if rejecting:
-        on = ids >= 0
-        r_s = torch.where(on, weights_at(ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, n, L] residual on q's support
-        off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)  # [B, n] residual mass outside it
-        q = tree.law_probs.to(work)  # [B, n, L] q' (updated by rule 4)
-        wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
-        S = min(C if tree.max_sampled is None else tree.max_sampled, ids.shape[-1])
-        for t in range(S):  # rules 3/4 on the t-th sampled child of every node at once
-            testing = t < n_sampled if first is None else (t < n_sampled) & (first == C)  # [B, n]
-            pos = (ids == child_tok[..., t : t + 1]).long().argmax(dim=-1, keepdim=True)  # [B, n, 1]
-            Z = (off + r_s.sum(dim=-1)).unsqueeze(-1)  # [B, n, 1]
-            ratio = (r_s.gather(-1, pos) / (Z * q.gather(-1, pos)).clamp_min(1e-300)).clamp(max=1.0).squeeze(-1)
-            accept = testing & (u[..., t] < ratio)
-            first = torch.where(accept, t, C if first is None else first)
-            rejected = (testing & ~accept).unsqueeze(-1)  # [B, n, 1]
-            r_s = torch.where(rejected, (r_s - Z * q).clamp_min(0.0), r_s)
-            if t + 1 < S:  # q' for the next test (no later use after the last)
-                q_wor = q.scatter(-1, pos, 0.0)
-                q_wor = q_wor / q_wor.sum(dim=-1, keepdim=True).clamp_min(1e-300)
-                q = torch.where(rejected & wor.unsqueeze(-1), q_wor, q)
-        Z = off + r_s.sum(dim=-1)  # [B, n]
-        matched = has & (slots >= n_sampled.unsqueeze(-1))  # the children after the sampled ones
-    # rule 2 over the matched children (all of them for "match"; the deterministic ones after rule 5's rejections)
-    if not (rule.match_deterministic or not rule.rejection):
-        matched = torch.zeros_like(has)  # [B, n, C]
-    if rejecting:  # after rejections the residual differs from p on q's support
-        in_support = ids.unsqueeze(-2) == child_tok.unsqueeze(-1)  # [B, n, C, L]
-        r_child = torch.where(in_support.any(dim=-1), (in_support * r_s.unsqueeze(-2)).sum(dim=-1), P_child)
-    else:
-        r_child = P_child  # [B, n, C]
-    repeat = ((child_tok.unsqueeze(-1) == child_tok.unsqueeze(-2)) & matched.unsqueeze(-2)).tril(-1).any(dim=-1)
-    r_child = torch.where(matched & ~repeat, r_child, 0.0)
-    before = torch.cumsum(r_child, dim=-1) - r_child
-    Z_col = Z.unsqueeze(-1) if isinstance(Z, torch.Tensor) else Z  # [B, n, 1]
-    accept = matched & (u[..., :C] * (Z_col - before) < r_child)  # u < P(x) on the current residual
-    match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, n]
-    first = match_first if first is None else torch.where(first < C, first, match_first)
+    wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
+    nodes = _node_rules(rule, p, top, child_tok, has, n_sampled, tree.law_ids, tree.law_probs, wor,
+                        _sampled_tests(tree), u)
+    first = nodes.first  # [B, n]
     child = torch.where(first < C, table.gather(-1, first.clamp(max=C - 1).unsqueeze(-1)).squeeze(-1), -1)  # [B, n]
     # the accepted path, found for all nodes at once: node j is reached when every node on its path
     # from the root (itself included) is its parent's accepted child (TreeBatch.ancestors)
@@ -352,28 +330,157 @@ def decide_tree_batch(
     accepted = by_depth[:, 1 : D + 1]  # [B, D]: one reached node per depth below the root
     num_accepted = reached.sum(dim=-1) - 1  # [B]
     node = torch.where(reached, tree.depths, -1).argmax(dim=-1)  # [B] the deepest reached node: where the walk stops
-    has_kids = has.any(dim=-1)  # [B, n]
-    attempted = num_accepted + has_kids.gather(1, node.unsqueeze(-1)).squeeze(-1)  # the stop node's failed tests too
     bad = (reached & bad_rows).any(dim=-1) if bad_rows is not None else torch.zeros(B, dtype=torch.bool, device=dev)
-    # the bonus: the stop node's final residual over the vocabulary, inverse CDF with the node's next uniform
+    # the bonus, from the stop node's row
     rows = node.view(B, 1, 1)
     row = p.gather(1, rows.expand(B, 1, V)).squeeze(1)  # [B, V] the stop node's row
     if scores:
         row = torch.exp(row - top.gather(1, rows).squeeze(-1))
-    P = row.to(work) / p_total.gather(1, rows).squeeze(-1)  # [B, V]
+
+    def at_stop(x: torch.Tensor) -> torch.Tensor:  # [B, n, k] -> [B, k]: the stop node's entries
+        return x.gather(1, rows.expand(B, 1, x.shape[-1])).squeeze(1)
+
+    stop = _StopRow(row, at_stop(nodes.p_total), at_stop(tree.law_ids), None if nodes.r_s is None else at_stop(nodes.r_s),
+                    n_sampled.gather(1, node.unsqueeze(-1)), at_stop(child_tok), at_stop(nodes.matched), at_stop(has),
+                    at_stop(u))
+    return _finish(rule, tree, stop, accepted, num_accepted, bad, node)
+
+
+class _NodeRules(NamedTuple):
+    """What rules 2-5 decide at a set of nodes (``[B, r]`` rows: every node, or the walk's current one)."""
+
+    first: torch.Tensor  # [B, r] the accepted child's slot in test order (C: none)
+    matched: torch.Tensor  # [B, r, C] the children rule 2 tested
+    r_s: torch.Tensor | None  # [B, r, L] float64 the residual on q''s support after rules 3/4 (None: no rejection)
+    p_total: torch.Tensor  # [B, r, 1] float64 each row's sum (the law's factor)
+
+
+def _sampled_tests(tree: TreeBatch) -> int:
+    """How many sampled children rules 3/4 test at most per node."""
+    C, L = tree.max_children, tree.law_ids.shape[-1]
+    return min(C if tree.max_sampled is None else tree.max_sampled, L)
+
+
+def _node_rules(
+    rule: FusedRule,
+    p: torch.Tensor,
+    top: torch.Tensor | None,
+    child_tok: torch.Tensor,
+    has: torch.Tensor,
+    n_sampled: torch.Tensor,
+    ids: torch.Tensor,
+    law_probs: torch.Tensor,
+    wor: torch.Tensor,
+    S: int,
+    u: torch.Tensor,
+) -> _NodeRules:
+    """Rules 2-5 (docs/verifiers.md) at ``r`` nodes of each tree, each from its own row alone.
+
+    Args:
+        rule: the verifier's fused rule.
+        p: ``[B, r, V]`` the nodes' target laws up to a factor per row, or their
+            scores when ``top`` (``[B, r, 1]``, the rows' max) is given: the law
+            is then ``exp(p - top)``, read only where the rules look.
+        child_tok: ``[B, r, C]`` the children's tokens in test order (``-1`` padded); ``has`` where a child is.
+        n_sampled: ``[B, r]`` sampled children per node (tested first).
+        ids, law_probs: ``[B, r, L]`` ``q'``'s support (``-1`` padded) and probabilities; ``wor`` ``[B, r]``
+            whether ``q'`` is drawn without replacement; ``S`` the most sampled children tested.
+        u: ``[B, r, C + 1]`` float64 the nodes' uniforms.
+    """
+    C = child_tok.shape[-1]
+    work = torch.float64
+
+    def weights_at(index: torch.Tensor) -> torch.Tensor:  # [B, r, k] the law, up to its row's factor, at index
+        at = p.gather(-1, index)
+        return torch.exp(at - top) if top is not None else at
+
+    p_total = (torch.exp(p - top) if top is not None else p).sum(dim=-1, keepdim=True).to(work)  # [B, r, 1]
+    P_child = weights_at(child_tok.clamp_min(0)).to(work) / p_total  # [B, r, C] normalised p at the children
+    slots = _arange(C, p.device)
+    rejecting = rule.rejection and ids.shape[-1] > 0
+    Z: torch.Tensor | float = 1.0  # the residual's mass: 1 (p normalised) until rules 3/4 reject
+    first: torch.Tensor | None = None  # first accepted slot by rules 3/4, [B, r] (C = none)
+    matched = has  # the children tested by rule 2
+    r_s = None
     if rejecting:
-        stop_ids = ids.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)  # [B, L]
-        stop_rs = r_s.gather(1, rows.expand(B, 1, ids.shape[-1])).squeeze(1)
-        tested_rej = (n_sampled.gather(1, node.unsqueeze(-1)) > 0)  # [B, 1]
-        delta = torch.where((stop_ids >= 0) & tested_rej, stop_rs - P.gather(-1, stop_ids.clamp_min(0)), 0.0)
-        P = P.scatter_add(-1, stop_ids.clamp_min(0), delta)
-    stop_tok = child_tok.gather(1, rows.expand(B, 1, C)).squeeze(1)  # [B, C]
-    stop_matched = matched.gather(1, rows.expand(B, 1, C)).squeeze(1)
+        on = ids >= 0
+        r_s = torch.where(on, weights_at(ids.clamp_min(0)).to(work) / p_total, 0.0)  # [B, r, L] residual on q's support
+        off = (1.0 - r_s.sum(dim=-1)).clamp_min(0.0)  # [B, r] residual mass outside it
+        q = law_probs.to(work)  # [B, r, L] q' (updated by rule 4)
+        for t in range(S):  # rules 3/4 on the t-th sampled child of every node at once
+            testing = t < n_sampled if first is None else (t < n_sampled) & (first == C)  # [B, r]
+            pos = (ids == child_tok[..., t : t + 1]).long().argmax(dim=-1, keepdim=True)  # [B, r, 1]
+            Z = (off + r_s.sum(dim=-1)).unsqueeze(-1)  # [B, r, 1]
+            ratio = (r_s.gather(-1, pos) / (Z * q.gather(-1, pos)).clamp_min(1e-300)).clamp(max=1.0).squeeze(-1)
+            accept = testing & (u[..., t] < ratio)
+            first = torch.where(accept, t, C if first is None else first)
+            rejected = (testing & ~accept).unsqueeze(-1)  # [B, r, 1]
+            r_s = torch.where(rejected, (r_s - Z * q).clamp_min(0.0), r_s)
+            if t + 1 < S:  # q' for the next test (no later use after the last)
+                q_wor = q.scatter(-1, pos, 0.0)
+                q_wor = q_wor / q_wor.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+                q = torch.where(rejected & wor.unsqueeze(-1), q_wor, q)
+        Z = off + r_s.sum(dim=-1)  # [B, r]
+        matched = has & (slots >= n_sampled.unsqueeze(-1))  # the children after the sampled ones
+    # rule 2 over the matched children (all of them for "match"; the deterministic ones after rule 5's rejections)
+    if not (rule.match_deterministic or not rule.rejection):
+        matched = torch.zeros_like(has)  # [B, r, C]
+    if rejecting:  # after rejections the residual differs from p on q's support
+        in_support = ids.unsqueeze(-2) == child_tok.unsqueeze(-1)  # [B, r, C, L]
+        r_child = torch.where(in_support.any(dim=-1), (in_support * r_s.unsqueeze(-2)).sum(dim=-1), P_child)
+    else:
+        r_child = P_child  # [B, r, C]
+    repeat = ((child_tok.unsqueeze(-1) == child_tok.unsqueeze(-2)) & matched.unsqueeze(-2)).tril(-1).any(dim=-1)
+    r_child = torch.where(matched & ~repeat, r_child, 0.0)
+    before = torch.cumsum(r_child, dim=-1) - r_child
+    Z_col = Z.unsqueeze(-1) if isinstance(Z, torch.Tensor) else Z  # [B, r, 1]
+    accept = matched & (u[..., :C] * (Z_col - before) < r_child)  # u < P(x) on the current residual
+    match_first = torch.where(accept, slots, C).amin(dim=-1)  # [B, r]
+    first = match_first if first is None else torch.where(first < C, first, match_first)
+    return _NodeRules(first, matched, r_s, p_total)
+
+
+class _StopRow(NamedTuple):
+    """The stop node's entries, where the bonus is drawn (``[B, ...]``)."""
+
+    row: torch.Tensor  # [B, V] its law up to its factor
+    p_total: torch.Tensor  # [B, 1] float64 the factor (the row's sum)
+    ids: torch.Tensor  # [B, L] q''s support
+    r_s: torch.Tensor | None  # [B, L] the residual there (None: no rejection)
+    n_sampled: torch.Tensor  # [B, 1]
+    tok: torch.Tensor  # [B, C] children's tokens in test order
+    matched: torch.Tensor  # [B, C]
+    has: torch.Tensor  # [B, C]
+    u: torch.Tensor  # [B, C + 1]
+
+
+def _finish(
+    rule: FusedRule,
+    tree: TreeBatch,
+    stop: _StopRow,
+    accepted: torch.Tensor,
+    num_accepted: torch.Tensor,
+    bad: torch.Tensor,
+    node: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The bonus (the stop node's final residual over the vocabulary, inverse CDF with the
+    node's next uniform) and the :class:`TreeDecision` fields."""
+    B, V = stop.row.shape
+    D = tree.max_depth
+    dev = stop.row.device
+    work = torch.float64
+    attempted = num_accepted + stop.has.any(dim=-1)  # the stop node's failed tests too
+    P = stop.row.to(work) / stop.p_total  # [B, V]
+    if stop.r_s is not None:
+        tested_rej = stop.n_sampled > 0  # [B, 1]
+        delta = torch.where((stop.ids >= 0) & tested_rej, stop.r_s - P.gather(-1, stop.ids.clamp_min(0)), 0.0)
+        P = P.scatter_add(-1, stop.ids.clamp_min(0), delta)
     # the matched children's tokens leave the residual: min with 0 there (with +inf at the other slots, padding included)
-    zap = torch.where(stop_matched, 0.0, float("inf")).to(work)  # [B, C]
-    P = P.clamp_min(0.0).scatter_reduce(-1, stop_tok.clamp_min(0), zap, "amin")
+    zap = torch.where(stop.matched, 0.0, float("inf")).to(work)  # [B, C]
+    P = P.clamp_min(0.0).scatter_reduce(-1, stop.tok.clamp_min(0), zap, "amin")
     cdf = torch.cumsum(P, dim=-1)  # [B, V]
-    u_bonus = u.gather(1, rows.expand(B, 1, C + 1)).squeeze(1).gather(-1, n_tested.gather(1, node.unsqueeze(-1)))  # [B, 1]
+    n_tested = stop.has.sum(dim=-1, keepdim=True) if rule.match_deterministic or not rule.rejection else stop.n_sampled
+    u_bonus = stop.u.gather(-1, n_tested)  # [B, 1]
     bonus = torch.searchsorted(cdf, u_bonus * cdf[:, -1:], right=True).squeeze(-1)
     last_positive = torch.where(P > 0, _arange(V, dev), -1).amax(dim=-1)
     bonus = torch.minimum(bonus, last_positive)
@@ -381,6 +488,93 @@ def decide_tree_batch(
     tokens = torch.nn.functional.pad(path_tok, (0, 1), value=-1)  # [B, D + 1]
     tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
     return accepted, num_accepted, tokens, bonus, attempted, bad, node
+
+
+def decide_tree_walk(
+    rule: FusedRule, tree: TreeBatch, logits: torch.Tensor, u: torch.Tensor, sampling: SamplingConfig
+) -> tuple[torch.Tensor, ...]:
+    """:func:`decide_tree_batch` from the target's logits by a walk: the same decisions with
+    the same uniforms, made only at the nodes the verification visits.
+
+    A node's decision depends on its own row alone, so instead of deciding all
+    ``n`` nodes at once and then following the accepted path, the walk decides
+    the root, moves to its accepted child, and so on, ``max_depth + 1`` times
+    with fixed shapes (a tree that has stopped decides its stop node again, which
+    decides the same); only the visited rows are processed (temperature, top-k,
+    top-p, softmax: at most ``max_depth + 1`` of the ``n`` rows over the
+    vocabulary instead of all of them). No host read; more, smaller ops in
+    sequence, which is the better trade on a CPU (:func:`decide_from_logits`'
+    choice). A row that is not a law (NaN, +inf, all -inf) is flagged only
+    where it is visited, as in the batch form.
+
+    Args:
+        rule: the verifier's fused rule.
+        tree: ``B`` trees of ``n`` node slots.
+        logits: ``[B, n, V]`` the target's logits (after any logits processor).
+        u: ``[B, n, C + 1]`` float64 uniforms, as :func:`decide_tree_batch`.
+        sampling: the processing of ``p`` (greedy: one-hot rows).
+
+    Returns:
+        The :class:`TreeDecision` fields, on ``logits``' device.
+    """
+    B, n, V = logits.shape
+    C, D = tree.max_children, tree.max_depth
+    table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
+    has = table >= 0  # [B, n, C]
+    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
+    S = _sampled_tests(tree)
+    cur = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)  # [B, 1] the node deciding: the root first
+    bad = torch.zeros(B, dtype=torch.bool, device=logits.device)
+    path: list[torch.Tensor] = []  # per depth: [B, 1] the accepted child (-1 once stopped)
+    tree_ids = _arange(B, logits.device)  # [B]
+    offsets = (tree_ids * n).unsqueeze(-1)  # [B, 1] each tree's first row in [B * n, V]
+    flat_rows = logits.view(B * n, V) if logits.is_contiguous() else None
+    for d in range(D + 1):
+        rows = cur.unsqueeze(-1)  # [B, 1, 1]
+        if flat_rows is not None:  # (index_select copies B rows; an index of V entries per row would be built)
+            x = flat_rows.index_select(0, (cur + offsets).squeeze(-1)).unsqueeze(1)  # [B, 1, V]
+        else:
+            x = logits[tree_ids, cur.squeeze(-1)].unsqueeze(1)
+        w, bad_row = _row_law(x, sampling)  # [B, 1, V], [B, 1]
+        cur_tok, cur_has, cur_ids, cur_u = (_at(t, rows) for t in (child_tok, has, tree.law_ids, u))  # [B, 1, k]
+        cur_sampled = n_sampled.gather(1, cur)  # [B, 1]
+        nodes = _node_rules(rule, w, None, cur_tok, cur_has, cur_sampled, cur_ids, _at(tree.law_probs, rows),
+                            wor.gather(1, cur), S, cur_u)
+        first = nodes.first  # [B, 1]
+        child = torch.where(first < C, _at(table, rows).squeeze(1).gather(-1, first.clamp(max=C - 1)), -1)  # [B, 1]
+        bad = bad | bad_row.squeeze(-1)
+        if d == D:  # no node at depth D has a child: every tree has stopped, at cur
+            stop = _StopRow(w.squeeze(1), nodes.p_total.squeeze(1), cur_ids.squeeze(1),
+                            None if nodes.r_s is None else nodes.r_s.squeeze(1), cur_sampled, cur_tok.squeeze(1),
+                            nodes.matched.squeeze(1), cur_has.squeeze(1), cur_u.squeeze(1))
+            break
+        path.append(child)
+        cur = torch.where(child >= 0, child, cur)
+    accepted = torch.cat(path, dim=-1) if path else torch.empty(B, 0, dtype=torch.int64, device=logits.device)  # [B, D]
+    num_accepted = (accepted >= 0).sum(dim=-1)  # [B]
+    return _finish(rule, tree, stop, accepted, num_accepted, bad, cur.squeeze(-1))
+
+
+def _at(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``[B, n, k]`` -> ``[B, 1, k]``: the entries of the nodes ``rows`` ``[B, 1, 1]``."""
+    return x.gather(1, rows.expand(x.shape[0], 1, x.shape[-1]))
+
+
+def _row_law(x: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk's law of logits rows ``x`` ``[B, 1, V]``: ``exp(s - max s)`` of the
+    processed scores (one-hot rows at ``T = 0``) and the rows that are not a law."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        bad = row_is_bad(x)
+        x = x.float()
+        if sampling.greedy:
+            return greedy_law(x), bad
+    elif sampling.greedy:
+        return greedy_law(x), row_is_bad(x)
+    s, temperature = step_scores(x, sampling)  # [B, 1, V]
+    s = temperature_scores(s, temperature)
+    top, bad = _max_and_bad(s)  # [B, 1, 1], [B, 1]
+    return torch.exp(s - top), bad
 
 
 @device_constant(64)
