@@ -14,7 +14,7 @@ from specdec.sampling import SamplingConfig
 from specdec.step import StepCompiler
 from specdec.trees.levelwise import eagle_level, rheo_level
 from specdec.trees.rheo import RheoTreeBuilder
-from specdec.verify.fast import decide_tree_batch
+from specdec.verify.fast import decide_tree_batch, decide_tree_walk
 from specdec.verify.match import MatchVerifier
 from specdec.verify.mixed import MixedVerifier
 
@@ -94,6 +94,25 @@ def test_verification_step_compiles_in_one_graph(verifier):
     rule = verifier.fused
     got = compiled(decide_tree_batch)(rule, tree, p, u)
     for a, b in zip(got, decide_tree_batch(rule, tree, p, u)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8),
+                                      SamplingConfig(temperature=1.1, top_p=0.8)], ids=["T0", "T0.8", "top-p"])
+def test_verification_walk_compiles_in_one_graph(sampling):
+    """The CPU's verification (decide_tree_walk: one decision per depth) compiles with fullgraph and decides as
+    eagerly."""
+    vocab = 50
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
+    draft.begin([0])
+    tree = RheoTreeBuilder(K=3, depth=3, N=8, M=10).build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+    logits = torch.randn(1, tree.node_slots, vocab, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    u = torch.rand(1, tree.node_slots, tree.max_children + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    rule = MixedVerifier().fused
+    torch._dynamo.reset()
+    got = compiled(decide_tree_walk)(rule, tree, logits, u, sampling)
+    for a, b in zip(got, decide_tree_walk(rule, tree, logits, u, sampling)):
         assert torch.equal(a, b)
 
 

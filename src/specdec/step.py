@@ -38,7 +38,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.levelwise import CompiledLevelFn, LevelFn, LevelStep, finish_levels, level_step
 from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import VERIFY_ROWS, decide_from_logits, decide_from_scores, decide_tree_batch
+from specdec.verify.fast import VERIFY_ROWS, decide_from_logits, decide_from_scores, decide_tree_batch, decide_tree_walk
 
 __all__ = [
     "CLOCKS",
@@ -79,10 +79,10 @@ _ROWS = "auto"
 @contextmanager
 def verification_rows(rows: str) -> Iterator[None]:
     """Within the block, the step verifies the rows ``rows`` (:data:`~specdec.verify.fast.VERIFY_ROWS`):
-    ``"all"`` every node at once (what a GPU and the compiled step run), ``"path"`` only the
-    nodes the verification visits (:func:`~specdec.verify.fast.decide_tree_walk`), ``"auto"``
-    (the default) the walk for uncompiled CPU logits and every node otherwise. The same
-    decisions either way; for benchmarks (the ops of the GPU's form, counted on a CPU) and tests."""
+    ``"all"`` every node at once (what a GPU runs), ``"path"`` only the nodes the verification
+    visits (:func:`~specdec.verify.fast.decide_tree_walk`), ``"auto"`` (the default) the walk
+    for CPU logits and every node at once on other devices. The same decisions either way;
+    for benchmarks (the ops of the GPU's form, counted on a CPU) and tests."""
     global _ROWS
     if rows not in VERIFY_ROWS:
         raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
@@ -188,7 +188,8 @@ class StepCompiler:
     """``torch.compile(fullgraph=True)`` of the step's device parts between
     model forwards: the verification (:func:`~specdec.verify.fast.decide_from_scores` at
     ``T > 0``, from the target's logits or warped scores, with the law's max and exp-sum
-    fused; :func:`~specdec.verify.fast.decide_tree_batch` on one-hot rows at ``T = 0``),
+    fused; :func:`~specdec.verify.fast.decide_tree_batch` on one-hot rows at ``T = 0``;
+    on a CPU the walk, :func:`~specdec.verify.fast.decide_tree_walk`),
     each level of a level-wise builder (its level function, its draws read from
     a uniform table drawn before each level, :class:`~specdec.rng.UniformTable`,
     and the driver's scoring and beam, :func:`~specdec.trees.levelwise.level_step`)
@@ -205,6 +206,7 @@ class StepCompiler:
         self.backend = backend
         self.decide = self._compile(decide_tree_batch)
         self.decide_scores = self._compile(decide_from_scores)
+        self.decide_walk = self._compile(decide_tree_walk)
         self._levels: dict[Any, CompiledLevelFn] = {}
         self.finish = self._compile(finish_levels)
 
@@ -321,7 +323,8 @@ def speculative_step(
             check_distribution(p_check[b, :n][~flags[b, :n]], "p")
     u = rng.verify_uniforms((tree.batch_size, tree.node_slots, tree.max_children + 1), device=logits.device)
     compiled = () if compiler is None else (compiler.decide, compiler.decide_scores)
-    decision = decide_from_logits(rule, tree, logits, u, sampling, *compiled, rows=_ROWS)
+    decision = decide_from_logits(rule, tree, logits, u, sampling, *compiled, rows=_ROWS,
+                                  decide_walk=None if compiler is None else compiler.decide_walk)
     D = tree.max_depth
     draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros(1, dtype=torch.bool, device=logits.device)
     row = torch.cat([decision.packed()[0], tree.num_nodes[:1], draft_bad[:1].long()]).tolist()  # the one read

@@ -17,6 +17,11 @@ only on the support of ``q'`` (``L`` entries), and rule 2 only removes the
 tested tokens, so each rule runs on ``[B, n, L]`` and ``[B, n, C]`` tensors;
 the bonus row alone is rebuilt over the vocabulary.
 
+On a CPU the step verifies by a walk instead (:func:`decide_tree_walk`): the
+same rules (:func:`_node_rules`), decided only at the nodes visited, one depth at
+a time, so only ``max_depth + 1`` rows of ``p`` are made (docs/kernels.md,
+"Verification on a CPU: the walk").
+
 Workspace: on a CPU, uncompiled, :func:`decide_from_scores` writes the
 target's ``[B, n, V]`` tempered scores and law (torch's softmax, the same
 bits) into buffers kept per thread, sized by the largest law verified, instead
@@ -240,6 +245,7 @@ def decide_from_logits(
     decide_scores: Callable[..., tuple[torch.Tensor, ...]] | None = None,
     *,
     rows: str = "auto",
+    decide_walk: Callable[..., tuple[torch.Tensor, ...]] | None = None,
 ) -> TreeDecision:
     """The step's verification of ``tree`` from the target's ``logits`` ``[B, n, V]``.
 
@@ -247,21 +253,21 @@ def decide_from_logits(
     :func:`decide_tree_batch` on the one-hot rows, at ``T > 0`` by
     :func:`decide_from_scores` (the law up to a factor per row); ``decide`` and
     ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`).
-    ``rows="path"``: :func:`decide_tree_walk`, only the visited rows processed.
-    ``rows="auto"`` (the step's choice): the walk for uncompiled CPU logits, where
-    the work over the vocabulary, not the number of ops, sets the time (at 61
-    nodes and ``V = 128256``, 7 rows instead of 61); every node at once otherwise
-    (a GPU runs the ``n`` rows in parallel in about the time of one, and the
-    compiled graphs are the batch form). The same decisions either way, with
-    the same uniforms, except when a uniform falls within float rounding of a
-    threshold (``tests/verify/test_verify_walk.py``).
+    ``rows="path"``: :func:`decide_tree_walk` (``decide_walk`` replaces it, compiled),
+    only the visited rows processed. ``rows="auto"`` (the step's choice): the walk
+    for CPU logits, where the work over the vocabulary, not the number of ops,
+    sets the time (at 61 nodes and ``V = 128256``, at most 7 rows instead of 61);
+    every node at once on other devices (a GPU runs the ``n`` rows in parallel in
+    about the time of one, and launches fewer kernels). The same decisions either
+    way, with the same uniforms, except when a uniform falls within float rounding
+    of a threshold (``tests/verify/test_verify_walk.py``).
     """
     if rows not in VERIFY_ROWS:
         raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
     if rows == "auto":
-        rows = "path" if logits.device.type == "cpu" and decide is None and decide_scores is None else "all"
+        rows = "path" if logits.device.type == "cpu" else "all"
     if rows == "path":
-        return TreeDecision(*decide_tree_walk(rule, tree, logits, u, sampling))
+        return TreeDecision(*(decide_walk or decide_tree_walk)(rule, tree, logits, u, sampling))
     if sampling.greedy:  # one-hot rows
         if _in_workspace(logits):  # process_logits' one-hot rows, in this thread's buffer
             wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
