@@ -20,7 +20,8 @@ verifier's walk through ``StepVerifier``), at T=1, 60-node depth-6 trees:
    same stub models (``--vocab``, e.g. 4096): hardware-free, so it can be
    measured on a busy machine (the eager step path's op diet, issue 14).
 
-``--step-only`` skips the per-node path (``--real``, ``--stub-ops``).
+``--step-only`` skips the per-node path (``--real``, ``--stub-ops``). ``--rows all`` counts the
+verification's batch form (every node at once, what a GPU runs) instead of the CPU's walk.
 
 Usage::
 
@@ -41,6 +42,7 @@ import torch
 
 import specdec
 import specdec.generate as generate
+from specdec.step import verification_rows
 from specdec.testing.counter import KernelCounter, StepCounter
 
 METHODS = ("eagle3", "rheo")
@@ -211,12 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", default=None,
                     help="also the step path compiled with this backend (e.g. inductor): time (--stub), "
                          "ops and kernels dispatched (--stub-ops, --real)")
+    ap.add_argument("--rows", default="auto", choices=("auto", "all", "path"),
+                    help="the step's verification rows (specdec.step.verification_rows): auto (a CPU walks the "
+                         "visited nodes), all (every node at once: the GPU's form), path")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    with verification_rows(args.rows):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.compile:
         KernelCounter.profile_compiled_kernels()
-    out: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads}
+    out: dict[str, Any] = {"torch": torch.__version__, "threads": args.threads, "rows": args.rows}
     if args.stub:
         out["stub"] = stub(args.vocab, args.repeats, args.compile)
     if args.stub_ops:
