@@ -177,6 +177,7 @@ def _long_rows(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     q[2, -3:] = 0.25  # all mass in the last (short) group
     q[2, 5] = 0.25
     q[3, 40:] = 0.0  # fewer positive entries than places
+    q[3, 41::2] = -0.0  # (a -0.0 reads below +0.0 as integer bits)
     q[4] = float("nan")  # a bad row
     q[5] = (q[5] * 64).round() / 64  # very coarse: ties of zeros at the cut
     bad = torch.zeros(7, dtype=torch.bool)
