@@ -21,7 +21,8 @@ Usage::
 
 Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios; a
 row with options is compared with the ``eagle3`` row of the same options where the log has one
-(``rheo[rank_law=untempered]`` with ``eagle3[rank_law=untempered]``), else with ``eagle3``;
+(``rheo[rank_law=untempered]`` with ``eagle3[rank_law=untempered]``), else with ``eagle3``, unless
+``--eagle-row ROW=EAGLE_ROW`` names its comparison;
 ``--plot`` draws tau (± one standard error) against temperature, one line per row.
 """
 
@@ -128,6 +129,17 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
     return first, records, planned
 
 
+def _split_outside_brackets(spec: str) -> tuple[str, str, str]:
+    """``spec`` split at its first ``=`` outside brackets (a row's options carry their own):
+    ``(left, "=", right)``, or ``(spec, "", "")`` without one."""
+    depth = 0
+    for i, ch in enumerate(spec):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "=" and depth == 0:
+            return spec[:i], "=", spec[i + 1:]
+    return spec, "", ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", type=Path, nargs="+", help="the --out folder(s) of a specdec bench sweep")
@@ -138,20 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-at", action="append", default=[], metavar="ROW=OTHER@T1,T2",
                     help="ROW's cells at T1, T2 are OTHER's (the two rows are the same method there, e.g. "
                          "'rheo[rank_law=untempered]=rheo@0,1'); repeatable")
+    ap.add_argument("--eagle-row", action="append", default=[], metavar="ROW=EAGLE_ROW",
+                    help="compare rheo row ROW with EAGLE_ROW at every temperature where EAGLE_ROW has a cell "
+                         "(e.g. 'rheo[m=10,proxy=displaced]=eagle3[rank_law=untempered]': the eagle3 row of the "
+                         "current defaults); repeatable")
     args = ap.parse_args(argv)
     header, records, planned = read_logs(args.dirs)
     names = ", ".join(str(d / "runs.jsonl") for d in args.dirs)
     table = cells(records)
     for spec in args.same_at:
         rows_part, _, temps_part = spec.rpartition("@")
-        depth, cut = 0, -1  # the first "=" outside brackets (options carry their own)
-        for i, ch in enumerate(rows_part):
-            depth += {"[": 1, "]": -1}.get(ch, 0)
-            if ch == "=" and depth == 0:
-                cut = i
-                break
-        row, other = rows_part[:cut], rows_part[cut + 1:]
-        if cut < 0 or not row or not other or not temps_part:
+        row, sep, other = _split_outside_brackets(rows_part)
+        if not sep or not row or not other or not temps_part:
             ap.error(f"--same-at {spec!r}: expected ROW=OTHER@T1,T2")
         for t in (float(x) for x in temps_part.split(",")):
             if (row, t) in table:
@@ -159,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             if (other, t) not in table:
                 ap.error(f"--same-at {spec!r}: {other} has no cell at T={t:g}")
             table[(row, t)] = table.pop((other, t))
+    chosen_eagle: dict[str, str] = {}
+    for spec in args.eagle_row:
+        row, sep, other = _split_outside_brackets(spec)
+        if not sep or not row or not other:
+            ap.error(f"--eagle-row {spec!r}: expected ROW=EAGLE_ROW")
+        for name in (row, other):
+            if not any(r == name for r, _ in table):
+                ap.error(f"--eagle-row {spec!r}: no row {name!r} in these logs")
+        chosen_eagle[row] = other
     rows = sorted({r for r, _ in table}, key=lambda r: (r not in ("eagle3", "rheo"), r))
     temps = sorted({t for _, t in table})
     out: dict[str, Any] = {"dirs": [str(d) for d in args.dirs], "generations": len(records), "cells": [], "ratios": []}
@@ -181,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     for t in temps:
         for rheo_row in rheo_rows:
             # a rheo row with options is compared with the eagle3 row of the same options where there is one
-            # (rheo[rank_law=sampling] with eagle3[rank_law=sampling]), else with eagle3
+            # (rheo[rank_law=sampling] with eagle3[rank_law=sampling]), else with eagle3; --eagle-row overrides
             same = "eagle3" + rheo_row[len("rheo"):]
-            eagle_row = same if table.get((same, t)) else "eagle3"
+            eagle_row = chosen_eagle.get(rheo_row) or (same if table.get((same, t)) else "eagle3")
             rheo, eagle = table.get((rheo_row, t), {}), table.get((eagle_row, t), {})
             if not rheo or not eagle:
                 continue

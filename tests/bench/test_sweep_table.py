@@ -63,3 +63,21 @@ def test_same_at_refuses_what_it_cannot_do(tmp_path, logs_present, capsys, spec,
     with pytest.raises(SystemExit):
         table_module().main([*map(str, DIRS), "--same-at", spec])
     assert message in capsys.readouterr().err
+
+
+def test_eagle_row_names_the_comparison(tmp_path, logs_present):
+    plain = {(r["temperature"], r["row"]): r for r in run(tmp_path)["ratios"]}
+    assert plain[(0.3, "rheo")]["eagle_row"] == "eagle3"
+    chosen = {(r["temperature"], r["row"]): r
+              for r in run(tmp_path, "--eagle-row", "rheo=eagle3[rank_law=untempered]")["ratios"]}
+    assert chosen[(0.3, "rheo")]["eagle_row"] == "eagle3[rank_law=untempered]"
+    # the untempered eagle3 row (2.36) is ahead of the tempered one (2.13): the ratio moves
+    assert chosen[(0.3, "rheo")]["rheo_over_eagle3"][0] < plain[(0.3, "rheo")]["rheo_over_eagle3"][0]
+    assert (1.0, "rheo") not in chosen  # no eagle3[rank_law=untempered] cell at T = 1 in these logs
+
+
+@pytest.mark.parametrize("spec,message", [("rheo", "expected ROW=EAGLE_ROW"), ("rheo=eagle9", "no row 'eagle9'")])
+def test_eagle_row_refuses_what_it_cannot_do(tmp_path, logs_present, capsys, spec, message):
+    with pytest.raises(SystemExit):
+        table_module().main([*map(str, DIRS), "--eagle-row", spec])
+    assert message in capsys.readouterr().err
