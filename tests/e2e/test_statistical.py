@@ -86,6 +86,27 @@ def test_method_is_lossless(method: str, sampling_id: str) -> None:
     assert result.p_value > ALPHA, f"{method} at {sampling_id}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
 
 
+# RheoSampling with every slot sampled (m = K, docs/rheo_results.md "Every slot sampled"): the
+# settings measured there, through the same loop (the whole-tree enumeration is in tests/trees)
+EVERY_SLOT = {
+    "displaced": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "displaced"},
+    "geometric": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "geometric", "proxy_scale": 0.5},
+}
+
+
+@pytest.mark.parametrize("sampling_id", [pytest.param("T1"),
+                                         pytest.param("T0.6-topk3-topp0.9", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("proxy", sorted(EVERY_SLOT))
+def test_rheo_with_every_slot_sampled_is_lossless(proxy: str, sampling_id: str) -> None:
+    sampling = SAMPLINGS[sampling_id]
+    target, draft = make_models()
+    law = target.joint_law(PROMPT, NUM_TOKENS, sampling)
+    gen = SpeculativeGenerator(target=target, draft=draft, method="rheo", **EVERY_SLOT[proxy])
+    result = chi_square_test(sample_first_tokens(gen, sampling), law)
+    assert result.unexpected == 0
+    assert result.p_value > ALPHA, f"rheo m=K {proxy} at {sampling_id}: chi2={result.statistic:.1f} p={result.p_value:.2e}"
+
+
 def test_autoregressive_baseline_is_the_reference() -> None:
     sampling = SAMPLINGS["T0.6-topk3-topp0.9"]
     target, _ = make_models()

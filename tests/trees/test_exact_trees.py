@@ -106,6 +106,20 @@ CASES = [
         (1, 2),
         True,
     ),
+    # every slot sampled (m = K: no deterministic child, S empty, residual 1), with the proxies measured in
+    # docs/rheo_results.md ("Every slot sampled"): displaced keeps the draft's ranks, geometric a fixed shape
+    ("rheo-every-slot-displaced", RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="displaced"), "mixed", 3,
+     (1, 2), True),
+    ("rheo-every-slot-displaced-V4", RheoTreeBuilder(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="displaced"), "mixed", 4,
+     (3, 4), True),
+    (
+        "rheo-every-slot-geometric",
+        RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="geometric", proxy_scale=0.5),
+        "mixed",
+        3,
+        (5, 6),
+        True,
+    ),
     # the residual-mass proxy (the reconstruction's first choice, docs/trees.md)
     ("rheo-residual", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="residual"), "mixed", 3, (1, 2), True),
     ("rheo-residual-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="residual"), "mixed", 4, (3, 4), True),
