@@ -17,7 +17,7 @@ import torch
 import specdec
 from specdec import SamplingConfig
 from specdec.generate import SpeculativeGenerator
-from specdec.registry import list_registered
+from specdec.registry import get, list_registered
 from specdec.testing import MarkovLM, chi_square_test, random_markov_logits
 
 V = 4
@@ -89,7 +89,7 @@ def test_method_is_lossless(method: str, sampling_id: str) -> None:
 # RheoSampling with every slot sampled (m = K, docs/rheo_results.md "Every slot sampled"): the
 # settings measured there, through the same loop (the whole-tree enumeration is in tests/trees)
 EVERY_SLOT = {
-    "displaced": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "displaced"},
+    "displaced": {"K": 3, "m": 3, "M": 4, "depth": 3, "N": 8, "proxy": "displaced"},  # siblings kept: wor matters
     "geometric": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "geometric", "proxy_scale": 0.5},
 }
 
@@ -122,7 +122,7 @@ def test_autoregressive_baseline_is_the_reference() -> None:
 import attrs  # noqa: E402
 
 from specdec.rng import RandomSource  # noqa: E402
-from specdec.tree import DraftTree, NodeKind, SparseLaw  # noqa: E402
+from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw  # noqa: E402
 from specdec.trees.chain import ChainTreeBuilder  # noqa: E402
 from specdec.verify.base import NodeOutcome, Verifier  # noqa: E402
 
@@ -162,8 +162,21 @@ class MisreportedLawChain(ChainTreeBuilder):
         return attrs.evolve(tree, laws=laws)
 
 
+class IidRuleOnWorVerifier(get("verifier", "rejection-iid")):
+    """BROKEN: SpecInfer's i.i.d. rule (docs/verifiers.md) claimed for siblings drawn without
+    replacement, as RheoSampling's ``m > 1`` sampled children are: after a rejection the next
+    sibling is treated as a fresh draw from ``q`` instead of from ``q`` without the rejected token."""
+
+    registry_name = "mutant-iid-rule-on-wor"
+    supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
+
+
 def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> SpeculativeGenerator:
-    if name == "ratio-on-topk":
+    if name.startswith("iid-rule-on-wor-"):  # rheo with every slot sampled (EVERY_SLOT), the wrong rule
+        gen = SpeculativeGenerator(target=target, draft=draft, method="rheo",
+                                   **EVERY_SLOT[name.removeprefix("iid-rule-on-wor-")])
+        gen.verifier = IidRuleOnWorVerifier()
+    elif name == "ratio-on-topk":
         gen = generator_for("eagle2", target, draft)
         gen.verifier = RatioOnTopKVerifier()
     elif name == "misreported-law":
@@ -174,7 +187,8 @@ def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> Speculati
     return gen
 
 
-@pytest.mark.parametrize("mutant", ["ratio-on-topk", "misreported-law"])
+@pytest.mark.parametrize("mutant", ["ratio-on-topk", "misreported-law", "iid-rule-on-wor-displaced",
+                                    "iid-rule-on-wor-geometric"])
 def test_harness_catches_mutant(mutant: str) -> None:
     """The statistical test has power: each broken method fails it.
 
