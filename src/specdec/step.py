@@ -47,6 +47,7 @@ __all__ = [
     "StepOutcome",
     "commit_step",
     "emitted_logprobs",
+    "profile_steps",
     "speculative_step",
     "step_supported",
     "validate_steps",
@@ -382,3 +383,53 @@ def commit_step(target: TargetModel, draft: DraftModel | None, outcome: StepOutc
         draft.commit(result.tokens, target_hidden=hidden, device_tokens=outcome.device_tokens)
     else:
         draft.commit(result.tokens, target_hidden=hidden)
+
+
+def profile_steps(
+    target: TargetModel,
+    draft: DraftModel,
+    prompts: Any,
+    builder: TreeBuilder,
+    verifier: Verifier,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    steps_per_prompt: int,
+    *,
+    room: int,
+    name: str,
+) -> Iterator[tuple[StepOutcome, TreeBatch]]:
+    """The profiles' loop (Sequoia's acceptance, the bench's positional acceptance, Rheo's
+    calibrated proxy): for each prompt, ``steps_per_prompt`` speculative steps with ``builder``
+    and ``verifier``, each committed, so later steps profile generated text. Yields each step's
+    outcome and scored tree; holds both models (:mod:`specdec.lease`) and runs in inference mode.
+
+    Raises:
+        InvalidConfigError: an empty prompt.
+        ContextOverflowError: a prompt plus ``2 * steps_per_prompt + room`` tokens exceeds a
+            model's ``max_length``.
+    """
+    from specdec.errors import ContextOverflowError
+    from specdec.lease import hold
+
+    trials = 0
+    with hold(name, target=target, draft=draft), torch.inference_mode():  # one generation per model at a time
+        for prompt in prompts:
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise InvalidConfigError("prompts must be non-empty")
+            for model in (target, draft):
+                limit = getattr(model, "max_length", None)
+                if limit is not None and len(prompt) + 2 * steps_per_prompt + room > limit:
+                    raise ContextOverflowError(
+                        f"a {len(prompt)}-token prompt plus {steps_per_prompt} profiling steps of {room} nodes "
+                        f"exceeds max_length {limit} ({name})")
+            target.prefill(prompt)
+            draft.begin(prompt)
+            root = prompt[-1]
+            for _ in range(steps_per_prompt):
+                outcome, tree = speculative_step(target, draft, builder, verifier, sampling, rng, root,
+                                                 check_tree=trials == 0)
+                trials += 1
+                yield outcome, tree
+                commit_step(target, draft, outcome)
+                root = outcome.result.bonus_token

@@ -65,6 +65,9 @@ def test_runs_jsonl_has_a_header_and_every_generation(full_run):
     assert [r["sequence"] for r in log.records] == list(range(18))
 
 
+_REAL_WRITE = RunLogWriter.write
+
+
 def _interrupt_after(monkeypatch, n):
     """The n+1-th logged generation raises (as a kill would stop the sweep)."""
     real = RunLogWriter.write
@@ -319,3 +322,40 @@ def test_spec_bench_speedup_is_the_ratio_of_mean_per_answer_speeds():
     assert sd["greedy_equal"] == 0.5
     assert s["sd"]["task:mt_bench"]["speedup"] == pytest.approx(2.0) and s["sd"]["task:rag"]["speedup"] == 1.0
     assert s["sd"]["category:rag"]["greedy_equal"] == 0.0
+
+
+def test_a_calibrated_rheo_row_is_profiled_once_and_its_table_is_reused_on_resume(capsys, tiny_dirs, tmp_path,
+                                                                                   monkeypatch):
+    """``rheo[proxy=calibrated]``: the bench measures the table per T > 0 (none at T = 0), logs it in the
+    header and meta.json, gives it to the row's builder, and a resumed sweep reuses the logged table."""
+    import specdec.trees.rheo as rheo_module
+
+    args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+            "--methods", "rheo[m=2,proxy=calibrated]", "--budget", "3", "--depth", "2", "--num-prompts", "2",
+            "--max-new-tokens", "6", "--temperatures", "0,1", "--seeds", "0", "--ignore-eos", "--no-plots",
+            "--out", tmp_path / "out"]
+    profiles = []
+    real = rheo_module.profile_calibration
+
+    def counted(*a, **k):
+        profiles.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(rheo_module, "profile_calibration", counted)
+    _interrupt_after(monkeypatch, 5)
+    with pytest.raises(RuntimeError, match="killed"):
+        _run(capsys, *args)
+    assert len(profiles) == 1 and profiles[0]["draws"] == 2  # T = 1 only
+    header = read_runlog(tmp_path / "out").header
+    ((name, t, table),) = header["resolved"]["rheo_calibration"]
+    assert name == "rheo[m=2,proxy=calibrated]" and t == 1.0 and len(table) == 2
+    options = {(n, tt): o for n, tt, o in header["resolved"]["options"]}
+    assert options[(name, 1.0)]["calibration"] == table and "calibration" not in options[(name, 0.0)]
+    monkeypatch.setattr(RunLogWriter, "write", _REAL_WRITE)
+    code, stdout, err = _run(capsys, *args)
+    assert code == 0, err
+    assert "resuming" in err and len(profiles) == 1  # the logged table, not a new profile
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["rheo_calibration"] == {f"{name}@T=1": table}
+    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {r["method"] for r in records} == {"autoregressive", name}

@@ -91,6 +91,9 @@ def test_method_is_lossless(method: str, sampling_id: str) -> None:
 EVERY_SLOT = {
     "displaced": {"K": 3, "m": 3, "M": 4, "depth": 3, "N": 8, "proxy": "displaced"},  # siblings kept: wor matters
     "geometric": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "geometric", "proxy_scale": 0.5},
+    # a measured-looking table (docs/trees.md, "Proxies"): weak draws lifted far above their displaced weight
+    "calibrated": {"K": 3, "m": 3, "M": 4, "depth": 3, "N": 8, "proxy": "calibrated",
+                   "calibration": ((0.02, 0.05, 0.1, 0.3, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9),)},  # every draw: one row
 }
 
 
@@ -188,7 +191,7 @@ def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> Speculati
 
 
 @pytest.mark.parametrize("mutant", ["ratio-on-topk", "misreported-law", "iid-rule-on-wor-displaced",
-                                    "iid-rule-on-wor-geometric"])
+                                    "iid-rule-on-wor-geometric", "iid-rule-on-wor-calibrated"])
 def test_harness_catches_mutant(mutant: str) -> None:
     """The statistical test has power: each broken method fails it.
 

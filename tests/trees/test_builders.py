@@ -479,3 +479,71 @@ def test_builders_are_registered_with_their_kinds():
     assert EagleTreeBuilder.produces == {NodeKind.DETERMINISTIC}
     for name in ("chain", "static", "sequoia"):
         assert specdec.get("tree", name).produces == {NodeKind.SAMPLED}
+
+
+# ------------------------------------------------------------ the calibrated proxy (docs/trees.md, "Proxies")
+CAL = ((0.05, 0.1, 0.15, 0.2, 0.3, 0.6, 0.6, 0.6, 0.75, 0.8, 0.9),
+       (0.02, 0.04, 0.06, 0.08, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5))
+
+
+def test_rheo_calibrated_proxy_reads_the_table_at_the_displaced_weight_and_agrees_with_the_tensor_builder():
+    draft = table_draft({(): [0.35, 0.25, 0.2, 0.15, 0.05]}, 5)
+    builder = RheoTreeBuilder(K=4, m=3, depth=1, N=10, M=5, proxy="calibrated", calibration=CAL)
+    for seed in range(4):
+        tree = build(builder, draft, seed=seed)
+        kids = tree.sampled_children(0)
+        # displaced: q at ranks 1, 2, 3 = 0.25 (bin [0.2, 0.35)), 0.2 (same bin), 0.15 (bin [0.1, 0.2));
+        # rows 0, 1, then the last row again
+        assert [float(tree.weights[c]) for c in kids] == pytest.approx([0.6, 0.5, 0.5])
+        draft.begin([0])
+        fast = builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
+        assert fast.tokens.tolist() == tree.tokens.tolist()
+        assert fast.weights.tolist() == pytest.approx(tree.weights.tolist())
+
+
+@pytest.mark.parametrize("bad, message", [
+    (((0.5,) * 3,), "11 weights"),
+    (((1.5,) * 11,), r"\[0, 1\]"),
+    (((0.5, 0.4) + (0.5,) * 9,), "must not decrease"),
+    (((0.3,) * 11, (0.4,) * 11), "must not exceed row 0"),
+    ((), "non-empty"),
+    ("0.5", "non-empty"),
+])
+def test_rheo_calibration_table_is_checked(bad, message):
+    with pytest.raises(InvalidConfigError, match=message):
+        RheoTreeBuilder(m=2, proxy="calibrated", calibration=bad)
+
+
+def test_rheo_calibrated_proxy_without_a_table_fails_at_t_above_0_only():
+    draft = table_draft({(): [0.5, 0.3, 0.2]}, 3, default=[0.5, 0.3, 0.2])
+    builder = RheoTreeBuilder(K=2, m=2, depth=1, N=2, M=3, proxy="calibrated")
+    with pytest.raises(InvalidConfigError, match="calibration table"):
+        build(builder, draft)
+    with pytest.raises(InvalidConfigError, match="calibration table"):
+        builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+    greedy = build(builder, draft, sampling=SamplingConfig(temperature=0.0))  # T = 0: EAGLE-2's tree, no proxy
+    assert greedy.num_nodes == 3
+
+
+def test_profile_calibration_measures_acceptance_per_draw_and_bin():
+    from specdec.trees.rheo import CALIBRATION_EDGES, check_calibration, profile_calibration
+
+    same = CallableLM(lambda p: torch.log(torch.tensor([[0.72, 0.22, 0.06]] * len(p))), vocab_size=3)
+    table = profile_calibration(same, CallableLM(same.fn, 3), [[0], [1, 2]], T1, draws=3, M=3, steps_per_prompt=8)
+    assert check_calibration(table) == table and len(table) == 3
+    # p = q: the first draw is always accepted (16 of 16 in its bin [0.7, 0.9), 2 pseudo-draws at 0.8),
+    # the later ones never (bins [0.2, 0.35) and [0.05, 0.1), far below the midpoints 0.275 and 0.075 they
+    # start from); the isotonic fit pools the first row's bins 9 and 10 (0.95 unseen)
+    assert table[0][9] == pytest.approx((16 + 2 * 0.8 + 2 * 0.95) / 20)
+    assert table[1][6] < 0.06 and table[2][4] < 0.02
+    flip = CallableLM(lambda p: torch.log(torch.tensor([[0.06, 0.22, 0.72]] * len(p))), vocab_size=3)
+    low = profile_calibration(same, flip, [[0]], T1, draws=1, M=3, steps_per_prompt=16)
+    assert low[0][9] < 0.5 < table[0][9]  # a draft unlike the target: its top draws are rarely accepted
+    assert len(CALIBRATION_EDGES) == len(table[0])
+    for bad in (dict(draws=0), dict(steps_per_prompt=0), dict(prior=0)):
+        with pytest.raises(InvalidConfigError):
+            profile_calibration(same, same, [[0]], T1, **bad)
+    with pytest.raises(InvalidConfigError, match="T > 0"):
+        profile_calibration(same, same, [[0]], SamplingConfig(temperature=0.0))
+    with pytest.raises(InvalidConfigError, match="prompt"):
+        profile_calibration(same, same, [], T1)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import specdec
+from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees import (
@@ -32,6 +33,7 @@ from specdec.trees import (
 from specdec.trees import static as static_module
 from specdec.trees._common import draw_rows
 from specdec.trees.dynamic import DynamicNode
+from specdec.trees.rheo import calibrated_weight
 from specdec.verify.base import NodeOutcome, Verifier
 from specdec.verify.match import sample_and_match
 from specdec.verify.rejection import recursive_rejection
@@ -79,6 +81,15 @@ def run_case(builder, verifier_name, vocab, seeds, sampling, *, tied=True, check
     return deviation
 
 
+# a "calibrated" proxy table (rows: draw 0, later draws; a column per bin of CALIBRATION_EDGES); it lifts weak
+# draws far above their displaced weight (bin [0.1, 0.2) -> 0.6), so the tree's shape differs from the displaced one's
+CALIBRATED = ((0.05, 0.1, 0.15, 0.2, 0.3, 0.6, 0.6, 0.6, 0.75, 0.8, 0.9),
+              (0.02, 0.04, 0.06, 0.08, 0.1, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6))  # flat stretches: exact ties
+# a table that check_calibration refuses (a later draw may outweigh an earlier one): built past the check, it
+# breaks the output law (test_unordered_calibration_breaks_the_law)
+UNORDERED = ((0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.9, 0.2, 0.6, 0.4, 0.8),
+             (0.02, 0.04, 0.06, 0.08, 0.1, 0.7, 0.05, 0.5, 0.1, 0.3, 0.2))
+
 # name, builder, verifier, V, (target seed, draft seed), dynamic (check pruning/ties)
 CASES = [
     ("eagle-match", EagleTreeBuilder(K=2, B=1, depth=3, N=3), "match", 3, (1, 2), True),
@@ -120,6 +131,14 @@ CASES = [
         (5, 6),
         True,
     ),
+    # the calibrated proxy (docs/trees.md, "Proxies"): a measured table read at the displaced weight's bin;
+    # CALIBRATED is not monotone, so the tree's shape differs from the displaced one's
+    ("rheo-every-slot-calibrated", RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="calibrated",
+                                                   calibration=CALIBRATED), "mixed", 3, (3, 4), True),
+    ("rheo-calibrated-m2-V4", RheoTreeBuilder(K=3, m=2, B=2, depth=2, N=4, M=4, proxy="calibrated",
+                                              calibration=CALIBRATED), "mixed", 4, (3, 4), True),
+    ("rheo-every-slot-calibrated-V4", RheoTreeBuilder(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="calibrated",
+                                                      calibration=CALIBRATED), "mixed", 4, (5, 6), True),
     # the residual-mass proxy (the reconstruction's first choice, docs/trees.md)
     ("rheo-residual", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="residual"), "mixed", 3, (1, 2), True),
     ("rheo-residual-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="residual"), "mixed", 4, (3, 4), True),
@@ -279,6 +298,19 @@ class ProxyIsDraftProb(RheoTreeBuilder):
 
 
 @attrs.frozen
+class CalibratedAtDrawnToken(RheoTreeBuilder):
+    """Mutant: the calibrated proxy read at the drawn token's q(y) instead of the displaced weight."""
+
+    def propose(self, q, rng):
+        out = []
+        for q_row, row in zip(q, super().propose(q, rng)):
+            draws = iter(range(len(row)))
+            out.append([attrs.evolve(c, weight=calibrated_weight(float(q_row[c.token]), next(draws), self.calibration))
+                        if c.kind == NodeKind.SAMPLED else c for c in row])
+        return out
+
+
+@attrs.frozen
 class RecordsQInsteadOfQPrime(RheoTreeBuilder):
     """Mutant: draws from q' but records the full q as the sampled child's law."""
 
@@ -386,6 +418,7 @@ class DeterministicFirstVerifier(Verifier):
 
 
 SMALL = dict(K=2, m=1, B=1, depth=3, N=3, M=3)
+EVERY_SLOT_CALIBRATED = dict(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="calibrated", calibration=CALIBRATED)
 # name, mutant class, verifier (None = "mixed"), kwargs, V, seeds; settings found by search
 RHEO_MUTANTS = [
     ("proxy-q'(y)", ProxyIsTrueLaw, None, SMALL, 3, (3, 4)),
@@ -411,6 +444,7 @@ RHEO_MUTANTS = [
         3,
         (4, 5),
     ),
+    ("calibrated-at-drawn-token", CalibratedAtDrawnToken, None, EVERY_SLOT_CALIBRATED, 4, (5, 6)),
     (
         # found for the residual proxy; a short search found no small case for "displaced" or "scaled"
         "deterministic-first-verifier-residual",
@@ -502,3 +536,14 @@ def test_static_sibling_mutants_are_caught(monkeypatch, mutant_draw, mode, verif
     monkeypatch.setattr(static_module, "draw_rows", mutant_draw)
     broken = run_case(builder, verifier_name, 3, (1, 2), T1, tied=False)
     assert broken > BROKEN, f"{mutant_draw.__name__} was not caught ({broken:.3e})"
+
+
+def test_unordered_calibration_is_refused_and_would_break_the_law():
+    """Why check_calibration orders the table: with UNORDERED a later draw can outweigh an earlier one, the
+    global top-N keeps it without the earlier draw, and rule 4 no longer gives the target's law."""
+    with pytest.raises(InvalidConfigError, match="must not"):
+        RheoTreeBuilder(**dict(EVERY_SLOT_CALIBRATED, calibration=UNORDERED))
+    unchecked = RheoTreeBuilder(**EVERY_SLOT_CALIBRATED)
+    object.__setattr__(unchecked, "calibration", UNORDERED)  # past the check
+    assert run_case(RheoTreeBuilder(**EVERY_SLOT_CALIBRATED), "mixed", 4, (5, 6), T1) < EXACT
+    assert run_case(unchecked, "mixed", 4, (5, 6), T1) > BROKEN

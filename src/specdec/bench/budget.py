@@ -60,14 +60,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import ContextOverflowError, InvalidConfigError
+from specdec.errors import InvalidConfigError
 from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig
-from specdec.step import commit_step, speculative_step
+from specdec.step import profile_steps
 from specdec.targets.base import TargetModel
 from specdec.tree import SampleMode
 from specdec.trees.base import TreeBuilder
@@ -591,7 +590,6 @@ def profile_positional_acceptance(
         >>> profile_positional_acceptance(lm, flip, [[0]], SamplingConfig(temperature=0), 2)  # T=0: ranked by softmax
         (0.0, 1.0)
     """
-    from specdec.lease import hold
     from specdec.trees.static import StaticTreeBuilder
 
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
@@ -610,25 +608,11 @@ def profile_positional_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    with hold("profile_positional_acceptance", target=target, draft=draft):  # one generation per model at a time
-        for prompt in prompts:
-            prompt = [int(t) for t in prompt]
-            for model in (target, draft):
-                limit = getattr(model, "max_length", None)
-                if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max + 1 > limit:
-                    raise ContextOverflowError(f"a {len(prompt)}-token prompt leaves no room to profile (max_length {limit})")
-            with torch.inference_mode():
-                target.prefill(prompt)
-                draft.begin(prompt)
-                root = prompt[-1]
-                for _ in range(steps_per_prompt):
-                    outcome, tree = speculative_step(target, draft, builder, verifier, sampling, rng, root,
-                                                     check_tree=trials == 0)
-                    result = outcome.result
-                    trials += 1
-                    if result.accepted_nodes:
-                        first = result.accepted_nodes[0]
-                        counts[int(tree.draw_order[0, first])] += 1  # draw position (wor) or rank (topk)
-                    commit_step(target, draft, outcome)
-                    root = result.bonus_token
+    for outcome, tree in profile_steps(target, draft, prompts, builder, verifier, sampling, rng, steps_per_prompt,
+                                       room=k_max + 1, name="profile_positional_acceptance"):
+        result = outcome.result
+        trials += 1
+        if result.accepted_nodes:
+            first = result.accepted_nodes[0]
+            counts[int(tree.draw_order[0, first])] += 1  # draw position (wor) or rank (topk)
     return tuple(c / trials for c in counts)

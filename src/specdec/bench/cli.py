@@ -25,6 +25,11 @@ import attrs
 
 from specdec.errors import InvalidConfigError, SpecDecError
 
+CALIBRATION_STEPS_FACTOR = 4
+"""The calibrated proxy's profile runs this many times the preset's Sequoia profile steps per
+prompt (its table has a row per draw and a column per bin, so it needs more draws than
+Sequoia's one vector)."""
+
 __all__ = ["PRESETS", "Preset", "add_bench_parser", "bench_main", "report_main", "resolve_settings", "run_identity",
            "BenchSettings"]
 
@@ -424,6 +429,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     rendered: list[list[int]] = prep["rendered"]
     used = [prompts[i] for i in prep["used"]]
     sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = prep["sequoia_acc"]
+    rheo_cal: dict[tuple[str, float], Any] = prep.get("rheo_cal", {})
     auto_info: dict[str, Any] | None = prep["auto_info"]
     descriptions: dict[str, str] = prep["descriptions"]
     if resume is not None:
@@ -434,6 +440,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         budget, slots = logged_budget(res)
         auto_info = res.get("auto_budget")
         sequoia_acc = {(k, float(t)): tuple(v) for k, t, v in res.get("sequoia_acceptance", [])}
+        rheo_cal = {(k, float(t)): tuple(tuple(r) for r in v) for k, t, v in res.get("rheo_calibration", [])}
         profile_count = int(res.get("profile_prompts", 0))
         older = " (a log of one budget for every temperature)" if auto_info and isinstance(budget, B.Budget) else ""
         log(f"resuming {resume.path}: {len(resume.records)} of {resume.expected()} generations done; "
@@ -443,7 +450,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         log(f"tree budget{' (auto)' if auto_info else ''}: {B.budget_text(budget, slots)}")
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
                          ignore_eos=args.ignore_eos, batch_size=settings.batch_size, sampled_slots=slots)
-    options = row_options(config, sequoia_acc)
+    options = row_options(config, sequoia_acc, rheo_cal)
     from specdec.bench.runner import _jsonable
 
     expected = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)  # one per prompt
@@ -455,6 +462,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
             "budget": budget_entry(budget, slots, auto=auto_info is not None),
             "auto_budget": auto_info,
             "sequoia_acceptance": [[k, t, list(v)] for (k, t), v in sequoia_acc.items()],
+            "rheo_calibration": [[k, t, [list(r) for r in v]] for (k, t), v in rheo_cal.items()],
             "options": [[name, t, _jsonable(dict(o))] for (name, t), o in options.items()],
             "profile_prompts": profile_count,
             "profile_steps_per_prompt": settings.profile_steps,
@@ -545,7 +553,7 @@ def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings
     probe_budget = B.Budget(8, 4) if settings.budget == "auto" else settings.budget
     check_rows(models, BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, probe_budget))
     out: dict[str, Any] = {"rendered": rendered, "used": used, "descriptions": dict(models.descriptions),
-                           "sequoia_acc": {}, "auto_info": None, "budget": None, "sampled_slots": {},
+                           "sequoia_acc": {}, "rheo_cal": {}, "auto_info": None, "budget": None, "sampled_slots": {},
                            "profile_count": 0}
     if resolved is not None:
         return out
@@ -566,6 +574,21 @@ def prepare_sweep(models: Any, args: argparse.Namespace, settings: BenchSettings
                 models.targets[kind], models.drafts[kind], profile_prompts, SamplingConfig(temperature=t), 8,
                 children="wor", steps_per_prompt=settings.profile_steps)
             out["sequoia_acc"][(kind, t)] = B.smooth_acceptance(rates, len(profile_prompts) * settings.profile_steps)
+    for row in rows:  # rheo rows with the calibrated proxy and no table of their own: one table per T > 0
+        own = dict(row.options)
+        if (row.kind != "speculative" or not row.method or B.method_tree(row.method) != "rheo"
+                or own.get("proxy") != "calibrated" or "calibration" in own):
+            continue
+        from specdec.trees.rheo import profile_calibration
+
+        for t in settings.temperatures:
+            if t == 0:
+                continue  # no node is sampled at T = 0: the tree is EAGLE-2's, no proxy is read
+            log(f"profiling the calibrated proxy: {row.name}, T={t:g}")
+            out["rheo_cal"][(row.name, float(t))] = profile_calibration(
+                models.targets[row.draft], models.drafts[row.draft], profile_prompts, SamplingConfig(temperature=t),
+                draws=int(own.get("m", 10)), M=int(own.get("M", 1024)), rank_law=str(own.get("rank_law", "untempered")),
+                steps_per_prompt=CALIBRATION_STEPS_FACTOR * settings.profile_steps)
     if settings.budget == "auto":
         out["budget"], out["sampled_slots"], out["auto_info"] = _auto_budget(
             models, kinds or ["lm"], settings, profile_prompts, log, rows)
@@ -615,6 +638,7 @@ def _finish(args: argparse.Namespace, out_dir: Any, header: dict[str, Any], runs
             "budget": header["resolved"]["budget"],
             "auto_budget": header["resolved"]["auto_budget"],
             "sequoia_acceptance": {f"{k}@T={t:g}": v for k, t, v in header["resolved"]["sequoia_acceptance"]},
+            "rheo_calibration": {f"{k}@T={t:g}": v for k, t, v in header["resolved"].get("rheo_calibration", [])},
             "profile_prompts": header["resolved"]["profile_prompts"],
             "profile_steps_per_prompt": header["resolved"]["profile_steps_per_prompt"],
             "prompts": header["resolved"]["prompts"],

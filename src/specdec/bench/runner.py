@@ -445,7 +445,9 @@ def _generators(models: BenchModels, config: BenchConfig, options: Mapping[tuple
 
 
 def row_options(
-    config: BenchConfig, acceptance: Mapping[tuple[str, float], Sequence[float]] | None = None
+    config: BenchConfig,
+    acceptance: Mapping[tuple[str, float], Sequence[float]] | None = None,
+    calibration: Mapping[tuple[str, float], Any] | None = None,
 ) -> dict[tuple[str, float], dict[str, Any]]:
     """Builder options per (speculative row, temperature): the mapping of the
     temperature's budget (:func:`~specdec.bench.budget.method_options`), with
@@ -454,7 +456,9 @@ def row_options(
     slots ``m`` that ``config.sampled_slots`` gives the temperature (lowered to
     ``K - 1`` where a row's own ``K`` leaves no room for it); the row's own
     options override all of it key by key (a row's own ``m`` that the
-    budget's ``K`` has no room for raises ``K`` to ``m + 1``; ``N`` and ``d`` stay).
+    budget's ``K`` has no room for raises ``K`` to ``m``; ``N`` and ``d`` stay).
+    ``calibration`` maps ``(row name, T)`` to the table of a rheo row with ``proxy=calibrated``
+    (:func:`~specdec.trees.rheo.profile_calibration`), given to it as ``calibration``.
 
     Example:
         >>> rows = parse_rows("rheo,rheo[m=1]@lm,sd", ["lm"], add_baseline=False)
@@ -467,7 +471,7 @@ def row_options(
         (1, {'depth': 3})
         >>> row_options(attrs.evolve(config, rows=parse_rows("rheo[m=3]@lm", ["lm"], add_baseline=False)))[
         ...     ("rheo[m=3]@lm", 0.0)]
-        {'N': 8, 'depth': 4, 'K': 4, 'B': 2, 'm': 3}
+        {'N': 8, 'depth': 4, 'K': 3, 'B': 2, 'm': 3}
     """
     out = {}
     for row in config.rows:
@@ -485,6 +489,9 @@ def row_options(
             elif rheo and isinstance(own.get("m"), int) and "K" not in own and isinstance(opts.get("K"), int) \
                     and own["m"] > opts["K"]:
                 opts["K"] = own["m"]  # the row's m needs m <= K: widen the nodes' children (N and d stay)
+            table = (calibration or {}).get((row.name, float(t)))
+            if table is not None and "calibration" not in own:
+                opts["calibration"] = table
             out[(row.name, t)] = opts
     return out
 

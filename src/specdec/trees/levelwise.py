@@ -154,6 +154,7 @@ def rheo_level(
     proxy_scale: float,
     live: torch.Tensor | None = None,
     draw: torch.Tensor | DraftLaw | None = None,
+    calibration: tuple[tuple[float, ...], ...] | None = None,
 ) -> LevelChildren:
     """RheoSampling's children (the tensor form of :func:`~specdec.trees.rheo.rheo_proposal`;
     docs/trees.md, "RheoSampling"): per node, ``m`` sampled children drawn from
@@ -167,9 +168,10 @@ def rheo_level(
     deterministic weights, the displaced proxy) and ``q'`` is the top
     ``M - (K - m)`` entries of ``draw`` outside ``S``, renormalised; the
     residual (slot test, threshold, scaled proxy) is ``draw``'s ``1 - draw(S)``.
+    ``calibration``: the ``"calibrated"`` proxy's table (:func:`calibrated_proxy`).
     """
     if draw is not None:
-        return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live)
+        return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live, calibration)
     R = q.shape[0]
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
     dev = ids.device
@@ -180,10 +182,12 @@ def rheo_level(
     residual = slot_residual(probs[:, : K - m])  # [R] 1 - q(S), from S's entries (0 padded)
     has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
-    if proxy == "displaced":
+    if proxy in ("displaced", "calibrated"):
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
-        sampled_w = cand_probs.gather(-1, rank)
+        sampled_w = cand_probs.gather(-1, rank)  # [R, m]
+        if proxy == "calibrated":
+            sampled_w = calibrated_proxy(sampled_w, calibration)
     elif m == 1:  # one draw: c * residual (c = 1 for "residual"), the split's bits
         c = 1.0 if proxy == "residual" else proxy_scale
         sampled_w = torch.clamp(c * residual, max=1.0).unsqueeze(-1)  # [R, 1]
@@ -204,6 +208,7 @@ def _rheo_level_split(
     proxy: str,
     proxy_scale: float,
     live: torch.Tensor | None,
+    calibration: tuple[tuple[float, ...], ...] | None = None,
 ) -> LevelChildren:
     """:func:`rheo_level` ranking by ``q`` and drawing by ``draw`` (see there)."""
     R = q.shape[0]
@@ -221,14 +226,40 @@ def _rheo_level_split(
     residual = slot_residual(_law_at(draw, det_ids))  # [R] 1 - draw(S), from S's entries
     has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
-    if proxy == "displaced":  # the ranking law's q at rank K - m + i, or at its last positive rank
+    if proxy in ("displaced", "calibrated"):  # the ranking law's q at rank K - m + i, or at its last positive rank
         n_pos = (ids >= 0).sum(dim=-1, keepdim=True)  # [R, 1]
         rank = torch.minimum(torch.arange(K - m, K, device=dev), (n_pos - 1).clamp_min(0))  # [R, m]
-        sampled_w = probs.gather(-1, rank)
+        sampled_w = probs.gather(-1, rank)  # [R, m]
+        if proxy == "calibrated":
+            sampled_w = calibrated_proxy(sampled_w, calibration)
     else:
         sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids, probs, cand_ids,
                           law_probs, m)
+
+
+@device_constant()
+def _calibration_tensors(table: tuple[tuple[float, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, bins]`` table and ``[bins - 1]`` upper bin edges of the ``"calibrated"`` proxy."""
+    from specdec.trees.rheo import CALIBRATION_EDGES
+
+    return (torch.tensor(table, dtype=torch.float64, device=device),
+            torch.tensor(CALIBRATION_EDGES[1:], dtype=torch.float64, device=device))
+
+
+def calibrated_proxy(displaced: torch.Tensor, calibration: tuple[tuple[float, ...], ...] | None) -> torch.Tensor:
+    """``[R, m]`` weights of the ``"calibrated"`` proxy from the displaced ones ``[R, m]``
+    (the tensor form of :func:`specdec.trees.rheo.calibrated_weight`): draw ``i`` reads row
+    ``min(i, rows - 1)`` of ``calibration`` at its displaced weight's bin of
+    :data:`specdec.trees.rheo.CALIBRATION_EDGES`. The table and edges are made once per table and device."""
+    from specdec.trees.rheo import _need_table
+
+    dev = displaced.device
+    t, upper = _calibration_tensors(_need_table(calibration), dev)  # [rows, bins], [bins - 1]
+    m = displaced.shape[-1]
+    row = torch.arange(m, device=dev).clamp_max(t.shape[0] - 1)  # [m]
+    b = torch.bucketize(displaced.to(torch.float64).contiguous(), upper, right=True)  # [R, m] bin per weight
+    return t[row.unsqueeze(0).expand_as(b), b]
 
 
 def _split_proxy(residual: torch.Tensor, was_drawn: torch.Tensor, proxy: str, proxy_scale: float) -> torch.Tensor:

@@ -397,8 +397,7 @@ def profile_acceptance(
     Returns:
         ``(a_1, ..., a_k_max)``.
     """
-    from specdec.step import commit_step, speculative_step  # the generation step (import here: no cycle)
-    from specdec.lease import hold
+    from specdec.step import profile_steps  # the generation step (import here: no cycle)
     from specdec.trees.static import StaticTreeBuilder
 
     check_int("k_max", k_max, 1)
@@ -410,29 +409,12 @@ def profile_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    with hold("profile_acceptance", target=target, draft=draft):  # one generation per model at a time (specdec.lease)
-        for prompt in prompts:
-            prompt = [int(t) for t in prompt]
-            if not prompt:
-                raise InvalidConfigError("prompts must be non-empty")
-            for model in (target, draft):
-                limit = getattr(model, "max_length", None)
-                if limit is not None and len(prompt) + 2 * steps_per_prompt + k_max > limit:
-                    raise ContextOverflowError(
-                        f"a {len(prompt)}-token prompt plus {steps_per_prompt} profiling steps of "
-                        f"{k_max} children exceeds max_length {limit}"
-                    )
-            target.prefill(prompt)
-            draft.begin(prompt)
-            root = prompt[-1]
-            for _ in range(steps_per_prompt):
-                outcome, tree = speculative_step(target, draft, builder, check, sampling, rng, root, check_tree=trials == 0)
-                result = outcome.result
-                trials += 1
-                if result.accepted_nodes:
-                    counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
-                commit_step(target, draft, outcome)
-                root = result.bonus_token
+    for outcome, tree in profile_steps(target, draft, prompts, builder, check, sampling, rng, steps_per_prompt,
+                                       room=k_max, name="profile_acceptance"):
+        result = outcome.result
+        trials += 1
+        if result.accepted_nodes:
+            counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
     return tuple(c / trials for c in counts)
 
 
