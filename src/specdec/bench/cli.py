@@ -429,7 +429,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     rendered: list[list[int]] = prep["rendered"]
     used = [prompts[i] for i in prep["used"]]
     sequoia_acc: dict[tuple[str, float], tuple[float, ...]] = prep["sequoia_acc"]
-    rheo_cal: dict[tuple[str, float], Any] = prep.get("rheo_cal", {})
+    rheo_cal: dict[tuple[str, float], Any] = prep["rheo_cal"]
     auto_info: dict[str, Any] | None = prep["auto_info"]
     descriptions: dict[str, str] = prep["descriptions"]
     if resume is not None:

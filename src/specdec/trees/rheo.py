@@ -139,8 +139,12 @@ def calibrated_weight(displaced: float, draw: int, table: Calibration) -> float:
         >>> calibrated_weight(0.3, 0, table), calibrated_weight(0.001, 1, table), calibrated_weight(0.007, 5, table)
         (0.5, 0.0, 0.1)
     """
-    b = max(0, bisect.bisect_right(CALIBRATION_EDGES, displaced) - 1)
-    return table[min(draw, len(table) - 1)][b]
+    return table[min(draw, len(table) - 1)][_bin(displaced)]
+
+
+def _bin(weight: float) -> int:
+    """The bin of ``weight`` among :data:`CALIBRATION_EDGES` (the last edge ``<= weight``)."""
+    return max(0, bisect.bisect_right(CALIBRATION_EDGES, weight) - 1)
 
 
 def rheo_proposal(
@@ -507,7 +511,7 @@ def profile_calibration(
         accepted = result.accepted_nodes[0] if result.accepted_nodes else -1
         for node, (i, w) in enumerate(zip(tree.draw_order[0, 1:n].tolist(), tree.weights[0, 1:n].tolist()), start=1):
             if i < draws:  # the i-th draw, its displaced weight's bin
-                b = max(0, bisect.bisect_right(CALIBRATION_EDGES, w) - 1)
+                b = _bin(w)
                 seen[i, b] += 1
                 hits[i, b] += float(node == accepted)
     upper = list(CALIBRATION_EDGES[1:]) + [1.0]
