@@ -1,9 +1,10 @@
 """Static trees (chain, SpecInfer, Sequoia) keep their laws over a draft's proposal vocabulary.
 
 An EAGLE-3 draft proposes over ``Vd`` of the target's ``V`` ids (``DraftModel.proposal_ids``);
-``grow_static`` records each node's law over those ``Vd`` columns, so the rejection verifiers'
-residual work is ``[B, n, Vd]`` instead of ``[B, n, V]`` (at Gemma-3's V = 262,144 and Vd = 16,384,
-16x less). The draws stay over ``V``: the trees, and so the outputs, are those of the full-width law.
+``grow_static`` records each node's law, and draws its children, over those ``Vd`` columns, so the
+draws and the rejection verifiers' residual work are ``[., Vd]`` instead of ``[., V]`` (at Gemma-3's
+V = 262,144 and Vd = 16,384, 16x less). The trees, and so the outputs, are those of the full-width law,
+draw for draw (the columns are ascending and the others hold 0, so the cumulative sums are the same bits).
 """
 
 from __future__ import annotations

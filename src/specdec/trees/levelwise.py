@@ -172,10 +172,8 @@ def rheo_level(
     """
     if draw is not None:
         return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live, calibration)
-    R = q.shape[0]
-    ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)]
+    ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)] with R = q.shape[0]
     dev = ids.device
-    det_ids = ids[:, : K - m]  # [R, K - m]
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
@@ -211,8 +209,7 @@ def _rheo_level_split(
     calibration: tuple[tuple[float, ...], ...] | None = None,
 ) -> LevelChildren:
     """:func:`rheo_level` ranking by ``q`` and drawing by ``draw`` (see there)."""
-    R = q.shape[0]
-    ids, probs = top_tokens_fixed(q, K)  # [R, K] the ranking law's top K
+    ids, probs = top_tokens_fixed(q, K)  # [R, K] the ranking law's top K (R = q.shape[0])
     dev = ids.device
     det_ids = ids[:, : K - m]  # [R, K - m] S
     # q' ranks the draw law outside S: S's K - m tokens leave the draw law's top M (order kept), the first L stay

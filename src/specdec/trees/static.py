@@ -262,9 +262,11 @@ def grow_static(
     valid = torch.zeros(B, n, dtype=torch.bool, device=dev)
     valid[:, 0] = True
     weights = torch.ones(B, n, dtype=torch.float64, device=dev)
-    # the laws are kept over the draft's proposal vocabulary when it declares one (EAGLE-3: Vd of V columns), so
-    # the verifier's residual work is [B, n, Vd], not [B, n, V]; the draws stay over V (the same trees). A law
-    # with mass outside the declared vocabulary is flagged like a bad draft row: never silently cut.
+    # the laws are kept, and the children drawn, over the draft's proposal vocabulary when it declares one
+    # (EAGLE-3: Vd of V columns), so the draws and the verifier's residual work are [., Vd], not [., V]. The
+    # trees are those of the full-width law, draw for draw: the Vd columns are ascending and every other column
+    # is 0, so the left-to-right cumulative sums the draws read (row_mass, inverse_cdf_rows) are the same bits.
+    # A law with mass outside the declared vocabulary is flagged like a bad draft row: never silently cut.
     cols = draft.proposal_ids  # [Vd] ascending target ids, or None (all V)
     inside: torch.Tensor | None = None  # [V] bool, True in the proposal vocabulary
     if cols is not None:
@@ -288,19 +290,21 @@ def grow_static(
             draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
             next_id += R
         if inside is None:
-            law_probs[:, expanded] = q
+            q_law = q  # [B, R, L] with L = V
         else:
-            law_probs[:, expanded] = q.index_select(-1, cols)  # [B, R, Vd]
+            q_law = q.index_select(-1, cols)  # [B, R, L] with L = Vd
             leak = (q.masked_fill(inside, 0.0) > 0).any(dim=-1)  # [B, R] mass outside the proposal vocabulary
             draft_bad = draft_bad | (leak & alive).any(dim=1)
+        law_probs[:, expanded] = q_law
         # R consecutive rows per tree: a RowStreams source draws its tree's rows, as the tree would alone
-        drawn = draw_rows(q.reshape(B * R, vocab), width, mode, rng, alive.reshape(B * R),
-                          counts=counts.repeat(B)).reshape(B, R, width)  # token ids, -1 = none
-        tok = drawn[:, child_rows, child_slots]  # [B, k]
-        valid[:, nodes] = tok >= 0
-        tokens[:, nodes] = torch.where(tok >= 0, tok, root.unsqueeze(1))
-        q_child = q[:, child_rows].gather(-1, tok.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, k]
-        weights[:, nodes] = torch.where(tok >= 0, q_child, 0.0)
+        drawn = draw_rows(q_law.reshape(B * R, law_width), width, mode, rng, alive.reshape(B * R),
+                          counts=counts.repeat(B)).reshape(B, R, width)  # law columns, -1 = none
+        col = drawn[:, child_rows, child_slots]  # [B, k] law column of each child, -1 = none
+        tok = col if cols is None else torch.where(col >= 0, cols[col.clamp_min(0)], -1)  # [B, k] token ids
+        valid[:, nodes] = col >= 0
+        tokens[:, nodes] = torch.where(col >= 0, tok, root.unsqueeze(1))
+        q_child = q_law[:, child_rows].gather(-1, col.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, k]
+        weights[:, nodes] = torch.where(col >= 0, q_child, 0.0)
     # pack each tree's kept nodes first, breadth first (the order build_static_tree adds them in)
     index = torch.arange(n, device=dev).expand(B, n)
     order = torch.sort(torch.where(valid, index, index + n), dim=1).values
