@@ -30,3 +30,19 @@ def test_one_node_budget_does_not_test_the_rheo_goal():
     recs = [_rec("eagle3", 1.0, 1.29, 1.0, 1), _rec("rheo", 1.0, 1.25, 1.0, 1)]
     (line,) = [x for x in goal_lines(goal_summary(recs)) if x.startswith("T=1: rheo")]
     assert "not tested at a 1-node budget" in line and "NOT met" not in line
+
+
+def test_the_results_table_prints_row_names_with_options_whole():
+    # "[m=10,proxy=calibrated]" looks like rich markup; printed as markup it vanished and two
+    # rows read "rheo".
+    from rich.console import Console
+
+    from specdec.bench.report import results_table
+
+    recs = [dict(_rec(name, 1.0, 1.8, 0.2, 60), tokens_per_s=2.0, target_forwards=10, new_tokens=18,
+                 acceptance_by_depth=[0.5], matches_autoregressive=None)
+            for name in ("rheo", "rheo[m=10,proxy=calibrated]", "[bold]x")]
+    console = Console(record=True, width=400)
+    console.print(results_table(recs))
+    text = console.export_text()
+    assert "rheo[m=10,proxy=calibrated]" in text and "[bold]x" in text

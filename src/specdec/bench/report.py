@@ -61,6 +61,7 @@ def _split(rec: Mapping[str, Any]) -> str:
 def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec bench") -> Any:
     """A :class:`rich.table.Table` of the records (one row per method and temperature)."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, show_lines=False)
     for col, just in (("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"),
@@ -74,8 +75,8 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
         tau = _fmt(rec["tau"])
         if rec.get("tau_stderr") is not None and not math.isnan(rec["tau_stderr"]) and rec["kind"] != "autoregressive":
             tau += f"±{rec['tau_stderr']:.2f}"
-        table.add_row(
-            rec["method"], rec.get("draft") or "-", f"{rec['temperature']:g}", tau,
+        table.add_row(  # names as Text: "rheo[m=2]" is a row name, not rich markup
+            Text(rec["method"]), Text(rec.get("draft") or "-"), f"{rec['temperature']:g}", tau,
             _fmt(rec["tokens_per_s"], ".1f"), _fmt(rec["speedup"], ".2f") + "x", acc or "-", _split(rec),
             str(rec["target_forwards"]), str(rec["new_tokens"]),
             "-" if match is None else f"{100 * match:.0f}%",
@@ -557,6 +558,7 @@ def spec_bench_report(header: Mapping[str, Any], runs: Sequence[Any], *, console
     (:func:`spec_bench_summary`: both levels). Returns 0."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, SPEC_BENCH_TASK_NAMES
 
@@ -577,7 +579,7 @@ def spec_bench_report(header: Mapping[str, Any], runs: Sequence[Any], *, console
                      for t in SPEC_BENCH_TASK_NAMES]
             o = g["overall"]
             eq = o.get("greedy_equal")
-            table.add_row(method, *cells, _fmt(o["mean_accepted_tokens"]), _fmt(o["speedup"]) + "x",
+            table.add_row(Text(method), *cells, _fmt(o["mean_accepted_tokens"]), _fmt(o["speedup"]) + "x",
                           _fmt(o["walltime"], ".3f"), "-" if eq is None else f"{100 * eq:.0f}%")
         console.print(table)
         long = Table(title=f"Spec-Bench report, {tkey}, per {by}")
@@ -591,7 +593,7 @@ def spec_bench_report(header: Mapping[str, Any], runs: Sequence[Any], *, console
                 if e is None:
                     continue
                 eq = e.get("greedy_equal")
-                long.add_row(method, name, str(e["runs"]), _fmt(e["mean_accepted_tokens"]), _fmt(e["speedup"]) + "x",
+                long.add_row(Text(method), name, str(e["runs"]), _fmt(e["mean_accepted_tokens"]), _fmt(e["speedup"]) + "x",
                              _fmt(e["walltime"], ".3f"), _fmt(e["tokens_per_s"], ".1f"),
                              "-" if eq is None else f"{100 * eq:.0f}%")
         console.print(long)
