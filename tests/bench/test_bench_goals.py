@@ -1,4 +1,4 @@
-"""The goal lines that `specdec bench` prints (specdec.bench.report.goal_summary / goal_lines)."""
+"""What `specdec bench` prints: the goal lines (specdec.bench.report.goal_summary / goal_lines) and the results table."""
 
 from __future__ import annotations
 
