@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from specdec.bench.budget import (
     Budget,
+    budget_text,
     choose_budget,
     dynamic_width,
     linear_level_time,
@@ -40,6 +41,12 @@ def test_parse_budget():
         parse_budget("auto", depth=3)
     with pytest.raises(InvalidConfigError):
         Budget(0, 1)
+
+
+def test_a_budget_reads_in_words_with_one_node_singular():
+    assert str(Budget(60, 6)) == "60 nodes, depth 6"
+    assert str(Budget(1, 1)) == "1 node, depth 1"
+    assert budget_text({0.8: Budget(1, 1), 1.0: Budget(3, 1)}, {0.8: 2}) == "T=0.8: 1 node, depth 1 (rheo m=2); T=1: 3 nodes, depth 1"
 
 
 def _size(widths):

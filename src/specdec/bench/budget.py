@@ -124,7 +124,8 @@ class Budget:
                 raise InvalidConfigError(f"budget {name} must be an int >= 1, got {value!r}")
 
     def __str__(self) -> str:
-        return f"{self.nodes} nodes, depth {self.depth}"
+        """``"4 nodes, depth 2"``; ``"1 node, depth 1"``."""
+        return f"{self.nodes} node{'' if self.nodes == 1 else 's'}, depth {self.depth}"
 
 
 def parse_budget(text: str, depth: int | None = None) -> Budget | str:
