@@ -46,7 +46,8 @@ def test_parse_budget():
 def test_a_budget_reads_in_words_with_one_node_singular():
     assert str(Budget(60, 6)) == "60 nodes, depth 6"
     assert str(Budget(1, 1)) == "1 node, depth 1"
-    assert budget_text({0.8: Budget(1, 1), 1.0: Budget(3, 1)}, {0.8: 2}) == "T=0.8: 1 node, depth 1 (rheo m=2); T=1: 3 nodes, depth 1"
+    per_t = {0.8: Budget(1, 1), 1.0: Budget(3, 1)}
+    assert budget_text(per_t, {0.8: 2}) == "T=0.8: 1 node, depth 1 (rheo m=2); T=1: 3 nodes, depth 1"
 
 
 def _size(widths):
