@@ -89,6 +89,12 @@ SAME = ("target", "draft", "eagle2_head", "eagle3_head", "max_new_tokens", "budg
         "max_prompt_tokens", "prompts", "seeds")
 
 
+def _greedy_only(cfg: dict[str, Any]) -> bool:
+    """Whether a run's every temperature is 0 (``specdec bench`` then runs only the first of its seeds)."""
+    temps = cfg.get("temperatures")
+    return bool(temps) and all(float(t) == 0 for t in temps)
+
+
 def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """The merged records of one or more run folders: ``(first header, records, planned generations)``.
 
@@ -109,6 +115,9 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
             first = header
         else:
             diff = [k for k in SAME if cfg.get(k) != first["config"].get(k)]
+            if "seeds" in diff and (_greedy_only(cfg) or _greedy_only(first["config"])) \
+                    and (cfg.get("seeds") or [None])[:1] == (first["config"].get("seeds") or [None])[:1]:
+                diff.remove("seeds")  # at T = 0 `specdec bench` runs the first seed alone: the same generations
             if diff:
                 raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: {', '.join(diff)} differ")
         exp = header.get("resolved", {}).get("expected_runs")
@@ -216,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             md.append(f"| {t:g} | {rheo_row} | {r:.3f} [{lo:.3f}, {hi:.3f}]{vs} | "
                       + (f"{rs[0]:.3f} [{rs[1]:.3f}, {rs[2]:.3f}] ({best})" if best else "") + f" | {n} |")
     expected = header.get("config", {})
+    seeds = sorted({r["seed"] for r in records})
     md.insert(0, f"{len(records)} of {planned} generations from {names} "
-                 f"({expected.get('prompts', {}).get('count', '?')} prompts, seeds {expected.get('seeds', '?')}); "
+                 f"({expected.get('prompts', {}).get('count', '?')} prompts, seeds {seeds}); "
                  "tau ± standard error (prompts per cell)\n")
     text = "\n".join(md)
     print(text)

@@ -1,5 +1,6 @@
 """``benchmarks/rheo_sweep_table.py`` on the committed SmolLM2 sweep logs (issue 19): merging folders,
-``--same-at`` and the comparison of a rheo row with the eagle3 row of the same options."""
+``--same-at`` and the comparison of a rheo row with the eagle3 row of the same options; and, on small
+logs written here, which folders of other seeds merge."""
 
 from __future__ import annotations
 
@@ -81,3 +82,37 @@ def test_eagle_row_refuses_what_it_cannot_do(tmp_path, logs_present, capsys, spe
     with pytest.raises(SystemExit):
         table_module().main([*map(str, DIRS), "--eagle-row", spec])
     assert message in capsys.readouterr().err
+
+
+def write_log(folder: Path, temperature: float, seeds: list[int], run_seeds: list[int]) -> Path:
+    """A two-prompt run log of eagle3 and rheo at one temperature, as ``specdec bench`` writes it."""
+    folder.mkdir()
+    config = {"target": "smollm2", "max_new_tokens": 8, "budget": {"nodes": 4, "depth": 2},
+              "prompts": {"count": 2}, "temperatures": [temperature], "seeds": seeds}
+    records = [{"row": row, "temperature": temperature, "prompt_index": p, "seed": s, "emitted": 8, "steps": steps}
+               for row, steps in (("eagle3", 4), ("rheo", 4 if temperature == 0 else 2))
+               for p in (0, 1) for s in run_seeds]
+    lines = [{"config": config, "resolved": {"expected_runs": len(records)}}, *records]
+    (folder / "runs.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    return folder
+
+
+def test_a_greedy_run_of_the_first_seed_joins_a_sweep_of_three_seeds(tmp_path):
+    # at T = 0 the bench runs only the first seed, so `--seeds 0` and `--seeds 0,1,2` log the same generations
+    greedy = write_log(tmp_path / "t0", 0.0, [0], [0])
+    sampled = write_log(tmp_path / "t1", 1.0, [0, 1, 2], [0, 1, 2])
+    for dirs in ([greedy, sampled], [sampled, greedy]):
+        out = tmp_path / "out.json"
+        assert table_module().main([*map(str, dirs), "--json", str(out)]) == 0
+        cells = {(c["row"], c["temperature"]): c["tau"] for c in json.loads(out.read_text())["cells"]}
+        assert cells[("rheo", 0.0)] == 2.0 and cells[("rheo", 1.0)] == 4.0
+
+
+@pytest.mark.parametrize("first,second", [
+    ((0.0, [1], [1]), (1.0, [0, 1, 2], [0, 1, 2])),  # the greedy run used another seed
+    ((1.0, [0], [0]), (1.0, [0, 1, 2], [0, 1, 2])),  # two sampled runs of different seeds
+])
+def test_runs_of_other_seeds_are_refused(tmp_path, first, second):
+    dirs = [write_log(tmp_path / "a", *first), write_log(tmp_path / "b", *second)]
+    with pytest.raises(SystemExit, match="not part of the same sweep .*: seeds differ"):
+        table_module().main(list(map(str, dirs)))
