@@ -86,13 +86,15 @@ def ratio_interval(a: dict, b: dict, *, resamples: int = 2000, seed: int = 0) ->
 
 #: header config keys that must agree for folders to merge into one sweep table
 SAME = ("target", "draft", "eagle2_head", "eagle3_head", "max_new_tokens", "budget", "ignore_eos", "batch_size",
-        "max_prompt_tokens", "prompts", "seeds")
+        "max_prompt_tokens", "prompts")
 
 
-def _greedy_only(cfg: dict[str, Any]) -> bool:
-    """Whether a run's every temperature is 0 (``specdec bench`` then runs only the first of its seeds)."""
-    temps = cfg.get("temperatures")
-    return bool(temps) and all(float(t) == 0 for t in temps)
+def seeds_run(cfg: dict[str, Any]) -> tuple[list[Any], bool]:
+    """``(seeds, greedy_only)``: the seeds a run's folder holds, and whether its every temperature is 0
+    (``specdec bench`` then runs only the first of its ``--seeds``)."""
+    temps, seeds = cfg.get("temperatures"), list(cfg.get("seeds") or [])
+    greedy_only = bool(temps) and all(float(t) == 0 for t in temps)
+    return (seeds[:1] if greedy_only else seeds), greedy_only
 
 
 def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
@@ -100,29 +102,31 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
 
     Raises ``SystemExit`` with the reason when the folders are not parts of one sweep.
     """
-    first: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = []
-    where: dict[tuple[Any, ...], Path] = {}
-    planned = 0
+    logs: list[tuple[Path, dict[str, Any], list[str]]] = []
     for d in dirs:
         path = d / "runs.jsonl"
         if not path.is_file():
             raise SystemExit(f"{path}: no run log (is {d} the --out folder of a specdec bench run?)")
         lines = path.read_text().splitlines()
-        header = json.loads(lines[0])
-        cfg = header.get("config", {})
-        if first is None:
-            first = header
-        else:
-            diff = [k for k in SAME if cfg.get(k) != first["config"].get(k)]
-            if "seeds" in diff and (_greedy_only(cfg) or _greedy_only(first["config"])) \
-                    and (cfg.get("seeds") or [None])[:1] == (first["config"].get("seeds") or [None])[:1]:
-                diff.remove("seeds")  # at T = 0 `specdec bench` runs the first seed alone: the same generations
-            if diff:
-                raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: {', '.join(diff)} differ")
+        logs.append((d, json.loads(lines[0]), lines[1:]))
+    first = logs[0][1]
+    for d, header, _ in logs[1:]:
+        diff = [k for k in SAME if header.get("config", {}).get(k) != first["config"].get(k)]
+        if diff:
+            raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: {', '.join(diff)} differ")
+    # the folders of T > 0 hold the same seeds; a folder of T = 0 alone holds the first of them
+    seeds = [(d, *seeds_run(header.get("config", {}))) for d, header, _ in logs]
+    ref_dir, ref, _ = next((s for s in seeds if not s[2]), seeds[0])
+    for d, held, greedy_only in seeds:
+        if held != (ref[:1] if greedy_only else ref):
+            raise SystemExit(f"{d} is not part of the same sweep as {ref_dir}: seeds differ")
+    records: list[dict[str, Any]] = []
+    where: dict[tuple[Any, ...], Path] = {}
+    planned = 0
+    for d, header, lines in logs:
         exp = header.get("resolved", {}).get("expected_runs")
         planned += exp if isinstance(exp, int) else 0
-        for line in lines[1:]:
+        for line in lines:
             try:
                 rec = json.loads(line)
             except ValueError:  # a line cut by a kill (the bench drops it on resume)
@@ -134,7 +138,6 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
                 raise SystemExit(f"generation {key} is in both {where[key]} and {d}: merge parts of one sweep only")
             where[key] = d
             records.append(rec)
-    assert first is not None
     return first, records, planned
 
 

@@ -116,3 +116,11 @@ def test_runs_of_other_seeds_are_refused(tmp_path, first, second):
     dirs = [write_log(tmp_path / "a", *first), write_log(tmp_path / "b", *second)]
     with pytest.raises(SystemExit, match="not part of the same sweep .*: seeds differ"):
         table_module().main(list(map(str, dirs)))
+
+
+def test_sampled_runs_of_other_seeds_are_refused_behind_a_greedy_run(tmp_path):
+    # the greedy run's first seed matches both, but the two sampled runs differ
+    dirs = [write_log(tmp_path / "t0", 0.0, [0], [0]), write_log(tmp_path / "t03", 0.3, [0, 1], [0, 1]),
+            write_log(tmp_path / "t1", 1.0, [0, 1, 2], [0, 1, 2])]
+    with pytest.raises(SystemExit, match="t1 is not part of the same sweep as .*t03: seeds differ"):
+        table_module().main(list(map(str, dirs)))
