@@ -10,7 +10,7 @@ from hf_model_helpers import VOCAB, make_tiny_llama, plain_hidden, plain_logits
 from specdec.drafts.hf import HFDraft
 from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.kernels.kv_compact import compact_kv_inplace, compact_kv_reference, kv_keep_index
-from specdec.models import hf_common
+from specdec.models import hf_cache, hf_common
 from specdec.models.hf_common import (
     KVCache,
     additive_mask,
@@ -114,7 +114,7 @@ def test_kv_cache_is_one_preallocated_slab_written_in_place():
 
 
 def test_kv_cache_slab_grows_past_its_capacity_and_stays_exact(monkeypatch):
-    monkeypatch.setattr(hf_common, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(hf_cache, "MIN_CAPACITY", 4)
     model = make_tiny_llama("sdpa", torch.float64)
     cache = KVCache(model, capacity=4)
     sequence = [int(t) for t in torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(0))]

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from specdec.models import hf_common
+from specdec.models import hf_forward
 from specdec.models.hf_common import SUPPORTED_TRANSFORMERS, KVCache, check_transformers_version, forward_tokens
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -71,10 +71,10 @@ def test_cache_and_forward_api_used_by_the_wrappers():
     else:
         assert isinstance(obj.key_cache, list) and isinstance(obj.value_cache, list)
     # the forward keywords: cache kwarg, logits restriction, hidden states
-    cache_kw, logits_kw = hf_common._forward_kwargs(type(model))
+    cache_kw, logits_kw = hf_forward._forward_kwargs(type(model).forward)
     params = inspect.signature(type(model).forward).parameters
     assert cache_kw in params and logits_kw in params
-    assert hf_common._forward_kwargs(type(model.base_model))[0] in inspect.signature(type(model.base_model).forward).parameters
+    assert hf_forward._forward_kwargs(type(model.base_model).forward)[0] in inspect.signature(type(model.base_model).forward).parameters
     logits, hidden = forward_tokens(model, cache, [4, 5, 6], [0, 1, 2], logits="last", hidden_layers=(0, 2))
     assert logits.shape == (97,) and hidden.shape == (3, 2, 64)
     assert float((logits - plain_logits(model, [4, 5, 6])).abs().max()) < 1e-9

@@ -8,7 +8,9 @@ import pytest
 import torch
 from hf_model_helpers import VOCAB, make_tiny_llama, plain_hidden, plain_logits, random_tree, tolerance
 
+import specdec.models.hf_cache as hf_cache
 import specdec.models.hf_common as hf_common
+import specdec.models.hf_forward as hf_forward
 from specdec.errors import ContextOverflowError, VocabMismatchError
 from specdec.registry import get
 from specdec.targets.hf import HFTarget
@@ -123,7 +125,7 @@ def test_harness_catches_boolean_mask_on_eager(monkeypatch):
     """The reason for float masks: a 4D boolean mask is added to the scores by
     the eager path (True -> +1, False -> 0), silently wrong; the test sees it."""
     model = make_tiny_llama("eager", torch.float64, seed=3)
-    monkeypatch.setattr(hf_common, "additive_mask", lambda allowed, dtype: allowed[None, None])
+    monkeypatch.setattr(hf_forward, "additive_mask", lambda allowed, dtype: allowed[None, None])
     try:
         error = run_steps(HFTarget(model), model, seed=6)
     except Exception:  # a transformers version that rejects boolean masks also counts as caught
@@ -315,7 +317,7 @@ def test_generation_reserves_the_kv_slabs_once(monkeypatch):
     import specdec
     from specdec.drafts.hf import HFDraft
 
-    monkeypatch.setattr(hf_common, "MIN_CAPACITY", 4)
+    monkeypatch.setattr(hf_cache, "MIN_CAPACITY", 4)
     grown = []
     original = hf_common.KVSlab.grow
     monkeypatch.setattr(hf_common.KVSlab, "grow", lambda self, needed: (grown.append(needed), original(self, needed)))
@@ -341,7 +343,7 @@ def test_a_device_map_target_runs_through_the_hooks_with_one_slab_per_device():
     layers = 3
     device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu"}
     device_map.update({f"model.layers.{i}": "cpu" for i in range(layers)})
-    assert hf_common._layers_per_device(type("M", (), {"hf_device_map": device_map})()) == {"cpu": layers}
+    assert hf_cache._layers_per_device(type("M", (), {"hf_device_map": device_map})()) == {"cpu": layers}
     outs = []
     for split in (False, True):
         model = make_tiny_llama("sdpa", torch.float64, seed=0, layers=layers)

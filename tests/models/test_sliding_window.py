@@ -22,6 +22,7 @@ from hf_model_helpers import VOCAB, random_tree
 
 import specdec
 import specdec.models.hf_common as hf_common
+import specdec.models.hf_masks as hf_masks
 from specdec.drafts.hf import HFDraft
 from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.models.hf_common import KVCache, SlidingWindow, forward_tokens, sliding_window, truncated_copy
@@ -231,7 +232,7 @@ def test_bad_sliding_configs_are_refused_clearly():
 
 
 def test_mixed_layers_need_a_decoder_that_takes_per_layer_masks(monkeypatch):
-    monkeypatch.setattr(hf_common, "_takes_mask_mapping", lambda cls: False)
+    monkeypatch.setattr(hf_masks, "_takes_mask_mapping", lambda forward: False)
     with pytest.raises(NotImplementedError, match="one attention mask for all layers"):
         HFTarget(tiny_gemma3())
 

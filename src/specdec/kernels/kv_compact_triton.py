@@ -57,14 +57,15 @@ def _compact_kv_kernel(
     bh = pid % batch_heads
     b = bh // heads
     h = bh % heads
+    # a static branch on a constexpr: the one taken binds ELEM to a dtype (kept as such at compile time)
     if ELEM_BYTES == 1:
-        ELEM: tl.constexpr = tl.int8
+        ELEM = tl.int8
     elif ELEM_BYTES == 2:
-        ELEM: tl.constexpr = tl.int16
+        ELEM = tl.int16
     elif ELEM_BYTES == 4:
-        ELEM: tl.constexpr = tl.int32
+        ELEM = tl.int32
     else:
-        ELEM: tl.constexpr = tl.int64
+        ELEM = tl.int64
     base = tl.load(ptrs_ptr + t).to(tl.pointer_type(ELEM))
     base = base + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     d = tl.arange(0, BLOCK_D)

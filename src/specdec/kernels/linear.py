@@ -223,6 +223,7 @@ def plan_file() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
+    # function-local: specdec.models imports the targets, which import this module (an import cycle at load time)
     from specdec.models.smollm2 import cache_root
 
     return cache_root() / "linear-plans.json"
@@ -402,7 +403,8 @@ class RowDispatchLinear:
             self._packed_version = version
         return self._packed
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear.forward's name: it may be passed by keyword
+        x = input
         weight, bias = self.module.weight, self.module.bias
         if (
             x.device.type != "cpu"
@@ -488,7 +490,7 @@ def accelerate_linears(
         if shape not in plans:
             large = LARGE_ROWS if w.numel() <= large_numel else tuple(r for r in LARGE_ROWS if r <= 64)
             plans[shape] = tune_linear(shape, max_rows=max_rows, methods=methods, repeats=repeats, large_rows=large)
-        lin.forward = RowDispatchLinear(lin, plans[shape])  # type: ignore[method-assign]
+        lin.forward = RowDispatchLinear(lin, plans[shape])  # type: ignore[method-assign]  # installing a forward is the point (restore_linears undoes it)
     return plans
 
 

@@ -220,6 +220,10 @@ def load_gemma3(dtype: torch.dtype = torch.float32, attn_implementation: str = "
             convert_gguf(assemble_gguf(work / GGUF_NAME), path)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation, local_files_only=True)
+    # typed as a Module: transformers wraps PreTrainedModel.to with functools.wraps, which type checkers read as
+    # an unbound function (so model.to(dtype) would look like a call without self)
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=attn_implementation, local_files_only=True
+    )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.to(dtype).eval(), tokenizer

@@ -275,6 +275,12 @@ class EagleHead(nn.Module):
     ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
     """
 
+    # buffers (registered in __init__): the draft vocabulary mapping (EAGLE-3), the target's frozen tensors
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    embed_weight: torch.Tensor
+    target_lm_head: torch.Tensor | None
+
     def __init__(self, config: EagleConfig, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor | None = None) -> None:
         super().__init__()
         cfg = config
@@ -412,9 +418,12 @@ class EagleHead(nn.Module):
         """``[..., Vd]`` logits over the draft vocabulary from outputs ``h [..., H]``
         (EAGLE-2: the target's LM head on ``h``; EAGLE-3: ``lm_head(norm(h))``)."""
         if self.config.version == 2:
+            lm_head = self.target_lm_head
+            if lm_head is None:  # __init__ refuses an EAGLE-2 head without it
+                raise InvalidConfigError("an EAGLE-2 head needs the target's LM head (target_lm_head is None)")
             if self.target_lm_head_dispatch is not None and not self.training:
-                return self.target_lm_head_dispatch(h.to(self.target_lm_head.dtype))
-            return F.linear(h.to(self.target_lm_head.dtype), self.target_lm_head)
+                return self.target_lm_head_dispatch(h.to(lm_head.dtype))
+            return F.linear(h.to(lm_head.dtype), lm_head)
         return self.lm_head(self.norm(h))
 
     def full_logits(self, h: torch.Tensor) -> torch.Tensor:
