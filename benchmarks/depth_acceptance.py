@@ -8,14 +8,14 @@ from its own predicted ones, so its deeper draws may be accepted less often
 at the same rank and the same draft probability. This script measures it:
 two-level static trees (``k`` children of the root, ``k`` children of each,
 drawn without replacement), verified by rule 4 (``rejection-wor``) and
-committed, as the profiles do (:func:`specdec.step.profile_steps`). For
+committed, as the profiles do (:func:`specdec.engine.profile_steps`). For
 depth ``d`` and draw ``i`` it reports
 
 * ``a[d][i]``: the fraction of the visits of a depth-``d`` node set in which
   the ``i``-th drawn child was the accepted one (depth 2 counts only the
   steps whose depth-1 child was accepted);
 * the same split by the bin of the draft's ``q`` at the child's rank (the
-  calibrated proxy's :data:`~specdec.trees.rheo.CALIBRATION_EDGES`), pooled over draws.
+  calibrated proxy's :data:`~specdec.trees.calibration.CALIBRATION_EDGES`), pooled over draws.
 
 Contexts: the first user turns of ShareGPT *training-split* conversations
 (seeded; the held-out slice and the bench prompts are not used)::
@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.registry import get
     from specdec.rng import TorchRandom
     from specdec.sampling import SamplingConfig
-    from specdec.step import profile_steps
+    from specdec.engine import profile_steps
     from specdec.train.data import is_heldout, load_records
-    from specdec.trees.rheo import CALIBRATION_EDGES, _bin
+    from specdec.trees.calibration import CALIBRATION_EDGES, _bin
     from specdec.trees.static import StaticTreeBuilder
 
     t0 = time.perf_counter()
@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     bin_seen = [[0] * bins for _ in range(2)]  # [depth][bin] children drawn (at reached node sets)
     bin_acc = [[0] * bins for _ in range(2)]
     n = 0
-    for outcome, tree in profile_steps(target, draft, prompts, builder, verifier, sampling,
-                                       TorchRandom.seeded(args.seed), args.steps, room=k * k + 1,
-                                       name="depth_acceptance"):
+    for outcome in profile_steps(target, draft, prompts, builder, verifier, sampling,
+                                 TorchRandom.seeded(args.seed), args.steps, room=k * k + 1, name="depth_acceptance"):
+        tree = outcome.tree
         n += 1
         t = tree.tree(0)
         parents, order = t.parents.tolist(), t.draw_order.tolist()

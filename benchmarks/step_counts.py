@@ -1,9 +1,9 @@
 """Host syncs, ATen ops and time per speculative step outside the model forwards (issue 14).
 
-Two measurements, each for the step path (``specdec.step.speculative_step``:
-level-wise tensor builder + tensor verification + one read) and for the
-per-node path the library ran before it (``build_reference`` + the
-verifier's walk through ``StepVerifier``), at T=1, 60-node depth-6 trees:
+Measurements of the step (:func:`specdec.engine.step.run_step`: level-wise tensor builder +
+tensor verification + one read), at T=1, 60-node depth-6 trees (the per-node path the
+library ran before issue 14 is gone since issue 42; its figures stay in
+``benchmarks/results/step_counts.md``):
 
 1. ``--real``: SmolLM2-135M-Instruct target with the shipped EAGLE-3 head,
    ``--tokens`` new tokens on one prompt; counts per step from
@@ -20,7 +20,7 @@ verifier's walk through ``StepVerifier``), at T=1, 60-node depth-6 trees:
    same stub models (``--vocab``, e.g. 4096): hardware-free, so it can be
    measured on a busy machine (the eager step path's op diet, issue 14).
 
-``--step-only`` skips the per-node path (``--real``, ``--stub-ops``). ``--rows all`` counts the
+``--step-only`` is accepted for old commands (there is only the step now). ``--rows all`` counts the
 verification's batch form (every node at once, what a GPU runs) instead of the CPU's walk.
 
 Usage::
@@ -41,46 +41,17 @@ from typing import Any
 import torch
 
 import specdec
-import specdec.generate as generate
-from specdec.step import verification_rows
+from specdec.engine import StepOptions
 from specdec.testing.counter import KernelCounter, StepCounter
 
 METHODS = ("eagle3", "rheo")
+OPTIONS = StepOptions()  # set from --rows in main
 
 
-class per_node_path:
-    """Within the block, generation takes the path of before the step redesign:
-    the per-node reference builder (``build_reference``), ``score_tree``
-    (logits copied to the host), ``process_logits`` and the verifier's walk
-    (``StepVerifier`` on the torch path), the host-built KV keep index. It is
-    still the generation loop's branch for ``kernel="triton"``; the block
-    routes ``kernel="auto"`` to it by reporting Triton and CUDA present (no
-    Triton kernel runs: the logits are on the CPU)."""
-
-    def __init__(self, builder: Any, on: bool = True) -> None:
-        self.cls, self.on = type(builder), on
-
-    def __enter__(self) -> None:
-        if self.on:
-            self.saved = (generate.triton_available, generate._on_cuda, self.cls.__dict__.get("build"))
-            generate.triton_available = lambda: True
-            generate._on_cuda = lambda target: True
-            self.cls.build = self.cls.build_reference
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.on:
-            generate.triton_available, generate._on_cuda = self.saved[0], self.saved[1]
-            if self.saved[2] is None:
-                del self.cls.build
-            else:
-                self.cls.build = self.saved[2]
-
-
-def _per_step(gen: Any, prompt: list[int], tokens: int, tensor_step: bool, seed: int = 0) -> dict[str, Any]:
-    with per_node_path(gen.builder, on=not tensor_step):
-        gen.generate(prompt, 4, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)  # warm-up
-        with StepCounter() as counter:
-            out = gen.generate(prompt, tokens, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)
+def _per_step(gen: Any, prompt: list[int], tokens: int, seed: int = 0) -> dict[str, Any]:
+    gen.generate(prompt, 4, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)  # warm-up
+    with StepCounter() as counter:
+        out = gen.generate(prompt, tokens, sampling=specdec.SamplingConfig(temperature=1.0), seed=seed)
     steps = out.stats.steps
     return {
         "steps": steps,
@@ -150,22 +121,21 @@ def stub(vocab: int, repeats: int, compile_backend: str | None = None) -> dict[s
         lm, spent = stub_models(vocab)
         name = "eagle2" if method == "eagle3" else method
         row: dict[str, Any] = {}
-        variants = [("per_node", False, None), ("step", True, None)]
+        variants: list[tuple[str, str | None]] = [("step", None)]
         if compile_backend:
-            variants.append((f"step_compiled_{compile_backend}", True, compile_backend))
-        for label, tensor_step, backend in variants:
-            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=backend or False)
+            variants.append((f"step_compiled_{compile_backend}", compile_backend))
+        for label, backend in variants:
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=backend or False,
+                                               options=OPTIONS)
             gen.generate([1, 2, 3], 8, sampling=specdec.SamplingConfig(temperature=1.0), seed=99)  # warm-up / compile
             times = []
-            with per_node_path(gen.builder, on=not tensor_step):
-                for r in range(repeats):
-                    spent["t"] = 0.0
-                    t0 = time.perf_counter()
-                    out = gen.generate([1, 2, 3], 24, sampling=specdec.SamplingConfig(temperature=1.0), seed=r)
-                    total = time.perf_counter() - t0
-                    times.append((total - spent["t"]) / out.stats.steps)
+            for r in range(repeats):
+                spent["t"] = 0.0
+                t0 = time.perf_counter()
+                out = gen.generate([1, 2, 3], 24, sampling=specdec.SamplingConfig(temperature=1.0), seed=r)
+                total = time.perf_counter() - t0
+                times.append((total - spent["t"]) / out.stats.steps)
             row[label] = {"ms_per_step_outside_models": 1000 * statistics.median(times), "tau": out.stats.tau}
-        row["speedup"] = row["per_node"]["ms_per_step_outside_models"] / row["step"]["ms_per_step_outside_models"]
         results[method] = row
         print(f"stub {method}: " + ", ".join(f"{k} {v['ms_per_step_outside_models']:.1f} ms/step"
                                             for k, v in row.items() if isinstance(v, dict)), flush=True)
@@ -179,19 +149,18 @@ def stub_ops(vocab: int, tokens: int, step_only: bool, compile_backend: str | No
     for method in METHODS:
         name = "eagle2" if method == "eagle3" else method
         row: dict[str, Any] = {}
-        for label, tensor_step in (("per_node", False), ("step", True)):
-            if step_only and not tensor_step:
-                continue
+        for label in ("step",):
             lm, _ = stub_models(vocab)
-            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto")
-            row[label] = _per_step(gen, [1, 2, 3], tokens, tensor_step, seed=1)
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", options=OPTIONS)
+            row[label] = _per_step(gen, [1, 2, 3], tokens, seed=1)
             r = row[label]
             print(f"stub ops {name} {label} (V = {vocab}): {r['ops_outside_models']:.1f} ops/step outside the logits "
                   f"({r['compute_ops_outside_models']:.1f} not views), {r['syncs_outside_models']:.1f} syncs/step, "
                   f"{r['steps']} steps", flush=True)
         if compile_backend:
             lm, _ = stub_models(vocab)
-            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=compile_backend)
+            gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=name, kernel="auto", compile=compile_backend,
+                                               options=OPTIONS)
             r = row[f"step_compiled_{compile_backend}"] = _per_step_dispatched(gen, [1, 2, 3], tokens, seed=1)
             print(f"stub ops {name} compiled ({compile_backend}, V = {vocab}): {r['dispatched_outside_models']:.1f} "
                   f"ops + kernels/step outside the logits ({r['compute_dispatched_outside_models']:.1f} not views, "
@@ -214,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the step path compiled with this backend (e.g. inductor): time (--stub), "
                          "ops and kernels dispatched (--stub-ops, --real)")
     ap.add_argument("--rows", default="auto", choices=("auto", "all", "path"),
-                    help="the step's verification rows (specdec.step.verification_rows): auto (a CPU walks the "
+                    help="the step's verification rows (specdec.engine.StepOptions.rows): auto (a CPU walks the "
                          "visited nodes), all (every node at once: the GPU's form), path")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with verification_rows(args.rows):
-        return _main(args)
+    global OPTIONS
+    OPTIONS = StepOptions(rows=args.rows)
+    return _main(args)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -235,9 +205,8 @@ def _main(args: argparse.Namespace) -> int:
         target, draft, prompt = load_real()
         out["real"] = {}
         for method in METHODS:
-            gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto")
-            labels = (("step", True),) if args.step_only else (("per_node", False), ("step", True))
-            out["real"][method] = {label: _per_step(gen, prompt, args.tokens, tensor_step) for label, tensor_step in labels}
+            gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto", options=OPTIONS)
+            out["real"][method] = {"step": _per_step(gen, prompt, args.tokens)}
             for label, _ in labels:
                 r = out["real"][method][label]
                 print(f"real {method} {label}: {r['syncs_outside_models']:.1f} syncs/step outside models "

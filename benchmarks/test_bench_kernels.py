@@ -2,12 +2,11 @@
 
     pytest benchmarks/test_bench_kernels.py --benchmark-only
 
-CPU cases (always): the generation loop's verification step on the default
-path -- ``StepVerifier(kernel="auto")``, which on CPU is the torch reference --
-against the two lines it replaced (``process_logits`` + ``Verifier.verify``),
-to show the switch costs nothing on CPU; the reference verifiers with a
-CounterRandom (the stream the kernel reproduces) against TorchRandom; and the
-CPU KV compactor chosen by ``compact_kv_auto``.
+CPU cases (always): the reference verifiers' walk (``process_logits`` + ``Verifier.verify``)
+on a host tree; the reference verifiers with a CounterRandom (the stream the kernel
+reproduces) against TorchRandom; and the CPU KV compactor chosen by ``compact_kv_auto``.
+(The generation loop's dispatch is chosen once per generation, :mod:`specdec.engine.dispatch`:
+it costs nothing per step.)
 
 GPU cases (skipped without CUDA and Triton): the fused verification kernel
 against the torch reference on CUDA logits at V = 49152 and 128256 and trees
@@ -30,7 +29,7 @@ from gpu_check import RULES, make_case
 from specdec.rng import CounterRandom
 from specdec.kernels.kv_compact import compact_kv_inplace, kv_keep_index
 from specdec.kernels.select import compact_kv_auto, triton_available
-from specdec.kernels.verify_fused import StepVerifier
+from specdec.kernels.verify_fused import fused_verify
 from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
@@ -49,24 +48,16 @@ def _torch_threads():
 
 
 # ---------------------------------------------------------------------- CPU
-@pytest.mark.parametrize("path", ["direct", "step_verifier_auto"])
-def test_bench_cpu_default_path_overhead(benchmark, path: str) -> None:
-    """V = 49152, a 64-node RheoSampling-shaped tree, T=0.7 top-k 50."""
+def test_bench_cpu_walk(benchmark) -> None:
+    """V = 49152, a 64-node RheoSampling-shaped tree, T=0.7 top-k 50: the verifier's walk."""
     tree, logits = make_case("mixed", 49152, 64, seed=0, device="cpu")
     verifier = get("verifier", "mixed")()
     rng = TorchRandom.seeded(0)
-    if path == "direct":
-        def run():
-            return verifier.verify(tree, process_logits(logits, SAMPLING), rng)
-    else:
-        step = StepVerifier(verifier, SAMPLING, seed=0, kernel="auto")
 
-        def run():
-            return step(tree, logits, rng)
+    def run():
+        return verifier.verify(tree, process_logits(logits, SAMPLING), rng)
     result = benchmark(run)
     assert len(result.tokens) == result.num_accepted + 1
-    if path != "direct":
-        assert step.path_label == "torch"
 
 
 @pytest.mark.parametrize("source", ["torch", "counter"])
@@ -96,16 +87,18 @@ def test_bench_gpu_verify(benchmark, path: str, rule: str, vocab: int, size: int
     tree, logits = make_case(rule, vocab, size, seed=vocab + size, device="cuda")
     verifier = get("verifier", rule)()
     rng = TorchRandom.seeded(0, device="cuda")
-    step = StepVerifier(verifier, SAMPLING, seed=0, kernel=path)
+    counter = CounterRandom(0)
 
     def run():
-        result = step(tree, logits, rng)
+        if path == "triton":
+            result = fused_verify(verifier, tree, logits, counter, inputs="logits", sampling=SAMPLING)
+        else:
+            result = verifier.verify(tree, process_logits(logits, SAMPLING), rng)
         torch.cuda.synchronize()
         return result
 
     run()  # compile / warm up
     benchmark(run)
-    assert step.path_label == path
 
 
 @needs_gpu

@@ -82,13 +82,19 @@ def test_bad_input_is_refused_clearly(model):
         autoregressive_generate_batch(target, [[1]], 0, S)
     with pytest.raises(ValueError, match="outside"):
         autoregressive_generate_batch(target, [[VOCAB]], 4, S)
-    with pytest.raises(InvalidConfigError, match="row 1: 250 prompt tokens"):  # the tiny model has 256 positions
+    with pytest.raises(InvalidConfigError, match=r"row 1: prompt \(250\)"):  # the tiny model has 256 positions
         autoregressive_generate_batch(target, [[1, 2], [3] * 250], 8, S)
-    class OneRow:  # a target without prefill_batch / accept_rows / keep_rows
-        vocab_size = VOCAB
+    from specdec.targets.base import TargetModel
 
+    class OneRow(TargetModel):  # declares no batch mode (TargetModel.supports_batch)
+        vocab_size = VOCAB
+        prefill = score_tree = accept = lambda self, *args: None
+
+    one_row = OneRow()
     with pytest.raises(InvalidConfigError, match="no batch mode"):
-        autoregressive_generate_batch(OneRow(), [[1]], 4, S)
+        autoregressive_generate_batch(one_row, [[1], [2]], 4, S)
+    with pytest.raises(InvalidConfigError, match="must be a TargetModel"):
+        autoregressive_generate_batch(object(), [[1]], 4, S)
 
 
 # ----------------------------------------------------------- speculative rows
@@ -250,13 +256,12 @@ def test_speculative_rows_refuse_what_they_cannot_run():
     with pytest.raises(InvalidConfigError, match="not supported with batches"):
         specdec.SpeculativeGenerator(target=HFTarget(model, capture_layers=head.config.target_layers),
                                      draft=make_draft(head), method="eagle3", compile=True).generate_batch([[1]], 4)
-    from specdec.verify import GreedyVerifier
+    from specdec.verify.kseq import KSeqVerifier
 
     for kernel, match in (("cuda", "kernel must be"), ("triton", "no fused kernel")):
         with pytest.raises(InvalidConfigError, match=match):  # before any forward
             next(speculative_stream_batch(HFTarget(model), HFDraft(model), ChainTreeBuilder(depth=2),
-                                          GreedyVerifier(), [[1], [2]], 4,
-                                          specdec.SamplingConfig(temperature=0.0), kernel=kernel))
+                                          KSeqVerifier(), [[1], [2]], 4, specdec.SamplingConfig(), kernel=kernel))
     with pytest.raises(InvalidConfigError, match="random must be"):
         next(speculative_stream_batch(HFTarget(model), HFDraft(model), ChainTreeBuilder(depth=2), RejectionIIDVerifier(),
                                       [[1], [2]], 4, specdec.SamplingConfig(), random="philox"))

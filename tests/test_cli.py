@@ -11,6 +11,8 @@ import torch
 
 from specdec import cli
 from specdec.registry import ROLES, list_registered, register, unregister
+from specdec.rng import TorchRandom
+from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.verify.base import NodeOutcome, Verifier
 
@@ -206,8 +208,8 @@ def test_demo_statistics_separate_lossless_from_lossy(toy_verifiers):
 
 def test_demo_trees_follow_the_recipes():
     target, draft = cli.toy_models(7, seed=3)
-    sampling = cli.SamplingConfig(temperature=1.0)
-    rng = cli.TorchRandom.seeded(0)
+    sampling = SamplingConfig(temperature=1.0)
+    rng = TorchRandom.seeded(0)
     for recipe in ("deterministic", "mixed", "sampled-iid", "sampled-wor"):
         draft.begin([2])
         tree = cli.demo_tree(2, draft, sampling, recipe, depth=2, width=3, rng=rng)

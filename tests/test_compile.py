@@ -11,7 +11,7 @@ import torch
 from specdec.models import CallableLM
 from specdec.rng import TorchRandom, UniformTable
 from specdec.sampling import SamplingConfig
-from specdec.step import StepCompiler
+from specdec.engine import StepCompiler
 from specdec.trees.levelwise import eagle_level, rheo_level
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.verify.fast import decide_tree_batch, decide_tree_walk

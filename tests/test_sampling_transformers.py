@@ -425,7 +425,7 @@ def _warped_law(table: torch.Tensor, cfg: SamplingConfig, prompt: tuple[int, ...
 def _speculative_law(method: str, cfg: SamplingConfig, prompt: tuple[int, ...], n: int) -> dict:
     from specdec.methods import compose, resolve_method
     from specdec.registry import get
-    from specdec.step import commit_step, speculative_step
+    from specdec.engine import run_rows
     from specdec.testing import MarkovLM, exact_law
 
     table = _tie_table()
@@ -435,15 +435,8 @@ def _speculative_law(method: str, cfg: SamplingConfig, prompt: tuple[int, ...], 
     builder, verifier = compose(resolved.tree, resolved.verifier, dict(get("tree", resolved.tree).example_options[0]))
 
     def program(rng):
-        target.prefill(list(prompt))
-        draft.begin(list(prompt))
-        last, out = prompt[-1], []
-        while len(out) < n:
-            outcome, _ = speculative_step(target, draft, builder, verifier, cfg, rng, last)
-            out.extend(outcome.result.tokens)
-            last = out[-1]
-            commit_step(target, draft, outcome)
-        return tuple(out[:n])
+        reports = run_rows(target, draft, builder, verifier, [list(prompt)], cfg, [rng], max_new_tokens=n)
+        return tuple(t for report in reports for t in report.kept[0])
 
     return exact_law(program)
 

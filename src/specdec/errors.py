@@ -55,5 +55,6 @@ class ModelBusyError(SpecDecError, RuntimeError):
     together with ``generate_batch``)."""
 
 
-class ContextOverflowError(SpecDecError, ValueError):
-    """Prompt, new tokens and draft tree do not fit in the model's context."""
+class ContextOverflowError(InvalidConfigError):
+    """Prompt, new tokens and draft tree do not fit in the model's context (a bad
+    configuration: raised before any forward)."""

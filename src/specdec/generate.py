@@ -1,13 +1,14 @@
-"""The generation loop: draft a tree, score it with the target, verify, commit.
+"""Generation: ``SpeculativeGenerator`` and plain decoding, on the one engine loop.
 
-One speculative *step* (:func:`specdec.step.speculative_step`)::
+One speculative *step* (:func:`specdec.engine.step.run_step`), for ``B`` rows (a single
+generation is a batch of one)::
 
-    root (last committed token)
-      -> builder.build_batch(root, draft, sampling, rng)  # tree batch on the draft's device
-      -> target.score_batch(tree) -> logits [1, n, V]     # one target forward
-      -> p = process_logits(logits, sampling)             # the target law at every node
-      -> every node decided at once, one host read        # accepted path + bonus
-      -> commit_step: target.accept(...), draft.commit(...)  # caches follow the accepted path
+    roots [B] (each row's last committed token)
+      -> builder.build_batch(roots, draft, sampling, rng)  # tree batch on the draft's device
+      -> target.score_batch(tree) -> logits [B, n, V]      # one target forward
+      -> the dispatched verification                       # tensor rule, fused kernel or walk
+      -> one host read                                     # accepted paths + bonus tokens
+      -> commit_step: target.accept_rows, draft.commit_rows  # caches follow the accepted paths
 
 *tau* (mean accepted length) is the mean over steps of (accepted drafts + 1
 bonus), i.e. tokens emitted per target forward. Plain autoregressive decoding
@@ -19,168 +20,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 
+from specdec.batch import BatchOutput, check_prompts, collect_batch, speculative_stream_batch
 from specdec.drafts.base import DraftModel
-from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
+from specdec.engine.compiler import StepCompiler
+from specdec.engine.dispatch import KERNEL_CHOICES
+from specdec.engine.loop import run_rows
+from specdec.engine.options import StepOptions
+from specdec.engine.stats import GenerationStats, StepTally
+from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.inputs import as_eos_ids, as_seed, as_token_ids
-from specdec.kernels.select import triton_available
-from specdec.kernels.verify_fused import StepVerifier
-from specdec.lease import hold
-from specdec.regions import model_call
-from specdec.rng import CounterRandom, RandomSource, TorchRandom
-from specdec.processors import LogitsProcessorLike, check_processor, process_host_tree
-from specdec.sampling import SamplingConfig, process_logits
-from specdec.step import StepCompiler, StepOutcome, commit_step, emitted_logprobs, speculative_step, step_supported
+from specdec.processors import LogitsProcessorLike, check_processor
+from specdec.rng import RANDOM_CHOICES, seeded_sources
+from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
-from specdec.tree import DraftTree, NodeKind
 from specdec.trees.base import TreeBuilder
-from specdec.verify.base import Verifier, VerifyResult
-
-if TYPE_CHECKING:
-    from specdec.batch import BatchOutput
+from specdec.trees.root_only import RootOnlyBuilder
+from specdec.verify.base import Verifier
 
 __all__ = [
     "GenerationOutput",
     "GenerationStats",
+    "RANDOM_CHOICES",
     "SpeculativeGenerator",
     "StepTally",
     "autoregressive_generate",
     "RootOnlyBuilder",
 ]
-
-
-@attrs.frozen
-class GenerationStats:
-    """Honest accounting of one generation.
-
-    Attributes:
-        steps: number of speculative steps (= target tree forwards).
-        new_tokens: tokens returned (after EOS / length truncation).
-        emitted: tokens the verifier emitted, accepted + bonus, before truncation.
-        accepted: draft tokens accepted, summed over steps.
-        depth_attempted: ``[D]`` count of steps in which a draft at depth ``d+1`` was tested.
-        depth_accepted: ``[D]`` count of steps in which the draft at depth ``d+1`` was accepted.
-        tree_nodes: total tree nodes scored by the target (root included).
-        time_prefill, time_draft, time_target, time_verify, time_total: seconds.
-            ``time_draft`` covers tree building (draft forwards included);
-            ``time_verify`` covers processing the target logits and verification.
-        kernel_path: how logits processing + verification ran: ``"torch"``
-            (the step path, :mod:`specdec.step`: the verifier's parallel rule
-            in torch, or its walk), ``"triton"`` (the fused kernel,
-            :mod:`specdec.kernels.verify_fused`) or ``"torch+triton"`` if steps differed.
-        clock: what measured the step path's time split: ``"perf_counter"``
-            (host clock) or ``"cuda_events"`` (a target on CUDA;
-            :data:`specdec.step.CLOCKS`).
-    """
-
-    steps: int
-    new_tokens: int
-    emitted: int
-    accepted: int
-    depth_attempted: tuple[int, ...]
-    depth_accepted: tuple[int, ...]
-    tree_nodes: int
-    time_prefill: float
-    time_draft: float
-    time_target: float
-    time_verify: float
-    time_total: float
-    kernel_path: str = "torch"
-    clock: str = "perf_counter"
-
-    @property
-    def target_forwards(self) -> int:
-        """Target forwards over trees (prefill excluded); one per step."""
-        return self.steps
-
-    @property
-    def tau(self) -> float:
-        """Mean accepted length: mean over steps of (accepted drafts + 1 bonus)."""
-        return self.emitted / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_by_depth(self) -> tuple[float, ...]:
-        """Per depth ``d`` (1-based index ``d-1``): P(draft at depth d accepted | a draft at depth d was tested)."""
-        return tuple(a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_attempted))
-
-    @property
-    def tokens_per_second(self) -> float:
-        """New tokens per second of total generation time (prefill included)."""
-        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict, derived metrics included."""
-        out = attrs.asdict(self)
-        out.update(
-            tau=self.tau,
-            target_forwards=self.target_forwards,
-            acceptance_by_depth=list(self.acceptance_by_depth),
-            tokens_per_second=self.tokens_per_second,
-        )
-        return out
-
-
-@attrs.define
-class StepTally:
-    """Running totals over a generation's steps, typed (the loops' accounting;
-    :meth:`stats` makes the frozen :class:`GenerationStats`).
-
-    Attributes:
-        steps: steps taken (target tree forwards).
-        tree_nodes: nodes scored, roots included.
-        emitted: tokens the verifier emitted (accepted + bonus), before truncation.
-        accepted: accepted draft tokens.
-        depth_attempted, depth_accepted: per depth ``d`` (0-based), steps whose
-            walk reached depth ``d`` with children to test, and steps that accepted one there.
-        time_prefill, time_draft, time_target, time_verify: seconds per part.
-        stop_reason: ``"length"`` or ``"eos"``.
-        kernel_path: the verification path of the last step.
-        clock: how the times were measured (:data:`specdec.step.CLOCKS`).
-    """
-
-    steps: int = 0
-    tree_nodes: int = 0
-    emitted: int = 0
-    accepted: int = 0
-    depth_attempted: list[int] = attrs.field(factory=list)
-    depth_accepted: list[int] = attrs.field(factory=list)
-    time_prefill: float = 0.0
-    time_draft: float = 0.0
-    time_target: float = 0.0
-    time_verify: float = 0.0
-    stop_reason: str = "length"
-    kernel_path: str = "torch"
-    clock: str = "perf_counter"
-
-    def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float) -> None:
-        """Add one step's outcome."""
-        self.steps += 1
-        self.tree_nodes += tree_nodes
-        self.emitted += len(result.tokens)
-        self.accepted += result.num_accepted
-        self.time_draft += time_draft
-        self.time_target += time_target
-        self.time_verify += time_verify
-        while len(self.depth_attempted) < result.attempted_depths:
-            self.depth_attempted.append(0)
-            self.depth_accepted.append(0)
-        for d in range(result.attempted_depths):
-            self.depth_attempted[d] += 1
-            self.depth_accepted[d] += int(d < result.num_accepted)
-
-    def stats(self, new_tokens: int, time_total: float) -> GenerationStats:
-        """The :class:`GenerationStats` of these totals."""
-        return GenerationStats(
-            steps=self.steps, new_tokens=new_tokens, emitted=self.emitted, accepted=self.accepted,
-            depth_attempted=tuple(self.depth_attempted), depth_accepted=tuple(self.depth_accepted),
-            tree_nodes=self.tree_nodes, time_prefill=self.time_prefill, time_draft=self.time_draft,
-            time_target=self.time_target, time_verify=self.time_verify, time_total=time_total,
-            kernel_path=self.kernel_path, clock=self.clock,
-        )
 
 
 @attrs.frozen
@@ -202,54 +72,7 @@ class GenerationOutput:
     logprobs: tuple[float, ...] | None = None
 
 
-class RootOnlyBuilder(TreeBuilder):
-    """The empty draft: a tree holding only the root (plain autoregressive decoding)."""
-
-    registry_name = "root-only"
-    produces = frozenset()
-
-    @property
-    def max_nodes(self) -> int:
-        return 1
-
-    @property
-    def max_depth(self) -> int:
-        return 0
-
-    def build(self, root_token: int, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        return DraftTree(
-            tokens=[root_token], parents=[-1], kinds=[int(NodeKind.ROOT)], draw_order=[0],
-            weights=[1.0], law_index=[-1], laws=(), vocab_size=self._vocab_size,
-        )
-
-    def __init__(self, vocab_size: int) -> None:
-        self._vocab_size = vocab_size
-
-
-def _check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
-    prompt = as_token_ids(prompt_ids)  # one flat sequence of integer ids, or a clear error (specdec.inputs)
-    if not prompt:
-        raise InvalidConfigError("the prompt is empty: give at least one token id")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidConfigError(f"prompt token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-    return prompt
-
-
-def _check_length(prompt_len: int, max_new_tokens: int, tree_depth: int, limit: int | None, who: str) -> None:
-    """The deepest tree node of the last step sits at position
-    ``prompt_len + max_new_tokens - 2 + tree_depth``; it must exist."""
-    if limit is None:
-        return
-    need = prompt_len + max_new_tokens - 1 + tree_depth
-    if need > limit:
-        raise ContextOverflowError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 + tree depth ({tree_depth}) = {need} "
-            f"positions exceed the {who}'s context of {limit} tokens"
-        )
-
-
-def _run(
+def _stream(
     target: TargetModel,
     draft: DraftModel | None,
     builder: TreeBuilder,
@@ -266,135 +89,21 @@ def _run(
     what: str = "a generation",
     logits_processor: LogitsProcessorLike | None = None,
     logprob_sink: list[torch.Tensor] | None = None,
+    options: StepOptions | None = None,
 ) -> Iterator[list[int]]:
-    """The step loop; yields the tokens kept at each step. ``what`` names the
-    call in a :class:`~specdec.errors.ModelBusyError` of a later caller.
-    ``logits_processor`` is applied to every tree node's target logits in
-    its own context (:mod:`specdec.processors`); with ``logprob_sink``, each
-    step appends the kept tokens' log-probabilities there (a device tensor,
-    read by the caller once at the end)."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
-        raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not isinstance(sampling, SamplingConfig):
-        raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-    vocab = target.vocab_size
-    if draft is not None and draft.vocab_size != vocab:
-        raise VocabMismatchError(f"the draft's vocabulary ({draft.vocab_size}) differs from the target's ({vocab})")
-    prompt = _check_prompt(prompt_ids, vocab)
-    _check_length(len(prompt), max_new_tokens, builder.max_depth, target.max_length, "target")
-    if draft is not None:
-        _check_length(len(prompt), max_new_tokens, builder.max_depth, getattr(draft, "max_length", None), "draft")
-    eos: set[int] = as_eos_ids(eos_token_id)
+    """One row through the engine loop (:func:`specdec.engine.loop.run_rows`); yields the tokens
+    kept at each step; with ``logprob_sink``, each step appends the kept tokens'
+    log-probabilities there (a device tensor, read by the caller once at the end)."""
     seed = as_seed(seed)
-    logits_processor = check_processor(logits_processor)
-    # the committed sequence (prompt + emitted), on the target's device: every node's context starts with it
-    context = torch.tensor(prompt, dtype=torch.int64, device=_target_device(target)) if logits_processor is not None else None
-    verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
-    rng: RandomSource = TorchRandom.seeded(seed) if random == "torch" else CounterRandom.seeded(seed)
-    # the step (specdec.step: the verifier's parallel rule, or its walk for a verifier without one),
-    # or, with kernel="triton" (or "auto" on CUDA with Triton), the fused Triton kernel (specdec.kernels)
-    step_verifier = StepVerifier(verifier, sampling, seed, kernel)
-    tensor_step = kernel != "triton" and not (
-        kernel == "auto" and triton_available() and _on_cuda(target) and step_supported(verifier, rng)
-    )
-    clock_kind = "cuda_events" if tensor_step and _on_cuda(target) else "perf_counter"
-    tally.clock = clock_kind
-    clock = time.perf_counter
-    t0 = clock()
-    # one generation per model at a time (specdec.lease): a second call while this one is open
-    # (an unfinished stream, another thread) gets a ModelBusyError instead of corrupting the caches
-    with hold(what, target=target, draft=draft):
-        # size the preallocated KV caches once (HFTarget, HFDraft, EAGLE heads): the committed context
-        # plus one step's tree nodes (the target's forward caches all of them before compaction)
-        positions = len(prompt) + max_new_tokens + builder.max_nodes + builder.max_depth
-        target.reserve(positions)
-        if draft is not None:
-            draft.reserve(positions)
-        with torch.inference_mode():
-            target.prefill(prompt)
-            if draft is not None and draft.needs_target_hidden:
-                # feature-level drafts (EAGLE) start from the target's prompt features
-                draft.begin(prompt, target_hidden=target.hidden_states())
-            elif draft is not None:
-                draft.begin(prompt)
-        tally.time_prefill += clock() - t0
-        root = prompt[-1]
-        produced = 0
-        while produced < max_new_tokens:
-            # inference mode per step, never across a yield (the caller's code runs between yields)
-            with torch.inference_mode():
-                t0 = clock()
-                step_logprobs: torch.Tensor | None = None
-                if tensor_step:
-                    outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root, compiler,
-                                                  check_tree=tally.steps == 0, clock_kind=clock_kind,
-                                                  logits_processor=logits_processor, context=context,
-                                                  logprobs=logprob_sink is not None)
-                    step_logprobs = outcome.device_logprobs
-                    result, num_nodes = outcome.result, outcome.tree_nodes
-                    t1 = t0 + outcome.time_draft
-                    t2 = t1 + outcome.time_target
-                    t3 = t2 + outcome.time_verify
-                else:
-                    tree = builder.build(root, draft, sampling, rng)
-                    t1 = clock()
-                    with model_call():
-                        logits = target.score_tree(tree)
-                    t2 = clock()
-                    if logits_processor is not None:  # before the fused kernel, which takes logits
-                        logits = process_host_tree(logits_processor, logits, context, tree)
-                    result = step_verifier(tree, logits, rng)
-                    if logprob_sink is not None:
-                        chain = torch.tensor([0, *result.accepted_nodes], dtype=torch.int64, device=logits.device)
-                        rows = logits.index_select(0, chain)
-                        step_logprobs = emitted_logprobs(rows, process_logits(rows, sampling, check=False),
-                                                         torch.arange(len(result.tokens), device=logits.device),
-                                                         torch.tensor(result.tokens, dtype=torch.int64), sampling)
-                    t3 = clock()
-                    num_nodes = tree.num_nodes
-            tally.record(result, num_nodes, t1 - t0, t2 - t1, t3 - t2)
-            tally.kernel_path = "torch" if tensor_step else step_verifier.path_label
-            kept = list(result.tokens[: max_new_tokens - produced])
-            stop = False
-            for i, tok in enumerate(kept):
-                if tok in eos:
-                    kept = kept[: i + 1]
-                    stop = True
-                    tally.stop_reason = "eos"
-                    break
-            produced += len(kept)
-            if logprob_sink is not None and step_logprobs is not None:
-                logprob_sink.append(step_logprobs[: len(kept)])
-            yield kept
-            if stop or produced >= max_new_tokens:
-                return
-            if context is not None:  # the emitted tokens join every later node's context (on the device)
-                emitted = (outcome.device_tokens if tensor_step and outcome.device_tokens is not None
-                           else torch.tensor(result.tokens, dtype=torch.int64))
-                context = torch.cat([context, emitted.to(context.device)])
-            t0 = clock()
-            with torch.inference_mode():
-                commit_step(target, draft, outcome if tensor_step else StepOutcome(result, num_nodes))
-            tally.time_draft += clock() - t0
-            # the next root: on the device for the tensor builders (no host-to-device copy), else the int
-            root = outcome.device_tokens[-1:] if tensor_step and outcome.device_tokens is not None else result.bonus_token
-
-
-def _target_device(target: TargetModel) -> torch.device:
-    """Where the target's logits live: its model's first parameter's device, else the CPU."""
-    model = getattr(target, "model", None)
-    params = getattr(model, "parameters", None)
-    first = next(iter(params()), None) if params is not None else None
-    return first.device if first is not None else torch.device("cpu")
-
-
-def _on_cuda(target: TargetModel) -> bool:
-    model = getattr(target, "model", None)
-    params = getattr(model, "parameters", None)
-    if params is None:
-        return False
-    first = next(iter(params()), None)
-    return first is not None and first.is_cuda
+    for report in run_rows(
+        target, draft, builder, verifier, [prompt_ids], sampling, seeded_sources(random, [seed]),
+        max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id), kernel=kernel, verify_seeds=[seed],
+        options=options, compiler=compiler, logits_processor=check_processor(logits_processor),
+        logprobs=logprob_sink is not None, tallies=[tally], what=what,
+    ):
+        if logprob_sink is not None:
+            logprob_sink.append(report.logprobs[0])
+        yield report.kept[0]
 
 
 def _generate(
@@ -414,13 +123,14 @@ def _generate(
     what: str = "a generation",
     logits_processor: LogitsProcessorLike | None = None,
     return_logprobs: bool = False,
+    options: StepOptions | None = None,
 ) -> GenerationOutput:
     tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
     sink: list[torch.Tensor] | None = [] if return_logprobs else None
-    for chunk in _run(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                      eos_token_id, tally, kernel, compiler, random, what, logits_processor, sink):
+    for chunk in _stream(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
+                         eos_token_id, tally, kernel, compiler, random, what, logits_processor, sink, options):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -459,7 +169,7 @@ def _resolve(
     if not is_generation_config(sampling):
         return sampling, max_new_tokens, eos_token_id, processor
     hf = from_generation_config(sampling, len(as_token_ids(prompt_ids)), max_new_tokens=max_new_tokens,
-                                eos_token_id=eos_token_id, device=_target_device(target))
+                                eos_token_id=eos_token_id, device=target.device)
     implied = check_processor(hf.processors)
     if implied is not None:
         processor = implied if processor is None else _chain(implied, processor)
@@ -476,7 +186,7 @@ def _is_hf_model(model: Any) -> bool:
 
 def _as_target(model: Any, capture_layers: tuple[int, ...] = ()) -> TargetModel:
     if isinstance(model, TargetModel):
-        captured = tuple(getattr(model, "capture_layers", ()))
+        captured = tuple(model.capture_layers)
         if capture_layers and captured != capture_layers:
             raise InvalidConfigError(
                 f"the draft needs the target's hidden states {capture_layers}, but the target captures {captured}: "
@@ -500,8 +210,6 @@ def _as_draft(model: Any) -> DraftModel | None:
     raise InvalidConfigError(f"draft must be a DraftModel or a transformers PreTrainedModel, got {type(model).__name__}")
 
 
-RANDOM_CHOICES = ("torch", "counter")
-"""The random streams :class:`SpeculativeGenerator` can draw from (``random=``)."""
 
 
 class SpeculativeGenerator:
@@ -524,7 +232,7 @@ class SpeculativeGenerator:
         compile: ``True`` (the ``inductor`` backend) or a ``torch.compile``
             backend name: run the step's verification and the level-wise
             builders' level functions compiled as whole graphs
-            (:class:`~specdec.step.StepCompiler`). Default False. The law is the
+            (:class:`~specdec.engine.compiler.StepCompiler`). Default False. The law is the
             same; Rheo's sampled slots then read the random stream in another
             order, so seeded outputs differ from an uncompiled run.
         random: ``"torch"`` (default: draws from a seeded ``torch.Generator``)
@@ -534,6 +242,8 @@ class SpeculativeGenerator:
             ``kernel="torch"`` and ``kernel="triton"`` emit the same tokens for
             a seed (tested). It costs some 300 small integer ops per table
             (Philox in torch ops; ``compile=True`` fuses them).
+        options: :class:`~specdec.engine.options.StepOptions` (validate mode, the tensor
+            rule's rows, the clock); default ``StepOptions()``.
         **method_options: tree builder parameters overriding the defaults.
 
     Example:
@@ -557,10 +267,10 @@ class SpeculativeGenerator:
         kernel: str = "auto",
         compile: bool | str = False,
         random: str = "torch",
+        options: StepOptions | None = None,
         **method_options: Any,
     ) -> None:
         from specdec.methods import compose, resolve_method
-        from specdec.kernels.verify_fused import KERNEL_CHOICES
 
         if kernel not in KERNEL_CHOICES:
             raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
@@ -568,6 +278,9 @@ class SpeculativeGenerator:
         if random not in RANDOM_CHOICES:
             raise InvalidConfigError(f"random must be one of {', '.join(RANDOM_CHOICES)}, got {random!r}")
         self.random = random
+        if options is not None and not isinstance(options, StepOptions):
+            raise InvalidConfigError(f"options must be a StepOptions, got {type(options).__name__}")
+        self.options = options
         if compile is True:
             compile = "inductor"
         if compile is not False and not (isinstance(compile, str) and compile):
@@ -596,8 +309,8 @@ class SpeculativeGenerator:
         else:
             m = resolve_method(method)
             self.method_name = m.name
-            options = {**m.defaults, **method_options}
-            self.builder, self.verifier = compose(tree or m.tree, verifier or m.verifier, options,
+            builder_options = {**m.defaults, **method_options}
+            self.builder, self.verifier = compose(tree or m.tree, verifier or m.verifier, builder_options,
                                                   context=f"method {m.name!r}")
 
     def generate(
@@ -637,9 +350,9 @@ class SpeculativeGenerator:
         """
         sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
                                                                      logits_processor, prompt_ids, self.target)
-        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
+        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
                          sampling, seed, eos_token_id, callback, self.kernel, self.compiler,
-                         self.random, "SpeculativeGenerator.generate", processor, return_logprobs)
+                         self.random, "SpeculativeGenerator.generate", processor, return_logprobs, self.options)
 
     def stream(
         self,
@@ -654,9 +367,9 @@ class SpeculativeGenerator:
         """Yield each step's new tokens as soon as they are verified (arguments as :meth:`generate`)."""
         sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
                                                                      logits_processor, prompt_ids, self.target)
-        yield from _run(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
-                        sampling, seed, eos_token_id, StepTally(), self.kernel, self.compiler,
-                        self.random, "SpeculativeGenerator.stream", processor)
+        yield from _stream(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
+                           sampling, seed, eos_token_id, StepTally(), self.kernel, self.compiler,
+                           self.random, "SpeculativeGenerator.stream", processor, options=self.options)
 
     def stream_batch(
         self,
@@ -672,12 +385,10 @@ class SpeculativeGenerator:
         after each step (:func:`specdec.batch.speculative_stream_batch`: the
         requirements and the per-row guarantees). Logits processors are not
         supported with batches yet (an :class:`~specdec.errors.InvalidConfigError`)."""
-        from specdec.batch import speculative_stream_batch
-
         self._check_batch_options(logits_processor, sampling)
         yield from speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
                                             max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
-                                            kernel=self.kernel, random=self.random)
+                                            kernel=self.kernel, random=self.random, options=self.options)
 
     def generate_batch(
         self,
@@ -688,7 +399,7 @@ class SpeculativeGenerator:
         eos_token_id: int | Sequence[int] | None = None,
         *,
         logits_processor: LogitsProcessorLike | None = None,
-    ) -> "BatchOutput":
+    ) -> BatchOutput:
         """:meth:`stream_batch`, collected: a :class:`~specdec.batch.BatchOutput`
         (one tuple of new tokens per prompt, in order; per-row stop reasons;
         steps, tau and throughput summed over the rows).
@@ -700,14 +411,13 @@ class SpeculativeGenerator:
         ``random`` apply as in :meth:`generate`, per row: with the kernel, one
         launch verifies every row's tree, each row on its own counter stream
         (docs/generation.md, "Batched decoding"); ``compile=`` is refused."""
-        from specdec.batch import check_prompts, collect_batch, speculative_stream_batch
-
         self._check_batch_options(logits_processor, sampling)
         check_prompts(prompts)
         return collect_batch(
-            lambda stats: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                                   max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
-                                                   kernel=self.kernel, random=self.random, _stats=stats),
+            lambda tallies: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
+                                                     max_new_tokens, (SamplingConfig() if sampling is None else sampling),
+                                                     seeds, eos_token_id, kernel=self.kernel, random=self.random,
+                                                     options=self.options, _tallies=tallies),
             len(prompts),
         )
 
@@ -752,6 +462,6 @@ def autoregressive_generate(
     sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
                                                                  logits_processor, prompt_ids, model)
     verifier = get("verifier", "match")()  # with no children: the bonus is drawn from p itself
-    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,  # type: ignore[arg-type]
+    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,
                      sampling, seed, eos_token_id, callback, what="autoregressive_generate",
                      logits_processor=processor, return_logprobs=return_logprobs)

@@ -19,7 +19,7 @@ Words (used throughout specdec; see also ``docs/concepts.md``):
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 
 import attrs
@@ -117,6 +117,10 @@ def _as_long(x: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
     return t.to(torch.int64)
 
 
+def _as_laws(x: Iterable[SparseLaw]) -> tuple[SparseLaw, ...]:
+    return tuple(x)
+
+
 @attrs.frozen(eq=False)
 class DraftTree:
     """A draft tree of ``n = N + 1`` nodes (node 0 is the root).
@@ -146,7 +150,7 @@ class DraftTree:
     draw_order: torch.Tensor = attrs.field(converter=lambda x: _as_long(x, "draw_order"))
     weights: torch.Tensor = attrs.field(converter=lambda x: torch.as_tensor(x, dtype=torch.float64))
     law_index: torch.Tensor = attrs.field(converter=lambda x: _as_long(x, "law_index"))
-    laws: tuple[SparseLaw, ...] = attrs.field(converter=tuple)
+    laws: tuple[SparseLaw, ...] = attrs.field(converter=_as_laws)
     vocab_size: int = attrs.field()
 
     def __attrs_post_init__(self) -> None:
@@ -362,9 +366,8 @@ class DraftTree:
                 law_index.append(law_map[lid])
             else:
                 law_index.append(-1)
-        laws = [None] * len(law_map)
-        for old, new in law_map.items():
-            laws[new] = self.laws[old]
+        # law_map numbers the kept laws 0, 1, ... in insertion order
+        laws = [self.laws[old] for old in law_map]
         idx = torch.tensor(kept)
         return DraftTree(
             tokens=self.tokens[idx],

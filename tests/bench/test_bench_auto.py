@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from specdec import cli
-from specdec.bench import budget as B
-from specdec.bench.budget import Budget, BudgetChoice, choose_budget, choose_budgets, choose_sampled_slots, pilot_tau
+from specdec.bench import auto_budget
+from specdec.bench.auto_budget import BudgetChoice, choose_budget, choose_budgets, choose_sampled_slots, pilot_tau
+from specdec.bench.budget import Budget, dynamic_width, method_options
 from specdec.bench.models import BenchModels
+from specdec.bench.rows import AUTOREGRESSIVE, parse_rows
 from specdec.bench.runlog import RunLogWriter, read_runlog
-from specdec.bench.runner import AUTOREGRESSIVE, BenchConfig, _generators, aggregate, parse_rows, row_options, run_bench
+from specdec.bench.runner import _generators, aggregate, run_bench
+from specdec.bench.sweep import BenchConfig, row_options
 from specdec.errors import InvalidConfigError
 from specdec.models import CallableLM
 from specdec.sampling import SamplingConfig
@@ -49,7 +52,7 @@ def test_each_temperature_gets_the_budget_of_its_own_profiles():
     assert chosen[1.0].budget == choose_budget(forward, level, flat).budget
     assert chosen[0.0].budget != chosen[1.0].budget
     assert chosen[0.0].budget.depth > chosen[1.0].budget.depth  # deep at T = 0
-    assert B.dynamic_width(chosen[1.0].budget) > B.dynamic_width(chosen[0.0].budget)  # siblings at T = 1
+    assert dynamic_width(chosen[1.0].budget) > dynamic_width(chosen[0.0].budget)  # siblings at T = 1
     one = choose_budget(forward, level, {**peaked, **flat}).budget  # the single budget of the mean
     assert one != chosen[0.0].budget or one != chosen[1.0].budget
     with pytest.raises(InvalidConfigError, match="no acceptance profile at T=1"):
@@ -80,7 +83,7 @@ def test_the_sampled_slots_are_the_pilots_best():
 
 def test_pilot_tau_measures_tokens_per_step():
     models = _models()
-    opts = {**B.method_options("rheo", Budget(8, 2)), "m": 2}
+    opts = {**method_options("rheo", Budget(8, 2)), "m": 2}
     args = (models.target, models.drafts["lm"], "rheo", opts, [[1, 2], [3]], SamplingConfig(temperature=1.0), 12)
     emitted, steps = pilot_tau(*args)
     assert emitted >= 2 * 12  # every token of both generations (a last step may emit past the limit)
@@ -166,8 +169,8 @@ def _fake_choices(budgets, taus, calls):
 
 def _patch(monkeypatch, budgets, taus, calls):
     choose, pilot = _fake_choices(budgets, taus, calls)
-    monkeypatch.setattr(B, "choose_budgets", choose)
-    monkeypatch.setattr(B, "pilot_tau", pilot)
+    monkeypatch.setattr(auto_budget, "choose_budgets", choose)
+    monkeypatch.setattr(auto_budget, "pilot_tau", pilot)
 
 
 BUDGETS = {0.0: Budget(2, 2), 1.0: Budget(12, 3)}

@@ -9,16 +9,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specdec.bench.auto_budget import choose_budget, linear_level_time, profile_positional_acceptance, smooth_acceptance
 from specdec.bench.budget import (
     Budget,
     budget_text,
-    choose_budget,
     dynamic_width,
-    linear_level_time,
     method_options,
     parse_budget,
-    profile_positional_acceptance,
-    smooth_acceptance,
     specinfer_expansion,
     supports_budget,
 )

@@ -114,7 +114,7 @@ def test_end_to_end_results_and_plots(capsys, tiny_dirs, tmp_path):
 def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     from bench_helpers import make_model
     from specdec.drafts.eagle.checkpoints import save_head
-    from specdec.train.trainer import new_head
+    from specdec.train.models import new_head
 
     target = make_model(0, layers=2)
     head = new_head(target, 3, seed=3)
@@ -166,7 +166,7 @@ def test_batch_size_runs_batched_rows_and_says_what_it_left_out(capsys, tiny_dir
     result rows carry batch_size."""
     from bench_helpers import make_model
     from specdec.drafts.eagle.checkpoints import save_head
-    from specdec.train.trainer import new_head
+    from specdec.train.models import new_head
 
     target = make_model(0, layers=2)
     save_head(new_head(target, 3, seed=3), tmp_path / "head3")
@@ -199,7 +199,7 @@ def test_auto_budget_per_batch_size(capsys, tiny_dirs, tmp_path):
     levels (issue 15), and the run uses the budget it chose."""
     from bench_helpers import make_model
     from specdec.drafts.eagle.checkpoints import save_head
-    from specdec.train.trainer import new_head
+    from specdec.train.models import new_head
 
     target = make_model(0, layers=2)
     save_head(new_head(target, 3, seed=3), tmp_path / "head3")

@@ -303,8 +303,8 @@ def test_read_runlog_errors(tmp_path):
 
 def test_spec_bench_speedup_is_the_ratio_of_mean_per_answer_speeds():
     """Spec-Bench's speed.py averages per-answer tokens/s; the table pools tokens and seconds: they differ here."""
-    from specdec.bench.report import spec_bench_summary
-    from specdec.bench.runner import RunRecord
+    from specdec.bench.spec_bench import spec_bench_summary
+    from specdec.bench.sweep import RunRecord
 
     header = {"config": {"temperatures": [0.0]},
               "resolved": {"rows": [{"name": "autoregressive", "kind": "autoregressive"}, {"name": "sd", "kind": "speculative"}],
@@ -328,7 +328,7 @@ def test_a_calibrated_rheo_row_is_profiled_once_and_its_table_is_reused_on_resum
                                                                                    monkeypatch):
     """``rheo[proxy=calibrated]``: the bench measures the table per T > 0 (none at T = 0), logs it in the
     header and meta.json, gives it to the row's builder, and a resumed sweep reuses the logged table."""
-    import specdec.trees.rheo as rheo_module
+    import specdec.tune as rheo_module
 
     args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
             "--methods", "rheo[m=2,proxy=calibrated]", "--budget", "3", "--depth", "2", "--num-prompts", "2",

@@ -9,20 +9,9 @@ import torch
 
 from specdec.bench.budget import Budget
 from specdec.bench.models import BenchModels
-from specdec.bench.runner import (
-    AUTOREGRESSIVE,
-    PEER,
-    BenchConfig,
-    RowSpec,
-    RunRecord,
-    aggregate,
-    bench_units,
-    check_rows,
-    parse_rows,
-    row_options,
-    run_bench,
-    unit_order,
-)
+from specdec.bench.rows import AUTOREGRESSIVE, PEER, RowSpec, parse_rows
+from specdec.bench.runner import aggregate, check_rows, run_bench
+from specdec.bench.sweep import BenchConfig, RunRecord, bench_units, row_options, unit_order
 from specdec.errors import InvalidConfigError, UnknownNameError
 from specdec.models import CallableLM
 

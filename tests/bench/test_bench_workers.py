@@ -119,7 +119,9 @@ def test_a_failed_unit_is_retried_once_and_a_second_failure_stops_the_sweep(ray_
 
     from specdec.bench.budget import Budget
     from specdec.bench.models import load_bench_models
-    from specdec.bench.runner import BenchConfig, parse_rows, row_options, run_bench
+    from specdec.bench.rows import parse_rows
+    from specdec.bench.runner import run_bench
+    from specdec.bench.sweep import BenchConfig, row_options
     from specdec.bench.workers import WorkerPool, _Worker
     from specdec.errors import SpecDecError
 

@@ -31,7 +31,7 @@ from specdec.generate import autoregressive_generate
 from specdec.methods import compose
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
-from specdec.step import commit_step, speculative_step
+from specdec.engine import run_rows
 from specdec.testing import MarkovLM, exact_law
 from specdec.testing.markov import random_markov_logits
 from specdec.tree import DraftTree
@@ -175,21 +175,19 @@ def markov_target(seed: int = 5) -> MarkovLM:
 def run_steps(builder, verifier, draft, sampling, rng, step_path: bool) -> tuple[int, ...]:
     """The literal generation loop, ``NUM_TOKENS`` tokens, per-node or step path."""
     target = markov_target()
+    if step_path:  # the engine's loop (what generate runs)
+        reports = run_rows(target, draft, builder, verifier, [PROMPT], sampling, [rng], max_new_tokens=NUM_TOKENS)
+        return tuple(t for report in reports for t in report.kept[0])
     target.prefill(PROMPT)
     draft.begin(PROMPT)
     out: list[int] = []
     root = PROMPT[-1]
-    while len(out) < NUM_TOKENS:
-        if step_path:
-            outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, root)
-            commit_step(target, draft, outcome)
-            tokens = outcome.result.tokens
-        else:
-            tree = builder.build(root, draft, sampling, rng)
-            result = verifier.verify(tree, process_logits(target.score_tree(tree), sampling), rng)
-            target.accept(result.accepted_nodes, result.bonus_token)
-            draft.commit(result.tokens)
-            tokens = result.tokens
+    while len(out) < NUM_TOKENS:  # the per-node form: host trees, the verifier's walk
+        tree = builder.build(root, draft, sampling, rng)
+        result = verifier.verify(tree, process_logits(target.score_tree(tree), sampling), rng)
+        target.accept(result.accepted_nodes, result.bonus_token)
+        draft.commit(result.tokens)
+        tokens = result.tokens
         out.extend(tokens)
         root = tokens[-1]
     return tuple(out[:NUM_TOKENS])

@@ -32,7 +32,7 @@ from specdec.errors import InvalidConfigError
 from specdec.methods import resolve_method
 from specdec.registry import get, list_registered
 from specdec.sampling import SamplingConfig, process_logits
-from specdec.step import commit_step, speculative_step
+from specdec.engine import run_rows
 from specdec.testing import MarkovLM, chi_square_test, exact_law, random_markov_logits
 
 V = 4
@@ -127,18 +127,9 @@ def speculative_law(name: str, processor, sampling: SamplingConfig, num_tokens: 
     builder, verifier = small_method(name)
 
     def program(rng):
-        target.prefill(list(PROMPT))
-        draft.begin(list(PROMPT))
-        context = torch.tensor(PROMPT, dtype=torch.int64)
-        out: list[int] = []
-        while len(out) < num_tokens:
-            outcome, _ = speculative_step(target, draft, builder, verifier, sampling, rng, context[-1].item(),
-                                          logits_processor=processor, context=context)
-            tokens = outcome.result.tokens
-            out.extend(tokens)
-            context = torch.cat([context, torch.tensor(tokens, dtype=torch.int64)])
-            commit_step(target, draft, outcome)
-        return tuple(out[:num_tokens])
+        reports = run_rows(target, draft, builder, verifier, [list(PROMPT)], sampling, [rng], max_new_tokens=num_tokens,
+                           logits_processor=processor)
+        return tuple(t for report in reports for t in report.kept[0])
 
     return exact_law(program)
 

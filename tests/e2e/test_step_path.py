@@ -10,7 +10,7 @@ import torch
 import specdec
 from specdec.errors import InvalidDistributionError
 from specdec.models import CallableLM
-from specdec.step import verification_rows
+from specdec.engine import StepOptions
 from specdec.testing import ProposalLM
 from specdec.testing.counter import StepCounter
 
@@ -85,7 +85,7 @@ def test_host_syncs_per_step_outside_the_models(method):
     with StepCounter() as counter:
         out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
     steps, accepted = out.stats.steps, out.stats.accepted
-    step_reads = sum(k for (kind, site), k in counter.sync_sites["step"].items() if "specdec/step.py" in site)
+    step_reads = sum(k for (kind, site), k in counter.sync_sites["step"].items() if "specdec/engine/step.py" in site)
     assert step_reads == steps, counter.report()
     assert counter.syncs <= steps + accepted + 2, counter.report()
 
@@ -99,7 +99,7 @@ def test_host_syncs_per_step_outside_the_models(method):
 # sum (law_total) is a copy and a sum, one op more per law (one level, one law) than the fused op that CUDA and the
 # compiled step run (at a batch's 80 rows of V = 128256, 7 ms instead of 62: no fresh 82 MB copy per call).
 # These are the ops of the verification's batch form (every node at once: what a GPU runs), counted under
-# verification_rows("all"). The CPU's default, the walk over the visited nodes (decide_tree_walk), issues the rules'
+# StepOptions(rows="all"). The CPU's default, the walk over the visited nodes (decide_tree_walk), issues the rules'
 # ops once per depth (D + 1 = 7 times) on one row each: 800.3 and 1528.7 per step in the same run (twelfth session),
 # for a third of the verification's time at V = 128256.
 OPS_PER_STEP = {"eagle2": 452, "rheo": 873}
@@ -112,11 +112,10 @@ def test_aten_ops_per_step_outside_the_models(method, rows):
     vocab = 1000
     fixed = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 4
     lm = CallableLM(lambda prefixes: fixed.expand(len(prefixes), vocab).clone(), vocab_size=vocab)
-    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, kernel="torch")
-    with verification_rows(rows):
-        gen.generate([1, 2, 3], 2, specdec.SamplingConfig(temperature=1.0), seed=1)  # warm-up: per-shape index tensors
-        with StepCounter() as counter:
-            out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
+    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, kernel="torch", options=StepOptions(rows=rows))
+    gen.generate([1, 2, 3], 2, specdec.SamplingConfig(temperature=1.0), seed=1)  # warm-up: per-shape index tensors
+    with StepCounter() as counter:
+        out = gen.generate([1, 2, 3], 12, specdec.SamplingConfig(temperature=1.0), seed=0)
     budget = (OPS_PER_STEP if rows == "all" else OPS_PER_STEP_WALK)[method]
     assert counter.ops / out.stats.steps <= budget, counter.report()
 
@@ -179,7 +178,6 @@ def test_validate_mode_catches_a_malformed_tree_batch():
     import attrs
 
     from specdec.errors import MalformedTreeError
-    from specdec.step import validate_steps
     from specdec.trees.dynamic import EagleTreeBuilder
 
     @attrs.frozen
@@ -191,7 +189,8 @@ def test_validate_mode_catches_a_malformed_tree_batch():
     gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method="eagle2", K=2, depth=2, N=3)
     object.__setattr__(gen, "builder", WrongDepths(K=2, depth=2, N=3))
     gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)  # the step path does not pay for the check
-    with validate_steps(), pytest.raises(MalformedTreeError, match="depths"):
+    object.__setattr__(gen, "options", StepOptions(validate=True))
+    with pytest.raises(MalformedTreeError, match="depths"):
         gen.generate([0, 1], 4, specdec.SamplingConfig(), seed=0)
 
 

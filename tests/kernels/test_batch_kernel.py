@@ -82,7 +82,7 @@ def test_one_launch_equals_the_torch_reference_and_batch_one_per_row(rule, monke
     for walk in range(2):
         rng = _streams(walk)
         before = len(launches)
-        got = fused_verify_batch(verifier, tree, p, rng, block=128)
+        got = fused_verify_batch(verifier.fused, tree, p, rng, block=128)
         assert len(launches) == before + 1  # one launch for every row's nodes
         assert [s.walk for s in rng.sources] == [walk + 1] * 3
         u = _streams(walk).verify_uniforms((3, tree.node_slots, tree.max_children + 1))
@@ -105,7 +105,7 @@ def test_logits_mode_with_top_k_equals_batch_one_per_row():
     verifier = get("verifier", "mixed")()
     cases, tree, _, logits = _batch("mixed", sampling, torch.float32)
     for walk in range(2):
-        got = fused_verify_batch(verifier, tree, logits, _streams(walk), inputs="logits", sampling=sampling, block=128)
+        got = fused_verify_batch(verifier.fused, tree, logits, _streams(walk), inputs="logits", sampling=sampling, block=128)
         for b, (case, seed) in enumerate(zip(cases, SEEDS)):
             one = fused_verify(verifier, case.tree, case.logits, CounterRandom(seed, walk=walk), inputs="logits",
                                sampling=sampling, block=128)
@@ -124,7 +124,7 @@ def test_swapped_row_streams_are_caught(monkeypatch):
     monkeypatch.setattr(RowStreams, "counter_keys", lambda self, device="cpu": original(self, device).flip(0))
     differ = 0
     for walk, ref in zip(walks, refs):
-        got = fused_verify_batch(verifier, tree, p, _streams(walk), block=128)
+        got = fused_verify_batch(verifier.fused, tree, p, _streams(walk), block=128)
         differ += sum(not torch.equal(got.tokens[b], ref[2][b]) for b in range(3))
     assert differ > 0
 
@@ -134,9 +134,9 @@ def test_bad_arguments_are_refused():
     from specdec.errors import InvalidConfigError, InvalidDistributionError
     from specdec.rng import TorchRandom
 
-    match = get("verifier", "match")()
-    with pytest.raises(InvalidConfigError, match="no fused kernel"):
-        fused_verify_batch(get("verifier", "greedy")(), tree, p, _streams(0))
+    match = get("verifier", "match")().fused
+    with pytest.raises(InvalidConfigError, match="rule must be a FusedRule"):
+        fused_verify_batch(get("verifier", "kseq")().fused, tree, p, _streams(0))
     with pytest.raises(InvalidConfigError, match="RowStreams of CounterRandom"):
         fused_verify_batch(match, tree, p, RowStreams([TorchRandom.seeded(s) for s in range(3)]))
     with pytest.raises(InvalidConfigError, match="row streams for a batch of 3"):
@@ -218,13 +218,8 @@ def test_mutant_streams_fail_the_per_row_equality(monkeypatch):
         m.setattr(RowStreams, "counter_keys", lambda self, device="cpu": original(self, device).flip(0))
         assert _batched(1.0) != reference
 
-    class ByPosition:  # MUTANT: stream b keyed by b (its place in the batch), not by seeds[b]
-        calls = 0
+    def by_position(random, seeds):  # MUTANT: stream b keyed by b (its place in the batch), not by seeds[b]
+        return [CounterRandom(b) for b in range(len(seeds))]
 
-        @classmethod
-        def seeded(cls, seed):
-            cls.calls += 1
-            return CounterRandom((cls.calls - 1) % len(PROMPTS))
-
-    monkeypatch.setattr(batch_module, "CounterRandom", ByPosition)
+    monkeypatch.setattr(batch_module, "seeded_sources", by_position)
     assert _batched(1.0) != reference

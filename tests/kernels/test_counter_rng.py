@@ -152,9 +152,11 @@ def test_docstring_examples() -> None:
     import doctest
 
     import specdec.rng as rng_module
+    import specdec.rng_counter as rng_counter
+    import specdec.rng_sources as rng_sources
     import specdec.kernels.select as select
 
-    for module in (rng_module, select):
+    for module in (rng_module, rng_sources, rng_counter, select):
         failures, tried = doctest.testmod(module, verbose=False)
         assert tried > 0 and failures == 0, module.__name__
 

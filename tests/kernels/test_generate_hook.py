@@ -15,7 +15,7 @@ import torch
 import specdec
 from specdec.errors import InvalidConfigError
 from specdec.rng import CounterRandom
-from specdec.kernels.verify_fused import StepVerifier
+from specdec.engine import choose_verification
 from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import TorchRandom
@@ -38,10 +38,12 @@ SMALL = {"rheo": {"K": 3, "depth": 3, "N": 6, "M": 5}, "eagle2": {"K": 3, "depth
          "sequoia": {"num_nodes": 6, "max_depth": 3, "acceptance": (0.6, 0.2, 0.1)}}
 
 
-def generate(kernel: str, method: str = "rheo", seed: int = 3, random: str = "torch", **sampling):
+def generate(kernel: str, method: str | None = "rheo", seed: int = 3, random: str = "torch", tree: str | None = None,
+             verifier: str | None = None, **sampling):
     target, draft = models()
+    options = SMALL.get(method, {}) if method is not None else {"expansion": (2, 1)}
     gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel, random=random,
-                                       **SMALL.get(method, {}))
+                                       tree=tree, verifier=verifier, **options)
     return gen.generate([0, 1], max_new_tokens=12, sampling=SamplingConfig(**sampling), seed=seed)
 
 
@@ -60,35 +62,58 @@ def test_bad_kernel_choice() -> None:
 def test_triton_needs_a_fused_verifier() -> None:
     pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
     with pytest.raises(InvalidConfigError, match="no fused kernel"):
-        StepVerifier(get("verifier", "kseq")(), SamplingConfig(), seed=0, kernel="triton")
+        choose_verification(get("verifier", "kseq")(), SamplingConfig(), "triton", torch.device("cpu"))
+    with pytest.raises(InvalidConfigError, match="no fused kernel"):
+        generate("triton", method=None, tree="static", verifier="kseq")
 
 
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
-    import specdec.kernels.verify_fused as fused
+    import specdec.engine.dispatch as dispatch
 
-    monkeypatch.setattr(fused, "interpreter_enabled", lambda: False)  # as on a machine without the interpreter
-    step = StepVerifier(get("verifier", "match")(), SamplingConfig(), seed=0, kernel="triton")
-    tree = specdec.DraftTree.chain(0, [], [], vocab_size=3)
+    monkeypatch.setattr(dispatch, "interpreter_enabled", lambda: False)  # as on a machine without the interpreter
     with pytest.raises(InvalidConfigError, match="CUDA"):
-        step(tree, torch.zeros(1, 3), TorchRandom.seeded(0))
+        choose_verification(get("verifier", "match")(), SamplingConfig(), "triton", torch.device("cpu"))
+    with pytest.raises(InvalidConfigError, match="CUDA"):
+        generate("triton")
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.8, top_k=4),
-                                      SamplingConfig(temperature=1.0, top_p=0.9)], ids=["logits", "probs"])
-def test_step_verifier_triton_equals_reference_on_the_counter_stream(sampling: SamplingConfig) -> None:
-    """Both fused modes (softmax + top-k in the kernel; top-p processed in torch)."""
+def test_auto_picks_the_kernel_on_cuda_only_for_declared_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one dispatch: on CUDA with Triton, every verifier that declares a rule gets the device-resident
+    fused kernel (plug-ins included: the kernel takes the rule descriptor); the others walk."""
+    import specdec.engine.dispatch as dispatch
+    from specdec.verify.mixed import MixedVerifier
+
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for name in ("greedy", "match", "rejection-iid", "rejection-wor", "mixed"):  # greedy: rule 2's descriptor on one-hot p
+        assert choose_verification(get("verifier", name)(), SamplingConfig(), "auto", cuda).path == "triton"
+        assert choose_verification(get("verifier", name)(), SamplingConfig(), "auto", cpu).path == "tensor"
+    assert choose_verification(get("verifier", "kseq")(), SamplingConfig(), "auto", cuda).path == "walk"
+
+    class Declared(MixedVerifier):  # a plug-in that keeps rule 5 and says so
+        fused = MixedVerifier.fused
+
+    class Changed(MixedVerifier):  # a plug-in that changes the rule: it declares none, so it walks
+        pass
+
+    assert choose_verification(Declared(), SamplingConfig(), "auto", cuda).path == "triton"
+    assert choose_verification(Changed(), SamplingConfig(), "auto", cuda).path == "walk"
+
+
+@pytest.mark.parametrize("method", ["rheo", "specinfer", "sequoia", "eagle2"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0.8, "top_k": 4}, {"temperature": 1.0, "top_p": 0.9},
+                                      {"temperature": 0.0}], ids=["logits", "probs", "greedy"])
+def test_the_kernel_emits_what_the_tensor_rule_emits_on_the_counter_stream(method: str, sampling: dict) -> None:
+    """Both fused modes (softmax + top-k in the kernel; top-p processed in torch) and greedy: with the
+    counter stream, ``kernel="triton"`` (the device tree batch, tables built on the device) emits the
+    tokens of ``kernel="torch"`` (the tensor rule on the same uniforms)."""
     pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
-    from kernel_cases import random_case
-
-    verifier = get("verifier", "mixed")()
-    step = StepVerifier(verifier, sampling, seed=17, kernel="triton")
-    reference = CounterRandom(17)
-    for seed in range(3):
-        case = random_case("mixed", 300, seed, sampling, max_nodes=6)
-        got = step(case.tree, case.logits, TorchRandom.seeded(0))
-        assert got == verifier.verify(case.tree, process_logits(case.logits, sampling), reference)
-    assert step.path_label == "triton"
+    for seed in range(2):
+        kernel = generate("triton", method=method, seed=seed, random="counter", **sampling)
+        reference = generate("torch", method=method, seed=seed, random="counter", **sampling)
+        assert kernel.tokens == reference.tokens
+        assert kernel.stats.kernel_path == "triton" and reference.stats.kernel_path == "torch"
 
 
 def test_generation_with_the_triton_kernel() -> None:
@@ -173,7 +198,7 @@ def test_counter_stream_chi_square_catches_a_broken_stream(monkeypatch: pytest.M
     import specdec.generate as generate_module
     from specdec.testing import chi_square_test
 
-    monkeypatch.setattr(generate_module, "CounterRandom", _ReusesBuilderDraws)
+    monkeypatch.setattr(generate_module, "seeded_sources", lambda random, seeds: [_ReusesBuilderDraws.seeded(s) for s in seeds])
     target, draft = models()
     sampling = SamplingConfig(temperature=1.0)
     gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", kernel="torch", random="counter",

@@ -29,7 +29,6 @@ from specdec.registry import get  # noqa: E402
 from specdec.rng import TorchRandom  # noqa: E402
 from specdec.sampling import SamplingConfig  # noqa: E402
 from specdec.tree import SampleMode, SparseLaw, TreeAssembler  # noqa: E402
-from specdec.verify import GreedyVerifier  # noqa: E402
 
 V_SMALL, V_LARGE = 49152 // 64, 128256 // 64
 T1 = SamplingConfig(temperature=1.0)
@@ -177,7 +176,7 @@ def test_unsupported_inputs_raise() -> None:
     with pytest.raises(UnsupportedTreeError):  # deterministic children under rule 3
         fused_verify(get("verifier", "rejection-iid")(), tree, p, CounterRandom(0))
     with pytest.raises(InvalidConfigError, match="no fused kernel"):
-        fused_verify(GreedyVerifier(), tree, p, CounterRandom(0))
+        fused_verify(get("verifier", "kseq")(), tree, p, CounterRandom(0))  # declares no rule (Verifier.fused)
     with pytest.raises(InvalidConfigError, match="CounterRandom"):
         fused_verify(get("verifier", "mixed")(), tree, p, TorchRandom.seeded(0))
     with pytest.raises(InvalidConfigError, match="top-p"):

@@ -16,6 +16,7 @@ import transformers
 
 import specdec.models.gemma3 as gemma3
 import specdec.train.data as data
+import specdec.train.export as export
 import specdec.train.recipes as recipes
 from specdec.train.data import Record
 
@@ -44,8 +45,8 @@ def gemma_env(monkeypatch, tmp_path, corpus, tokenizer):
                         lambda path, *a, **k: real_load(corpus["json"] if path is None else path, *a, **k))
     assets = tmp_path / "assets"
     assets.mkdir()
-    shutil.copy(recipes.ASSETS / "sharegpt_heldout_ids.txt", assets / "sharegpt_heldout_ids.txt")
-    monkeypatch.setattr(recipes, "ASSETS", assets)
+    shutil.copy(export.ASSETS / "sharegpt_heldout_ids.txt", assets / "sharegpt_heldout_ids.txt")
+    monkeypatch.setattr(export, "ASSETS", assets)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     return {"model": model, "tok": tok, "assets": assets, "cache": tmp_path / "cache"}
 
@@ -60,7 +61,7 @@ def test_plain_conversation_keeps_the_id():
 
 
 def test_gemma3_recipe_trains_eagle3_and_exports_to_the_cache(gemma_env, tmp_path, capsys):
-    real = Path(data.__file__).resolve().parent.parent / "assets"  # the package's (recipes.ASSETS is a copy here)
+    real = Path(data.__file__).resolve().parent.parent / "assets"  # the package's (export.ASSETS is a copy here)
     real_assets = sorted(p.name for p in real.iterdir())
     real_heldout = (real / "sharegpt_heldout_ids.txt").read_bytes()
     shipped = (gemma_env["assets"] / "sharegpt_heldout_ids.txt").read_bytes()
@@ -155,7 +156,7 @@ def test_gemma3_recipe_distils_a_draft_lm_over_the_draft_vocabulary(gemma_env, t
 
 def test_make_draft_lm_keeps_the_targets_class_and_layers(gemma_env):
     from specdec.errors import InvalidConfigError
-    from specdec.train.trainer import make_draft_lm
+    from specdec.train.models import make_draft_lm
 
     target = gemma_env["model"]
     lm = make_draft_lm(target, 2)
@@ -173,7 +174,7 @@ def test_make_draft_lm_keeps_the_targets_class_and_layers(gemma_env):
 
 
 def test_gemma3_head_warm_start_uses_gemma_norm_scale(gemma_env):
-    from specdec.train.trainer import new_head
+    from specdec.train.models import new_head
 
     model = gemma_env["model"]
     with torch.no_grad():
@@ -200,7 +201,7 @@ def test_bench_auto_head_for_gemma3(gemma_env, tmp_path):
 def test_load_bench_models_uses_the_cached_gemma3_head(gemma_env):
     from specdec.bench.models import load_bench_models
     from specdec.drafts.eagle.checkpoints import save_head
-    from specdec.train.trainer import new_head
+    from specdec.train.models import new_head
 
     lines: list[str] = []
     need = frozenset({"lm", "eagle3"})
@@ -224,7 +225,7 @@ def test_smollm2_default_is_unchanged(monkeypatch, tmp_path, corpus, tokenizer, 
     monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: (tiny_target, tokenizer))
     monkeypatch.setattr(data, "load_records",
                         lambda path, *a, **k: real_load(corpus["json"] if path is None else path, *a, **k))
-    monkeypatch.setattr(recipes, "ASSETS", tmp_path / "assets")
+    monkeypatch.setattr(export, "ASSETS", tmp_path / "assets")
     run = tmp_path / "run"
     assert recipes.main(["--out", str(run), "--steps", "2", "--seq-len", "16", "--draft-vocab-size", "20",
                          "--threads", "1", "--no-progress"]) == 0

@@ -11,12 +11,9 @@ from specdec.errors import InvalidConfigError
 from specdec.train.cli import regen_data_main
 from specdec.train.data import Record, base_id, is_heldout, load_records, render
 from specdec.train.regen import REGEN_SUFFIX, regen_prompt, regenerate
-from specdec.train.trainer import (
-    Eagle3Student,
-    load_student_weights,
-    new_head,
-    train_students,
-)
+from specdec.train.models import new_head
+from specdec.train.students import Eagle3Student
+from specdec.train.trainer import load_student_weights, train_students
 
 
 @pytest.fixture(scope="module")

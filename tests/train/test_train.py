@@ -20,17 +20,9 @@ from specdec.train.data import (
     render,
     write_heldout_ids,
 )
-from specdec.train.trainer import (
-    DraftLMStudent,
-    Eagle2Student,
-    Eagle3Student,
-    count_tokens,
-    draft_vocab_from_counts,
-    make_draft_lm,
-    new_head,
-    target_batch,
-    train_students,
-)
+from specdec.train.models import count_tokens, draft_vocab_from_counts, make_draft_lm, new_head
+from specdec.train.students import DraftLMStudent, Eagle2Student, Eagle3Student, target_batch
+from specdec.train.trainer import train_students
 
 
 # ------------------------------------------------------------------ data

@@ -8,7 +8,9 @@ import torch
 from specdec.drafts.eagle.checkpoints import load_head
 from specdec.train.cli import train_draft_main, train_eagle_main
 from specdec.train.data import PackedBatches, load_records
-from specdec.train.trainer import Eagle2Student, Eagle3Student, new_head, target_batch, train_students
+from specdec.train.models import new_head
+from specdec.train.students import Eagle2Student, Eagle3Student, target_batch
+from specdec.train.trainer import train_students
 
 
 @pytest.fixture(scope="module")

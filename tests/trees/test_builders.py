@@ -526,7 +526,8 @@ def test_rheo_calibrated_proxy_without_a_table_fails_at_t_above_0_only():
 
 
 def test_profile_calibration_measures_acceptance_per_draw_and_bin():
-    from specdec.trees.rheo import CALIBRATION_EDGES, check_calibration, profile_calibration
+    from specdec.trees.rheo import CALIBRATION_EDGES, check_calibration
+    from specdec.tune import profile_calibration
 
     same = CallableLM(lambda p: torch.log(torch.tensor([[0.72, 0.22, 0.06]] * len(p))), vocab_size=3)
     table = profile_calibration(same, CallableLM(same.fn, 3), [[0], [1, 2]], T1, draws=3, M=3, steps_per_prompt=8)

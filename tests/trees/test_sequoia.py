@@ -14,7 +14,8 @@ from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing import exact_law
 from specdec.tree import SampleMode
-from specdec.trees import SequoiaTreeBuilder, choose_size, measure_forward_times, profile_acceptance, sequoia_tree
+from specdec.trees import SequoiaTreeBuilder, choose_size, measure_forward_times, sequoia_tree
+from specdec.tune import profile_acceptance
 from specdec.trees.sequoia import DEFAULT_ACCEPTANCE, measure_draft_level_time
 from specdec.trees.static import StaticTreeBuilder
 from specdec.verify.rejection import RejectionWORVerifier

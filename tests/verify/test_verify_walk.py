@@ -19,7 +19,7 @@ from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
-from specdec.step import verification_rows
+from specdec.engine import StepOptions
 from specdec.tree_batch import TreeBatch
 from specdec.verify.fast import decide_from_logits, decide_tree_walk
 
@@ -144,24 +144,22 @@ def test_a_walk_that_reads_the_parent_row_is_caught(monkeypatch):
 
 
 def test_the_step_path_generates_the_same_with_either_rows():
-    """End to end on a CPU: ``verification_rows("all")`` and the default walk emit the same tokens."""
+    """End to end on a CPU: ``StepOptions(rows="all")`` and the default walk emit the same tokens."""
     vocab = 50
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
     lm = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
     for method in ("eagle2", "rheo", "sequoia"):
-        gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method)
         for config in (SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.9, top_p=0.9)):
             outs = {}
             for rows in ("all", "path", "auto"):
-                with verification_rows(rows):
-                    outs[rows] = gen.generate([1, 2, 3], 20, config, seed=5).tokens
+                gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, options=StepOptions(rows=rows))
+                outs[rows] = gen.generate([1, 2, 3], 20, config, seed=5).tokens
             assert outs["all"] == outs["path"] == outs["auto"], method
 
 
 def test_bad_rows_choices_raise():
     with pytest.raises(InvalidConfigError, match="rows must be one of"):
-        with verification_rows("some"):
-            pass
+        StepOptions(rows="some")
     name, builder, verifier_name = CASES[0]
     _, batch, logits, u = _batch(builder, [0])
     with pytest.raises(InvalidConfigError, match="rows must be one of"):

@@ -24,15 +24,31 @@ Draft kinds:
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
+import torch
 
+from specdec.bench.prompts import render_prompt
 from specdec.drafts.base import DraftModel
+from specdec.drafts.eagle import hf_feature_fn, load_shipped, make_draft
+from specdec.drafts.eagle.checkpoints import (
+    SHIPPED_DIR,
+    draft_lm_proposal_ids,
+    load_draft_lm,
+    load_head,
+    shipped_draft_lm_path,
+)
+from specdec.drafts.hf import HFDraft
+from specdec.drafts.ngram import NgramDraft
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
+from specdec.models import gemma3, smollm2
+from specdec.models.hf_common import check_tokenizers_match, model_vocab_size, truncated_copy
 from specdec.targets.base import TargetModel
+from specdec.targets.hf import HFTarget
 
 __all__ = [
     "BenchModels",
@@ -51,7 +67,14 @@ __all__ = [
 DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3", "ngram")
 """Draft kinds a benchmark row can use."""
 
-NGRAM_OPTIONS: dict[str, int] = {"max_ngram": 2, "branches": 4}
+class NgramOptions(TypedDict):
+    """:class:`~specdec.drafts.ngram.NgramDraft`'s options of the ``ngram`` kind."""
+
+    max_ngram: int
+    branches: int
+
+
+NGRAM_OPTIONS: NgramOptions = {"max_ngram": 2, "branches": 4}
 """The ``ngram`` kind: :class:`~specdec.drafts.ngram.NgramDraft` with transformers' n-gram sizes (2 down to 1)
 and a law over up to 4 distinct continuations (trees of several matches; docs/drafts.md)."""
 
@@ -94,15 +117,11 @@ class BenchModels:
 
 def shipped_heads_available() -> dict[int, bool]:
     """Which shipped EAGLE heads (2, 3) are installed in ``specdec/assets``."""
-    from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
-
     return {v: (SHIPPED_DIR / f"eagle{v}-smollm2-135m-instruct" / "config.json").is_file() for v in (2, 3)}
 
 
 def shipped_draft_available() -> bool:
     """Whether the shipped draft LM for SmolLM2-135M-Instruct is installed."""
-    from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
-
     return (SHIPPED_DIR / "draft-lm-smollm2-135m-instruct" / "config.json").is_file()
 
 
@@ -112,25 +131,20 @@ def auto_head_path(target: str, version: int) -> Path | None:
     ``python -m specdec.train.recipes --target gemma3 --export`` for ``"gemma3"``
     (:func:`specdec.models.gemma3.cached_head_path`); None when there is none."""
     if target == DEFAULT_TARGET:
-        from specdec.drafts.eagle.checkpoints import SHIPPED_DIR
-
         path = SHIPPED_DIR / f"eagle{version}-smollm2-135m-instruct"
         return path if (path / "config.json").is_file() else None
     if target == "gemma3":
-        from specdec.models.gemma3 import cached_head_path
-
-        return cached_head_path(version)
+        return gemma3.cached_head_path(version)
     return None
 
 
 def missing_head_message(target: str, version: int) -> str:
     """Why ``--eagle{version}-head auto`` found no head for ``target``, and what to do."""
     if target == "gemma3":
-        from specdec.models.gemma3 import HEAD_BUILD_COMMAND, HEAD_NAME, heads_root
-
-        build = HEAD_BUILD_COMMAND if version == 3 else HEAD_BUILD_COMMAND.replace(
+        build = gemma3.HEAD_BUILD_COMMAND if version == 3 else gemma3.HEAD_BUILD_COMMAND.replace(
             "--out RUN --threads", f"--out RUN --students eagle{version} --threads", 1)
-        return (f"no EAGLE-{version} head for Gemma-3-270M in {heads_root() / HEAD_NAME.format(version=version)} "
+        return (f"no EAGLE-{version} head for Gemma-3-270M in "
+                f"{gemma3.heads_root() / gemma3.HEAD_NAME.format(version=version)} "
                 f"(specdec ships none: Gemma Terms of Use); build one with: {build}, or give --eagle{version}-head PATH")
     return f"no shipped EAGLE-{version} head for this target; give --eagle{version}-head PATH"
 
@@ -166,8 +180,6 @@ def check_hf_vocab_early(name: str, target_vocab: int | None, what: str) -> None
     folder = Path(name).expanduser()
     if not (folder / "config.json").is_file():
         return
-    import json
-
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -198,8 +210,6 @@ def resolve_device(text: str, *, check: bool = True) -> str:
     Raises:
         InvalidConfigError: another name, or a CUDA device that this process cannot see.
     """
-    import torch
-
     name = str(text).strip().lower()
     if name == "cpu":
         return name
@@ -260,25 +270,17 @@ def load_bench_models(
         InvalidConfigError, VocabMismatchError, ImportError: unloadable or
             mismatched models (clear messages).
     """
-    from transformers import PreTrainedModel
-
-    from specdec.drafts.hf import HFDraft
-    from specdec.models.hf_common import check_tokenizers_match, model_vocab_size, truncated_copy
-    from specdec.targets.hf import HFTarget
+    from transformers import PreTrainedModel  # heavy: imported when models are loaded
 
     device = resolve_device(device)  # before any load: a missing GPU is an error, never a CPU run
     eagle_heads = dict(eagle_heads or {})
     descriptions: dict[str, str] = {}
     is_smollm2 = target == DEFAULT_TARGET
     if is_smollm2:
-        from specdec.models.smollm2 import load_smollm2
-
-        hf_target, tokenizer = load_smollm2()
+        hf_target, tokenizer = smollm2.load_smollm2()
         descriptions["target"] = NAMED_TARGETS[target]
     elif target == "gemma3":
-        from specdec.models.gemma3 import load_gemma3
-
-        hf_target, tokenizer = load_gemma3()
+        hf_target, tokenizer = gemma3.load_gemma3()
         descriptions["target"] = NAMED_TARGETS[target]
     else:
         hf_target, tokenizer = _load_hf(target, "target")
@@ -288,7 +290,8 @@ def load_bench_models(
     if not isinstance(hf_target, PreTrainedModel):
         raise InvalidConfigError(f"the target {target!r} is not a transformers model")
     if device != "cpu":
-        hf_target = hf_target.to(device)
+        # transformers wraps PreTrainedModel.to in functools.wraps, whose stub mypy does not bind to the instance
+        hf_target = hf_target.to(device)  # type: ignore[arg-type]
         descriptions["target"] += f" on {device}"
     vocab = model_vocab_size(hf_target)
     log(f"target: {descriptions['target']}")
@@ -297,12 +300,8 @@ def load_bench_models(
     hf_draft = None
     draft_proposal_ids = None  # a draft LM distilled over a draft vocabulary proposes over it (HFDraft proposal_ids)
     if draft == "auto":
-        from specdec.models.gemma3 import cached_draft_lm_path
-
-        gemma_lm = cached_draft_lm_path() if target == "gemma3" else None
+        gemma_lm = gemma3.cached_draft_lm_path() if target == "gemma3" else None
         if gemma_lm is not None:
-            from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids, load_draft_lm
-
             hf_draft = load_draft_lm(gemma_lm, hf_target)
             draft_proposal_ids = draft_lm_proposal_ids(gemma_lm)
             descriptions["lm"] = (f"draft LM for Gemma-3-270M trained by its user ({hf_draft.config.num_hidden_layers} "
@@ -310,8 +309,6 @@ def load_bench_models(
                                   + ("" if draft_proposal_ids is None else
                                      f"; proposes over {len(draft_proposal_ids)} ids") + ")")
         elif is_smollm2 and shipped_draft_available():
-            from specdec.drafts.eagle.checkpoints import load_draft_lm, shipped_draft_lm_path
-
             hf_draft = load_draft_lm(shipped_draft_lm_path(), hf_target)
             descriptions["lm"] = (f"shipped draft LM ({hf_draft.config.num_hidden_layers} layers, "
                                   "distilled from SmolLM2-135M-Instruct)")
@@ -351,8 +348,6 @@ def load_bench_models(
     targets["lm"] = plain
     drafts["lm"] = HFDraft(hf_draft, logits_device=None, proposal_ids=draft_proposal_ids)
     if "ngram" in need_kinds:  # model-free: prompt lookup in the prompt and the generated text
-        from specdec.drafts.ngram import NgramDraft
-
         targets["ngram"] = plain
         drafts["ngram"] = NgramDraft(vocab, **NGRAM_OPTIONS)
         descriptions["ngram"] = ("prompt lookup (model-free n-gram draft: max_ngram={max_ngram}, "
@@ -368,8 +363,6 @@ def load_bench_models(
         spec = eagle_heads.get(version, "auto")
         if spec == "none":
             continue
-        from specdec.drafts.eagle import hf_feature_fn, make_draft
-
         if spec == "auto" and target == "gemma3":
             cached = auto_head_path(target, version)
             if cached is None:
@@ -379,13 +372,9 @@ def load_bench_models(
         if spec == "auto":
             if not (is_smollm2 and available[version]):
                 continue
-            from specdec.drafts.eagle import load_shipped
-
             head_draft = load_shipped(version, hf_target)
             descriptions[kind] = f"shipped EAGLE-{version} head for SmolLM2-135M-Instruct"
         else:
-            from specdec.drafts.eagle.checkpoints import load_head
-
             path = Path(spec).expanduser()
             if not path.exists():
                 raise InvalidConfigError(f"--eagle{version}-head: {path} does not exist")
@@ -411,8 +400,6 @@ def load_bench_models(
     eos = getattr(getattr(hf_target, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = tokenizer.eos_token_id
-
-    from specdec.bench.prompts import render_prompt
 
     def tokenize(text: str) -> list[int]:
         return render_prompt(tokenizer, text)

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from specdec.errors import InvalidConfigError
+from specdec.train.data import load_records, read_heldout_ids
 
 __all__ = [
     "BenchPrompt",
@@ -96,6 +97,10 @@ SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" 
 """The prompt set shipped with specdec."""
 
 
+def _turns_field(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class BenchPrompt:
     """One benchmark question.
@@ -111,7 +116,7 @@ class BenchPrompt:
 
     question_id: int | str
     category: str
-    turns: tuple[str, ...] = attrs.field(converter=tuple)
+    turns: tuple[str, ...] = attrs.field(converter=_turns_field)
     source: str = ""
 
     @property
@@ -330,8 +335,6 @@ def load_sharegpt_prompts(limit: int | None = None) -> list[BenchPrompt]:
         InvalidConfigError: the package or the id list is missing, or no
             usable conversation was found.
     """
-    from specdec.train.data import load_records, read_heldout_ids
-
     ids_file = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_heldout_ids.txt"
     if not ids_file.is_file():
         raise InvalidConfigError(f"no held-out ShareGPT id list at {ids_file}")

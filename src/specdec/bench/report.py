@@ -1,10 +1,11 @@
-"""Benchmark output: the terminal table, ``results.json``, the plots, the goal check.
+"""Benchmark output: the terminal table, the goal check, ``results.json`` and the output folder.
 
 ``results.json`` is a JSON list of the records :func:`specdec.bench.runner.aggregate`
 returns (schema in ``docs/bench.md``); ``meta.json`` records how the run was
-made; ``runs.jsonl`` holds one line per generate call. The plots (PNG, made
-with matplotlib, imported only here) are ``tau.png``, ``acceptance.png`` and
-``speedup.png``.
+made; ``runs.jsonl`` holds one line per generate call
+(:mod:`specdec.bench.runlog`). :func:`write_report` rebuilds all of it from a
+sweep's log, with the plots of :mod:`specdec.bench.plots`; Spec-Bench's own
+report is :mod:`specdec.bench.spec_bench`'s.
 """
 
 from __future__ import annotations
@@ -14,35 +15,40 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from specdec.bench.budget import Budget
+from specdec.bench.plots import PLOT_FILES, write_plots, write_temperature_plot
+from specdec.bench.rows import RowSpec, kind_rank
+from specdec.bench.runlog import RUNS_FILE, RunLog, identity_differences, logged_budget, read_runlog, strict_json
+from specdec.bench.runner import aggregate
+from specdec.bench.sweep import RunRecord
 from specdec.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 __all__ = [
     "results_table",
+    "format_cell",
     "write_results",
-    "write_plots",
     "goal_summary",
+    "goal_lines",
     "check_out_dir",
     "remove_stale_outputs",
     "open_out_dir",
     "write_report",
     "write_meta",
-    "write_temperature_plot",
     "budget_lines",
-    "spec_bench_summary",
-    "spec_bench_report",
-    "PLOT_FILES",
     "OUTPUT_FILES",
 ]
-
-PLOT_FILES: tuple[str, ...] = ("tau.png", "acceptance.png", "speedup.png", "temperature.png")
 
 OUTPUT_FILES: tuple[str, ...] = ("results.json", "meta.json", "runs.jsonl", "spec_bench.json", *PLOT_FILES)
 """Every file ``specdec bench --out DIR`` writes: a folder holding one of them holds an earlier run's results."""
 
 
-def _fmt(x: Any, spec: str = ".2f") -> str:
+def format_cell(x: Any, spec: str = ".2f") -> str:
+    """A table cell: ``x`` formatted with ``spec``, ``-`` for a missing or NaN value."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return format(x, spec)
@@ -51,11 +57,11 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 def _split(rec: Mapping[str, Any]) -> str:
     """``draft/target/verify/other`` shares of the wall time, in percent."""
     total = rec.get("time_total") or 0.0
-    parts = [rec.get(k) for k in ("time_draft", "time_target", "time_verify")]
-    if total <= 0 or any(p is None for p in parts):
+    draft, target, verify = (rec.get(k) for k in ("time_draft", "time_target", "time_verify"))
+    if total <= 0 or draft is None or target is None or verify is None:
         return "-"
-    other = max(0.0, total - sum(parts))  # prefill and loop overhead
-    return "/".join(f"{100 * p / total:.0f}" for p in (*parts, other))
+    other = max(0.0, total - draft - target - verify)  # prefill and loop overhead
+    return "/".join(f"{100 * p / total:.0f}" for p in (draft, target, verify, other))
 
 
 def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec bench") -> Any:
@@ -64,28 +70,25 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
     from rich.text import Text
 
     table = Table(title=title, show_lines=False)
-    for col, just in (("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"),
-                      ("tok/s", "right"), ("speedup", "right"), ("acceptance by depth", "left"),
-                      ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"), ("tokens", "right"),
-                      ("=AR", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"), ("tok/s", "right"),
+        ("speedup", "right"), ("acceptance by depth", "left"), ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"),
+        ("tokens", "right"), ("=AR", "right"))
+    for col, just in columns:
         table.add_column(col, justify=just, no_wrap=True)
-    for rec in sorted(records, key=lambda r: (r["temperature"], _row_rank(r))):
+    for rec in sorted(records, key=lambda r: (r["temperature"], kind_rank(r.get("kind", "")))):
         acc = " ".join(f"{a:.2f}" for a in rec.get("acceptance_by_depth") or [])
         match = rec.get("matches_autoregressive")
-        tau = _fmt(rec["tau"])
+        tau = format_cell(rec["tau"])
         if rec.get("tau_stderr") is not None and not math.isnan(rec["tau_stderr"]) and rec["kind"] != "autoregressive":
             tau += f"±{rec['tau_stderr']:.2f}"
         table.add_row(  # names as Text: "rheo[m=2]" is a row name, not rich markup
             Text(rec["method"]), Text(rec.get("draft") or "-"), f"{rec['temperature']:g}", tau,
-            _fmt(rec["tokens_per_s"], ".1f"), _fmt(rec["speedup"], ".2f") + "x", acc or "-", _split(rec),
+            format_cell(rec["tokens_per_s"], ".1f"), format_cell(rec["speedup"], ".2f") + "x", acc or "-", _split(rec),
             str(rec["target_forwards"]), str(rec["new_tokens"]),
             "-" if match is None else f"{100 * match:.0f}%",
         )
     return table
-
-
-def _row_rank(rec: Mapping[str, Any]) -> int:
-    return {"autoregressive": 0, "speculative": 1, "peer": 2}.get(rec.get("kind", ""), 3)
 
 
 def check_out_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -118,29 +121,18 @@ def check_out_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     return p
 
 
-def _clean(value: Any) -> Any:
-    """NaN -> None, recursively (strict JSON)."""
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def write_results(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
                   runs: Sequence[Mapping[str, Any]] = ()) -> list[Path]:
     """Write ``results.json`` (the records), ``meta.json`` and ``runs.jsonl``; returns the paths."""
     p = Path(out)
     files = [p / "results.json", p / "meta.json"]
-    files[0].write_text(json.dumps(_clean(list(records)), indent=2, allow_nan=False) + "\n")
-    files[1].write_text(json.dumps(_clean(dict(meta)), indent=2, allow_nan=False) + "\n")
+    files[0].write_text(json.dumps(strict_json(list(records)), indent=2, allow_nan=False) + "\n")
+    files[1].write_text(json.dumps(strict_json(dict(meta)), indent=2, allow_nan=False) + "\n")
     if runs:
         path = p / "runs.jsonl"
         with path.open("w") as fh:
             for r in runs:
-                fh.write(json.dumps(_clean(dict(r)), allow_nan=False) + "\n")
+                fh.write(json.dumps(strict_json(dict(r)), allow_nan=False) + "\n")
         files.append(path)
     return files
 
@@ -159,86 +151,6 @@ def remove_stale_outputs(out: str | os.PathLike, written: Sequence[str | os.Path
             f.unlink()
             removed.append(f)
     return removed
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise InvalidConfigError(
-            "the benchmark plots need matplotlib: pip install matplotlib "
-            "(or pip install 'specdec-trees[bench]'), or pass --no-plots"
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def write_plots(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], title: str = "") -> list[Path]:
-    """Write ``tau.png``, ``acceptance.png`` and ``speedup.png`` into ``out``.
-
-    Raises:
-        InvalidConfigError: matplotlib is not installed.
-    """
-    plt = _pyplot()
-    p = Path(out)
-    temps = sorted({r["temperature"] for r in records})
-    names: list[str] = []
-    for r in sorted(records, key=_row_rank):
-        if r["method"] not in names:
-            names.append(r["method"])
-    lookup = {(r["method"], r["temperature"]): r for r in records}
-    files = []
-
-    def bars(metric: str, fname: str, ylabel: str, hline: float | None) -> None:
-        shown = [n for n in names if any((n, t) in lookup and lookup[(n, t)].get(metric) is not None for t in temps)]
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(shown) + 2), 4.2))
-        width = 0.8 / max(1, len(temps))
-        for i, t in enumerate(temps):
-            xs, ys = [], []
-            for j, n in enumerate(shown):
-                v = lookup.get((n, t), {}).get(metric)
-                if v is not None and not (isinstance(v, float) and math.isnan(v)):
-                    xs.append(j + (i - (len(temps) - 1) / 2) * width)
-                    ys.append(v)
-            b = ax.bar(xs, ys, width=width, label=f"T={t:g}")
-            ax.bar_label(b, fmt="%.2f", fontsize=7)
-        if hline is not None:
-            ax.axhline(hline, color="grey", linewidth=1, linestyle="--")
-        ax.set_xticks(range(len(shown)), shown, rotation=20, ha="right")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{ylabel}{' - ' + title if title else ''}", fontsize=10)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(p / fname, dpi=110)
-        plt.close(fig)
-        files.append(p / fname)
-
-    bars("tau", "tau.png", "tau (tokens per target forward)", 1.0)
-
-    fig, axes = plt.subplots(1, len(temps), figsize=(5.2 * len(temps), 4.0), squeeze=False)
-    for ax, t in zip(axes[0], temps):
-        deepest = 1
-        for n in names:
-            r = lookup.get((n, t))
-            if r and r["kind"] == "speculative" and r.get("acceptance_by_depth"):
-                acc = r["acceptance_by_depth"]
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", label=n)
-                deepest = max(deepest, len(acc))
-        ax.set_xticks(range(1, deepest + 1))
-        ax.set_xlabel("depth")
-        ax.set_ylabel("P(accepted | tested)")
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"acceptance by depth, T={t:g}", fontsize=10)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(p / "acceptance.png", dpi=110)
-    plt.close(fig)
-    files.append(p / "acceptance.png")
-
-    bars("speedup", "speedup.png", "speedup vs autoregressive (wall clock)", 1.0)
-    return files
 
 
 def goal_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -307,7 +219,8 @@ def goal_lines(goals: Mapping[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------ resumable output folders (runs.jsonl)
-def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwrite: bool = False) -> tuple[Path, Any]:
+def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwrite: bool = False
+                 ) -> tuple[Path, RunLog | None]:
     """Check ``--out`` before any model loads; returns ``(folder, RunLog or None)``.
 
     - ``overwrite``: the folder is checked for writing; the run starts over
@@ -322,8 +235,6 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
     Raises:
         InvalidConfigError: as above, or the folder cannot be written.
     """
-    from specdec.bench.runlog import RUNS_FILE, identity_differences, read_runlog
-
     p = Path(path).expanduser()
     if overwrite or not (p / RUNS_FILE).exists():
         return check_out_dir(p, overwrite=overwrite), None
@@ -343,9 +254,6 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
 def _report_inputs(header: Mapping[str, Any]) -> dict[str, Any]:
     """aggregate()'s arguments from a run-log header (the budget per temperature where it has one;
     a header of one budget, as every log before ``--budget auto`` chose per temperature, serves all)."""
-    from specdec.bench.runlog import logged_budget
-    from specdec.bench.runner import RowSpec
-
     res, cfg = header["resolved"], header["config"]
     budget, slots = logged_budget(res)
     return {
@@ -359,15 +267,12 @@ def _report_inputs(header: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.PathLike | None, *, console: Any,
+def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str | os.PathLike | None, *, console: Any,
                  plots: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any], list[Path]]:
     """Aggregate ``runs`` as the header describes, print the table, the models and
     the goal lines on ``console``, and (``out`` given) write ``results.json`` and
     the plots. Returns ``(records, goals, files written)``."""
     from rich.markup import escape
-
-    from specdec.bench.budget import Budget
-    from specdec.bench.runner import aggregate
 
     inp = _report_inputs(header)
     records = aggregate(runs, inp["rows"], inp["temperatures"], budget=inp["budget"], options=inp["options"],
@@ -403,7 +308,7 @@ def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.P
     if out is not None:
         p = Path(out)
         f = p / "results.json"
-        f.write_text(json.dumps(_clean(list(records)), indent=2, allow_nan=False) + "\n")
+        f.write_text(json.dumps(strict_json(list(records)), indent=2, allow_nan=False) + "\n")
         files.append(f)
         if plots:
             short = (", ".join(f"T={t:g}: {b.nodes}/{b.depth}" for t, b in sorted(budget.items())) if per_t
@@ -417,9 +322,6 @@ def write_report(header: Mapping[str, Any], runs: Sequence[Any], out: str | os.P
 def budget_lines(header: Mapping[str, Any]) -> list[str]:
     """What ``--budget auto`` chose, per temperature: ``N``, ``d``, rheo's ``m`` and its pilot figures
     (empty for a fixed budget, and for a log of one auto budget for every temperature: the title says it)."""
-    from specdec.bench.budget import Budget
-    from specdec.bench.runlog import logged_budget
-
     res = header["resolved"]
     budget, slots = logged_budget(res)
     if isinstance(budget, Budget):
@@ -445,168 +347,7 @@ def budget_lines(header: Mapping[str, Any]) -> list[str]:
 def write_meta(out: str | os.PathLike, meta: Mapping[str, Any]) -> Path:
     """Write ``meta.json``; returns its path."""
     f = Path(out) / "meta.json"
-    f.write_text(json.dumps(_clean(dict(meta)), indent=2, allow_nan=False) + "\n")
+    f.write_text(json.dumps(strict_json(dict(meta)), indent=2, allow_nan=False) + "\n")
     return f
 
 
-def write_temperature_plot(out: str | os.PathLike, records: Sequence[Mapping[str, Any]], title: str = "") -> Path:
-    """``temperature.png``: tau (left) and speedup (right) against the temperature, one line per method.
-
-    The figure of the one-hot dilemma: a tree built from the draft's top-k
-    children keeps its tau at T = 0 and loses it as T grows, while rheo's
-    sampled slot holds it up (docs/bench.md, "The temperature sweep").
-    """
-    plt = _pyplot()
-    p = Path(out)
-    names: list[str] = []
-    for r in sorted(records, key=_row_rank):
-        if r["method"] not in names:
-            names.append(r["method"])
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
-    for ax, metric, ylabel in ((axes[0], "tau", "tau (tokens per target forward)"),
-                               (axes[1], "speedup", "speedup vs autoregressive")):
-        for n in names:
-            pts = sorted((r["temperature"], r[metric]) for r in records if r["method"] == n
-                         and r.get(metric) is not None and not (isinstance(r[metric], float) and math.isnan(r[metric])))
-            if not pts or (n == "autoregressive"):
-                continue
-            ax.plot([t for t, _ in pts], [v for _, v in pts], marker="o", label=n)
-        ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")  # the baseline: tau 1, speedup 1
-        ax.set_xlabel("temperature")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{ylabel.split(' (')[0]} vs temperature", fontsize=10)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    f = p / "temperature.png"
-    fig.savefig(f, dpi=110)
-    plt.close(fig)
-    return f
-
-
-# ------------------------------------------------------------------------------ Spec-Bench's report
-def spec_bench_summary(header: Mapping[str, Any], runs: Sequence[Any]) -> dict[str, Any]:
-    """Spec-Bench's figures per task (and per category) from a sweep's runs, computed as Spec-Bench's
-    ``evaluation/speed.py`` does.
-
-    For every temperature, method and group (``task:<task>`` for each Spec-Bench
-    task, ``category:<category>``, ``overall``):
-
-    - ``mean_accepted_tokens``: the mean, over all decoding steps, of the tokens a
-      step emits (accepted drafts + the bonus token): Spec-Bench's ``#Mean accepted
-      tokens``, EAGLE's tau, our ``tau`` (emitted tokens / steps);
-    - ``tokens_per_s``: the mean over generations of new tokens / wall time
-      (Spec-Bench averages per-answer speeds; our table pools tokens and seconds);
-    - ``speedup``: that mean / the baseline's on the same generations' prompts
-      (Spec-Bench's ``ratio``);
-    - ``walltime``: mean seconds per generation; ``runs``; ``new_tokens``;
-    - ``greedy_equal`` (T = 0): the share of outputs equal to the baseline's for
-      the same prompt and seed (Spec-Bench's equality check), else None.
-
-    Raises:
-        InvalidConfigError: a prompt's category is not one of Spec-Bench's 13.
-    """
-    from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, spec_bench_task
-    from specdec.bench.runner import AUTOREGRESSIVE
-
-    cats = list(header["resolved"]["prompts"]["categories"])
-    bad = sorted({c for c in cats if c not in SPEC_BENCH_CATEGORIES})
-    if bad:
-        raise InvalidConfigError(
-            f"--format spec-bench needs Spec-Bench's question.jsonl categories ({', '.join(SPEC_BENCH_CATEGORIES)}); "
-            f"this sweep's prompts have {', '.join(map(repr, bad))}"
-        )
-    base_tokens = {(r.prompt_index, r.temperature, r.seed): r.tokens for r in runs if r.row == AUTOREGRESSIVE}
-    cells: dict[tuple[float, str, str], list[Any]] = {}
-    for r in runs:
-        c = cats[r.prompt_index]
-        for key in ("overall", f"task:{spec_bench_task(c)}", f"category:{c}"):
-            cells.setdefault((r.temperature, r.row, key), []).append(r)
-
-    def speed(rs: Sequence[Any]) -> float:
-        v = [r.new_tokens / r.time_total for r in rs if r.time_total > 0]
-        return sum(v) / len(v) if v else float("nan")
-
-    out: dict[str, Any] = {}
-    order = {r["name"]: i for i, r in enumerate(header["resolved"]["rows"])}
-    for (t, row, key), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99), kv[0][2])):
-        base = cells.get((t, AUTOREGRESSIVE, key))
-        tps = speed(rs)
-        b = speed(base) if base else float("nan")
-        steps = sum(r.steps for r in rs)
-        eq = None
-        if t == 0:
-            pairs = [(r.tokens, base_tokens.get((r.prompt_index, r.temperature, r.seed))) for r in rs]
-            pairs = [(x, y) for x, y in pairs if y is not None]
-            eq = sum(x == y for x, y in pairs) / len(pairs) if pairs else None
-        out.setdefault(f"T={t:g}", {}).setdefault(row, {})[key] = {
-            "mean_accepted_tokens": sum(r.emitted for r in rs) / steps if steps else float("nan"),
-            "speedup": tps / b if b == b and b > 0 else float("nan"),
-            "walltime": sum(r.time_total for r in rs) / len(rs),
-            "tokens_per_s": tps, "runs": len(rs), "new_tokens": sum(r.new_tokens for r in rs),
-            "greedy_equal": eq,
-        }
-    return out
-
-
-def spec_bench_report(header: Mapping[str, Any], runs: Sequence[Any], *, console: Any,
-                      out_dir: str | os.PathLike | None = None, by: str = "task") -> int:
-    """Print Spec-Bench's table (speedup per task, mean accepted tokens, walltime, overall), the mean
-    accepted tokens, speedup and walltime per task (``by="task"``) or per category (``by="category"``),
-    and its greedy equality check; with ``out_dir``, write ``spec_bench.json``
-    (:func:`spec_bench_summary`: both levels). Returns 0."""
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-
-    from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, SPEC_BENCH_TASK_NAMES
-
-    if by not in ("task", "category"):
-        raise InvalidConfigError(f"--by must be task or category, got {by!r}")
-
-    summary = spec_bench_summary(header, runs)
-    kinds = {r["name"]: r["kind"] for r in header["resolved"]["rows"]}
-    for tkey, methods in summary.items():
-        table = Table(title=f"Spec-Bench report, {tkey} (speedup per task; #MAT = mean accepted tokens, bonus counted)")
-        table.add_column("method", no_wrap=True)
-        for name in SPEC_BENCH_TASK_NAMES.values():
-            table.add_column(name, justify="right", no_wrap=True)
-        for col in ("#MAT", "overall", "walltime s", "=AR"):
-            table.add_column(col, justify="right", no_wrap=True)
-        for method, g in sorted(methods.items(), key=lambda kv: _row_rank({"kind": kinds.get(kv[0], "")})):
-            cells = [_fmt(g.get(f"task:{t}", {}).get("speedup"), ".2f") + ("x" if f"task:{t}" in g else "")
-                     for t in SPEC_BENCH_TASK_NAMES]
-            o = g["overall"]
-            eq = o.get("greedy_equal")
-            table.add_row(Text(method), *cells, _fmt(o["mean_accepted_tokens"]), _fmt(o["speedup"]) + "x",
-                          _fmt(o["walltime"], ".3f"), "-" if eq is None else f"{100 * eq:.0f}%")
-        console.print(table)
-        long = Table(title=f"Spec-Bench report, {tkey}, per {by}")
-        for col, just in (("method", "left"), (by, "left"), ("questions", "right"), ("#MAT", "right"),
-                          ("speedup", "right"), ("walltime s", "right"), ("tok/s", "right"), ("=AR", "right")):
-            long.add_column(col, justify=just, no_wrap=True)
-        order = list(SPEC_BENCH_TASK_NAMES) if by == "task" else list(SPEC_BENCH_CATEGORIES)
-        for method, g in sorted(methods.items(), key=lambda kv: _row_rank({"kind": kinds.get(kv[0], "")})):
-            for name in order:
-                e = g.get(f"{by}:{name}")
-                if e is None:
-                    continue
-                eq = e.get("greedy_equal")
-                long.add_row(Text(method), name, str(e["runs"]), _fmt(e["mean_accepted_tokens"]), _fmt(e["speedup"]) + "x",
-                             _fmt(e["walltime"], ".3f"), _fmt(e["tokens_per_s"], ".1f"),
-                             "-" if eq is None else f"{100 * eq:.0f}%")
-        console.print(long)
-        if tkey == "T=0":
-            for method, g in methods.items():
-                eq = g["overall"].get("greedy_equal")
-                if eq is None or kinds.get(method) == "autoregressive":
-                    continue
-                verdict = "all equal" if eq == 1.0 else "NOT all equal"
-                console.print(escape(f"greedy equality: {method}: {100 * eq:.0f}% of {g['overall']['runs']} outputs "
-                                     f"equal the baseline's ({verdict})"), soft_wrap=True, highlight=False)
-    if out_dir is not None:
-        f = Path(out_dir) / "spec_bench.json"
-        f.write_text(json.dumps(_clean(summary), indent=2, allow_nan=False) + "\n")
-        console.print(escape(f"wrote {f}"), soft_wrap=True, highlight=False)
-    return 0

@@ -8,7 +8,7 @@ the tree budget (per temperature with ``--budget auto``, rheo's sampled slots
 ``m`` included: :func:`budget_entry`), ``--budget auto``'s measurements,
 Sequoia's acceptance profiles, the prompts used with their categories, the model descriptions).
 Every further line is one finished generation (a
-:class:`~specdec.bench.runner.RunRecord` as a JSON object, with the tree
+:class:`~specdec.bench.sweep.RunRecord` as a JSON object, with the tree
 budget of its temperature), appended and
 flushed to disk as soon as it completes.
 
@@ -40,6 +40,8 @@ from typing import Any
 
 import attrs
 
+from specdec.bench.budget import Budget
+from specdec.bench.sweep import RunRecord
 from specdec.errors import InvalidConfigError
 
 __all__ = [
@@ -56,6 +58,8 @@ __all__ = [
     "record_from_dict",
     "budget_entry",
     "logged_budget",
+    "strict_json",
+    "jsonable",
 ]
 
 FORMAT = "specdec-bench-runs"
@@ -85,6 +89,10 @@ def prompts_digest(prompts: Iterable[Any]) -> str:
     return h.hexdigest()
 
 
+def _records_field(value: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class RunLog:
     """A read ``runs.jsonl``.
@@ -98,7 +106,7 @@ class RunLog:
 
     path: Path
     header: dict[str, Any]
-    records: tuple[dict[str, Any], ...] = attrs.field(converter=tuple)
+    records: tuple[dict[str, Any], ...] = attrs.field(converter=_records_field)
     dropped_tail: bool = False
 
     @property
@@ -176,7 +184,7 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
     seeds = [int(s) for s in cfg.get("seeds") or ()]
     n_prompts = len(res.get("prompts", {}).get("ids") or ())
     records: list[dict[str, Any]] = []
-    seen: dict[tuple[Any, ...], int] = {}
+    seen: dict[tuple[str, int, float, int], int] = {}
     dropped = False
     for n, line in enumerate(lines[1:], start=2):
         last = n == len(lines)
@@ -206,10 +214,11 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
                 f"{where}: generation {rec['row']!r} T={rec['temperature']} seed {rec['seed']} prompt "
                 f"{rec['prompt_index']} is outside the sweep the header describes (foreign or edited run log)"
             )
-        key = run_key(rec["row"], rec["prompt_index"], rec["temperature"], rec["seed"])
-        if key in seen:
-            raise InvalidConfigError(f"{where}: the generation of line {seen[key]} is logged twice (corrupt run log)")
-        seen[key] = n
+        generation = run_key(rec["row"], rec["prompt_index"], rec["temperature"], rec["seed"])
+        if generation in seen:
+            raise InvalidConfigError(f"{where}: the generation of line {seen[generation]} is logged twice "
+                                     "(corrupt run log)")
+        seen[generation] = n
         records.append(rec)
     log = RunLog(p, header, records, dropped)
     if repair and (dropped or not ends_clean):
@@ -217,15 +226,38 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
     return log
 
 
-def _clean(value: Any) -> Any:
-    """NaN -> None, recursively (strict JSON)."""
+def strict_json(value: Any) -> Any:
+    """``value`` with NaN and infinities as None, recursively (strict JSON: ``allow_nan=False``);
+    tuples become lists, keys strings.
+
+    Example:
+        >>> strict_json({"tau": float("nan"), 1: (2.0, float("inf"))})
+        {'tau': None, '1': [2.0, None]}
+    """
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [strict_json(v) for v in value]
     return value
+
+
+def jsonable(value: Any) -> Any:
+    """Builder options as JSON: mappings with string keys, lists, and JSON scalars; any other value
+    as its ``str`` (the ``options`` of a header and of ``results.json``).
+
+    Example:
+        >>> jsonable({"expansion": (2, 1), 3: 1j})
+        {'expansion': [2, 1], '3': '1j'}
+    """
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return str(value)
 
 
 def _atomic_write(path: Path, lines: Sequence[str]) -> None:
@@ -241,7 +273,8 @@ def _atomic_write(path: Path, lines: Sequence[str]) -> None:
 def write_header(out: str | os.PathLike, config: Mapping[str, Any], resolved: Mapping[str, Any]) -> Path:
     """Start a fresh ``runs.jsonl`` in ``out`` (replacing any earlier one) with its header."""
     path = Path(out) / RUNS_FILE
-    header = {"format": FORMAT, "version": VERSION, "config": _clean(dict(config)), "resolved": _clean(dict(resolved))}
+    header = {"format": FORMAT, "version": VERSION, "config": strict_json(dict(config)),
+              "resolved": strict_json(dict(resolved))}
     _atomic_write(path, [json.dumps(header, allow_nan=False)])
     return path
 
@@ -259,7 +292,7 @@ class RunLogWriter:
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        rec = _clean(dict(record))
+        rec = strict_json(dict(record))
         rec["sequence"] = self.next_sequence
         self.next_sequence += 1
         self._fh.write(json.dumps(rec, allow_nan=False) + "\n")
@@ -282,7 +315,7 @@ def identity_differences(logged: Mapping[str, Any], current: Mapping[str, Any]) 
     out = []
     for key in sorted(set(logged) | set(current)):
         a, b = logged.get(key), current.get(key)
-        if _clean(a) != _clean(b):
+        if strict_json(a) != strict_json(b):
             out.append(f"{key}: {_short(a)} in the log, {_short(b)} now")
     return out
 
@@ -292,10 +325,8 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def record_from_dict(rec: Mapping[str, Any]) -> Any:
-    """A :class:`~specdec.bench.runner.RunRecord` from a logged line (null times -> NaN)."""
-    from specdec.bench.runner import RunRecord
-
+def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
+    """A :class:`~specdec.bench.sweep.RunRecord` from a logged line (null times -> NaN)."""
     nan = float("nan")
     return RunRecord(
         sequence=int(rec["sequence"]), unit=int(rec["unit"]), prompt_index=int(rec["prompt_index"]),
@@ -314,13 +345,12 @@ def record_from_dict(rec: Mapping[str, Any]) -> Any:
     )
 
 
-def budget_entry(budget: Any, slots: Mapping[float, int] | None = None, *, auto: bool) -> dict[str, Any]:
+def budget_entry(budget: Budget | Mapping[float, Budget], slots: Mapping[float, int] | None = None, *,
+                 auto: bool) -> dict[str, Any]:
     """The header's ``resolved.budget``: ``{"nodes", "depth", "auto"}`` for one budget at every
     temperature; with a budget per temperature (``--budget auto``) also ``by_temperature``, a list of
     ``{"temperature", "nodes", "depth", "m"}`` (``m``: rheo's sampled slots, None without a choice),
     and ``nodes`` / ``depth`` None unless every temperature has the same budget."""
-    from specdec.bench.budget import Budget
-
     slots = dict(slots or {})
     if isinstance(budget, Budget) and not slots:
         return {"nodes": budget.nodes, "depth": budget.depth, "auto": bool(auto)}
@@ -332,7 +362,7 @@ def budget_entry(budget: Any, slots: Mapping[float, int] | None = None, *, auto:
                                 "m": slots.get(t)} for t in sorted(per)]}
 
 
-def logged_budget(resolved: Mapping[str, Any]) -> tuple[Any, dict[float, int]]:
+def logged_budget(resolved: Mapping[str, Any]) -> tuple[Budget | dict[float, Budget], dict[float, int]]:
     """The tree budget and rheo's sampled slots a header's ``resolved`` holds (:func:`budget_entry`).
 
     Returns ``(budget, slots)``: one :class:`~specdec.bench.budget.Budget` for
@@ -343,8 +373,6 @@ def logged_budget(resolved: Mapping[str, Any]) -> tuple[Any, dict[float, int]]:
     Raises:
         InvalidConfigError: the header has no usable budget.
     """
-    from specdec.bench.budget import Budget
-
     entry = resolved.get("budget")
     try:
         if isinstance(entry, Mapping) and entry.get("by_temperature"):

@@ -6,8 +6,8 @@ the command; the workers load at the same time, and the command's own process
 loads no model: worker 0 renders the prompts, checks the rows and measures the
 profiles and ``--budget auto``, :meth:`WorkerPool.prepare`: a budget per
 temperature and rheo's sampled slots ``m``, which reach every worker in the
-sweep's :class:`~specdec.bench.runner.BenchConfig` and its builder options per
-(row, temperature)) and runs whole units (:func:`~specdec.bench.runner.bench_units`, or
+sweep's :class:`~specdec.bench.sweep.BenchConfig` and its builder options per
+(row, temperature)) and runs whole units (:func:`~specdec.bench.sweep.bench_units`, or
 batches with ``--batch-size``): every row of a unit, the autoregressive
 baseline included, runs on that worker in the one-process order (rows rotated
 by the unit's index), so speedups stay ratios of rows measured side by side on
@@ -35,6 +35,7 @@ rerunning the command resumes.
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -42,6 +43,14 @@ from typing import Any
 
 import attrs
 
+from specdec.bench import models as bench_models
+from specdec.bench.prepare import prepare_sweep
+from specdec.bench.prompts import BenchPrompt
+from specdec.bench.rows import RowSpec
+from specdec.bench.runlog import record_from_dict, run_key
+from specdec.bench.runner import run_bench
+from specdec.bench.settings import BenchSettings
+from specdec.bench.sweep import BenchConfig, RunRecord, batch_chunks, bench_units
 from specdec.errors import InvalidConfigError, SpecDecError
 
 __all__ = ["WorkerPool", "ray_available", "check_ray_address"]
@@ -93,11 +102,9 @@ class _Worker:
 
             if threads:
                 torch.set_num_threads(int(threads))
-            from specdec.bench.models import load_bench_models
-
-            self.models = load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
-                                            need_kinds=load_spec["need_kinds"],
-                                            device=load_spec.get("device", "cpu"))
+            self.models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"],
+                                                         load_spec["eagle_heads"], need_kinds=load_spec["need_kinds"],
+                                                         device=load_spec.get("device", "cpu"))
         except Exception as exc:  # noqa: BLE001 - reported by ready(), never silently
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -107,25 +114,25 @@ class _Worker:
         return {"error": self.error, "pid": os.getpid(), "threads": torch.get_num_threads(),
                 "host": socket.gethostname()}
 
-    def prepare(self, *args: Any, resume_path: str = "runs.jsonl") -> dict[str, Any]:
-        """:func:`specdec.bench.cli.prepare_sweep` with this worker's models: its result, its log lines
+    def prepare(self, args: argparse.Namespace, settings: BenchSettings, rows: Sequence[RowSpec],
+                prompts: Sequence[BenchPrompt], prompts_all: Sequence[BenchPrompt], resolved: dict[str, Any] | None,
+                resume_path: str = "runs.jsonl") -> dict[str, Any]:
+        """:func:`specdec.bench.prepare.prepare_sweep` with this worker's models: its result, its log lines
         (``logs``), or the bad-input error it raised (``error``)."""
-        from specdec.bench.cli import prepare_sweep
-
         logs: list[str] = []
         try:
-            out = prepare_sweep(self.models, *args, logs.append, resume_path)
+            out = prepare_sweep(self.models, args, settings, rows, prompts, prompts_all, resolved, logs.append,
+                                resume_path)
         except SpecDecError as exc:
             return {"error": exc, "logs": logs}
         out["logs"] = logs
         return out
 
-    def setup(self, config: Any, prompts: Sequence[Sequence[int]], options: Mapping[Any, Any]) -> None:
+    def setup(self, config: BenchConfig, prompts: Sequence[Sequence[int]],
+              options: Mapping[tuple[str, float], Mapping[str, Any]]) -> None:
         self.config, self.prompts, self.options = config, prompts, options
 
     def run_unit(self, unit: int, skip: Collection[tuple[str, int, float, int]]) -> list[dict[str, Any]]:
-        from specdec.bench.runner import run_bench
-
         config = self.config if not self.warm else attrs.evolve(self.config, warmup=False)
         runs = run_bench(self.models, config, self.prompts, options=self.options, skip=set(skip), units={unit})
         self.warm = True
@@ -196,12 +203,12 @@ class WorkerPool:
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError ... from ray.init
             raise InvalidConfigError(f"Ray did not start{f' at {address}' if address else ''}: {exc}") from None
         res = ray.cluster_resources()
-        gpus = float(res.get("GPU", 0))
-        if on_gpu and workers > gpus:
+        cluster_gpus = float(res.get("GPU", 0))
+        if on_gpu and workers > cluster_gpus:
             if owns:
                 ray.shutdown()
-            raise InvalidConfigError(f"--workers {workers} --device {device}: the Ray cluster has {gpus:g} GPU(s); "
-                                     "one worker per GPU (no worker falls back to the CPU)")
+            raise InvalidConfigError(f"--workers {workers} --device {device}: the Ray cluster has {cluster_gpus:g} "
+                                     "GPU(s); one worker per GPU (no worker falls back to the CPU)")
         if not on_gpu:
             threads = threads or max(1, int(res.get("CPU", os.cpu_count() or 1)) // workers)
         where = address or ("local" if owns else "the running session")
@@ -239,10 +246,10 @@ class WorkerPool:
                 raise InvalidConfigError(f"Ray worker {i} ({info['host']}) cannot load the models: {info['error']}")
         self.log(f"{len(self.actors)} Ray worker(s) ready")
 
-    def prepare(self, args: Any, settings: Any, rows: Sequence[Any], prompts: Sequence[Any],
-                prompts_all: Sequence[Any], resolved: Mapping[str, Any] | None,
+    def prepare(self, args: argparse.Namespace, settings: BenchSettings, rows: Sequence[RowSpec],
+                prompts: Sequence[BenchPrompt], prompts_all: Sequence[BenchPrompt], resolved: dict[str, Any] | None,
                 resume_path: str = "runs.jsonl") -> dict[str, Any]:
-        """:func:`specdec.bench.cli.prepare_sweep` on worker 0 (the rendered prompts, the checks, the profiles
+        """:func:`specdec.bench.prepare.prepare_sweep` on worker 0 (the rendered prompts, the checks, the profiles
         and the budget), so that the command's own process loads no model; the result has the worker's log
         lines under ``logs``.
 
@@ -262,9 +269,10 @@ class WorkerPool:
             raise out["error"]
         return out
 
-    def run(self, config: Any, prompts: Sequence[Sequence[int]], options: Mapping[Any, Any], *,
+    def run(self, config: BenchConfig, prompts: Sequence[Sequence[int]],
+            options: Mapping[tuple[str, float], Mapping[str, Any]], *,
             skip: Collection[tuple[str, int, float, int]] = frozenset(),
-            on_run: Callable[[Any], None] | None = None, on_start: Callable[[str], None] | None = None) -> None:
+            on_run: Callable[[RunRecord], None] | None = None, on_start: Callable[[str], None] | None = None) -> None:
         """Run every unit with a generation not in ``skip``; ``on_run`` gets each record as its unit returns.
 
         Raises:
@@ -272,9 +280,6 @@ class WorkerPool:
                 have been passed to ``on_run``).
         """
         import ray
-
-        from specdec.bench.runlog import record_from_dict, run_key
-        from specdec.bench.runner import batch_chunks, bench_units
 
         if config.batch_size > 1:
             units = [(chunk, t, s) for chunk, t, s in

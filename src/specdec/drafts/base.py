@@ -20,7 +20,7 @@ from typing import ClassVar, final
 
 import torch
 
-from specdec.errors import InvalidDistributionError, VocabMismatchError
+from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad
 
@@ -42,6 +42,10 @@ class DraftModel(ABC):
     """
 
     registry_name: ClassVar[str] = "?"
+    supports_rows: ClassVar[bool] = False
+    """Declared: the draft has a rows mode (:meth:`begin_rows`, :meth:`commit_rows`,
+    :meth:`keep_rows` and the ``*_rows_logits`` methods serve several rows); the loop refuses
+    several rows otherwise, before any forward."""
     needs_target_hidden: ClassVar[bool] = False
     """A feature-level draft (EAGLE) reads the target's hidden states: the
     generator asks the target to capture :attr:`target_layers`, and passes
@@ -75,7 +79,9 @@ class DraftModel(ABC):
         """``[Vd]`` :meth:`root_logits` over the proposal vocabulary (default: :meth:`root_logits`)."""
         return self.root_logits()
 
-    def tree_proposal_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_proposal_logits(
+        self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
         """``[k, Vd]`` :meth:`tree_logits` over the proposal vocabulary (default: :meth:`tree_logits`)."""
         return self.tree_logits(parents, tokens)
 
@@ -85,22 +91,34 @@ class DraftModel(ABC):
         tree). A model with a preallocated cache sizes it once from this;
         the default does nothing."""
 
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence (committed tokens + tree) the draft can attend over; None = unbounded."""
+        return None
+
     @abstractmethod
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a new sequence whose committed context is ``prompt_ids`` (non-empty)."""
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        """Start a new sequence whose committed context is ``prompt_ids`` (non-empty).
+
+        Args:
+            target_hidden: for feature-level drafts (:attr:`needs_target_hidden`), the
+                target's ``[len(prompt) - 1, L, H]`` features of the cached prompt tokens;
+                token-level drafts are called without it.
+        """
 
     @abstractmethod
     def root_logits(self) -> torch.Tensor:
         """``[V]`` raw logits of the token after the committed context."""
 
     @abstractmethod
-    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Add ``k`` nodes to this step's draft tree and return ``[k, V]`` raw
         logits of the token after each.
 
         Args:
-            parents: ``k`` ids of already added nodes (0 = root).
-            tokens: ``k`` token ids of the new nodes.
+            parents: ``k`` ids of already added nodes (0 = root): ints, or a 1-D int64
+                tensor (the step path's level-wise builders pass device tensors).
+            tokens: ``k`` token ids of the new nodes (ints or a 1-D tensor, as ``parents``).
         """
 
     @abstractmethod
@@ -167,7 +185,62 @@ class DraftModel(ABC):
         logits = self._tree_logits_checked(parents, tokens, proposal)
         return process_logits(logits, sampling, check=False), row_is_bad(logits)
 
-    # ------------------------------------------------ rows (batch > 1)
+    # ------------------------------------------------ rows: what the loop calls
+    # The generation loop (specdec.engine.loop) drives every draft through these, for
+    # B rows; B = 1 is a batch of one. The defaults serve one row with the one-row
+    # methods (begin, commit); a draft with a rows mode overrides all three.
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None) -> None:
+        """Start ``B`` rows, row ``b`` with ``prompts[b]``.
+
+        Args:
+            target_hidden: feature-level drafts: ``[B, q, L, H]`` the target's features of
+                the cached prompt tokens (:meth:`TargetModel.hidden_rows
+                <specdec.targets.base.TargetModel.hidden_rows>`).
+
+        The default serves one row (:meth:`begin`).
+
+        Raises:
+            InvalidConfigError: several rows for a draft without a rows mode.
+        """
+        if len(prompts) != 1:
+            raise InvalidConfigError(
+                f"batched speculative generation needs a draft with a rows mode (the EAGLE heads, HFDraft, "
+                f"CallableLM, NgramDraft); {type(self).__name__} has none (begin_rows got {len(prompts)} prompts)"
+            )
+        if target_hidden is None:
+            self.begin(prompts[0])
+        else:
+            self.begin(prompts[0], target_hidden=target_hidden[0])
+
+    def commit_rows(
+        self,
+        emitted: Sequence[Sequence[int]],
+        target_hidden: torch.Tensor | None = None,
+        *,
+        device_tokens: torch.Tensor | None = None,
+        device_counts: torch.Tensor | None = None,
+    ) -> None:
+        """After a step: row ``b`` appends ``emitted[b]`` (accepted tokens, then the bonus).
+
+        Args:
+            target_hidden: feature-level drafts: ``[B, D + 1, L, H]`` the target's features at
+                each row's root and accepted nodes (the first ``len(emitted[b])`` are row ``b``'s).
+            device_tokens: ``[B, D + 1]`` the emitted tokens as the verifier left them on the
+                device (``-1`` padded), for drafts that avoid a host-to-device copy.
+            device_counts: ``[B]`` the number of emitted tokens per row, on the device.
+
+        The default serves one row (:meth:`commit`).
+        """
+        if len(emitted) != 1:
+            raise InvalidConfigError(f"{type(self).__name__} has no rows mode: commit_rows got {len(emitted)} rows")
+        hidden = None if target_hidden is None else target_hidden[0, : len(emitted[0])]
+        self.commit(emitted[0], target_hidden=hidden)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only the rows ``rows`` (rows that stopped leave the batch), renumbered in
+        order. The loop calls it only with several rows; the default has none to keep."""
+        raise InvalidConfigError(f"{type(self).__name__} has no rows mode: keep_rows({list(rows)})")
+
     @property
     def rows_mode(self) -> bool:
         """Whether the draft holds several rows (a batch mode such as
@@ -226,7 +299,9 @@ class DraftModel(ABC):
             logits = self._tree_logits_checked(parents[0], tokens[0], proposal).unsqueeze(0)  # [1, k, V]
         return _laws_and_flags(logits, samplings)
 
-    def _tree_logits_checked(self, parents: Sequence[int], tokens: Sequence[int], proposal: bool = False) -> torch.Tensor:
+    def _tree_logits_checked(
+        self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor, proposal: bool = False
+    ) -> torch.Tensor:
         if len(parents) != len(tokens):
             raise ValueError(f"expand: {len(parents)} parents but {len(tokens)} tokens")
         with model_call():

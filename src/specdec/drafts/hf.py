@@ -84,6 +84,8 @@ class HFDraft(DraftModel):
         (1, 2, 3, 4, 6, 9)
     """
 
+    supports_rows = True
+
     def __init__(
         self,
         model: Any,
@@ -130,7 +132,8 @@ class HFDraft(DraftModel):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation, local_files_only=True)
-        return cls(model.to(dtype).eval(), **kwargs)
+        # transformers wraps PreTrainedModel.to with functools.wraps: mypy sees an unbound _Wrapped (stub gap)
+        return cls(model.to(dtype).eval(), **kwargs)  # type: ignore[arg-type]
 
     def _reset_tree(self) -> None:
         # per tree node (index = node id; 0 = root): token, parent, depth, tree
@@ -177,8 +180,9 @@ class HFDraft(DraftModel):
         cap = int(positions) if self._max_length is None else min(int(positions), self._max_length)
         self._reserved = max(cap, 0)
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a sequence; nothing runs until :meth:`root_logits`.
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        """Start a sequence; nothing runs until :meth:`root_logits` (``target_hidden`` is
+        ignored: a token-level draft).
 
         Raises:
             ValueError: empty prompt or token ids outside the vocabulary.
@@ -327,6 +331,7 @@ class HFDraft(DraftModel):
     def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
         """Start ``B`` rows at once (rows mode, for batched generation); nothing
         runs until :meth:`root_rows_logits`. ``target_hidden`` is ignored (token-level draft).
+        One prompt is served by :meth:`begin` (the one-row layout).
 
         Layout: one KV slab of ``B`` rows, each with its own length (as
         :meth:`~specdec.targets.hf.HFTarget.prefill_batch`): row ``b``'s
@@ -336,6 +341,8 @@ class HFDraft(DraftModel):
         forward for all rows, padded to the longest). Each row drafts the
         logits its :meth:`begin` alone drafts (tested).
         """
+        if len(prompts) == 1:
+            return DraftModel.begin_rows(self, prompts)
         if len(prompts) == 0:
             raise ValueError("begin_rows needs at least one prompt")
         rows = [check_prompt(p, self._vocab_size, self._max_length) for p in prompts]
@@ -447,6 +454,7 @@ class HFDraft(DraftModel):
         self,
         emitted: Sequence[Sequence[int]],
         target_hidden: Any = None,
+        *,
         device_tokens: torch.Tensor | None = None,
         device_counts: torch.Tensor | None = None,
     ) -> None:
@@ -454,7 +462,9 @@ class HFDraft(DraftModel):
         drop every row's tree; the emitted tokens run at the next root.
         ``device_tokens`` ``[B, >= A]`` (``-1`` padded) and ``device_counts``
         ``[B]``: the same tokens on the device (the batched step's), so that the
-        next root copies nothing from the host."""
+        next root copies nothing from the host. Outside rows mode: :meth:`commit`."""
+        if self._rrows is None:
+            return DraftModel.commit_rows(self, emitted, target_hidden)
         if self._rrows is None or self._cache is None:
             raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
         if len(emitted) != len(self._rrows):
@@ -462,8 +472,10 @@ class HFDraft(DraftModel):
         for b, tokens in enumerate(emitted):
             self._rrows[b].extend(check_tokens(tokens, self._vocab_size, f"row {b}'s emitted tokens"))
         device = next(self.model.parameters()).device
-        on_device = device_tokens is not None and device_counts is not None
-        self._rpend = (device_tokens.to(device), device_counts.to(device)) if on_device else None
+        if device_tokens is not None and device_counts is not None:  # the next root copies nothing from the host
+            self._rpend = (device_tokens.to(device), device_counts.to(device))
+        else:
+            self._rpend = None
         self._drop_rows_tree()
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -507,10 +519,11 @@ class HFDraft(DraftModel):
         """``[..., V]`` logits from the forwards' ``[..., Vd]`` (``-inf`` outside the proposal vocabulary)."""
         if self._proposal_ids is None:
             return logits
-        if self._full_ids.device != logits.device:
-            self._full_ids = self._proposal_ids.to(logits.device)
+        ids = self._full_ids  # None only without a proposal vocabulary
+        if ids is None or ids.device != logits.device:
+            ids = self._full_ids = self._proposal_ids.to(logits.device)
         full = logits.new_full((*logits.shape[:-1], self._vocab_size), float("-inf"))
-        return full.index_copy_(-1, self._full_ids, logits)
+        return full.index_copy_(-1, ids, logits)
 
     def _out(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dtype != torch.float64:

@@ -180,6 +180,8 @@ class NgramDraft(DraftModel):
         (1, 2, 3, 1, 2, 3, 1)
     """
 
+    supports_rows = True
+
     def __init__(
         self,
         vocab_size: int,
@@ -231,8 +233,9 @@ class NgramDraft(DraftModel):
         return out.to(self.device)
 
     # ------------------------------------------------------------ lifecycle
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a sequence whose committed context is ``prompt_ids`` (non-empty)."""
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        """Start a sequence whose committed context is ``prompt_ids`` (non-empty; ``target_hidden``
+        is ignored: a model-free draft)."""
         self._one = _Sequence(self._check(prompt_ids, "the prompt", empty=False), self.max_ngram, self.min_ngram)
         self._rows = None
 
@@ -259,9 +262,11 @@ class NgramDraft(DraftModel):
 
     def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
         """Start ``B`` rows at once (batched generation); each row is its own
-        :meth:`begin` (its own context, its own tree)."""
+        :meth:`begin` (its own context, its own tree); one prompt is served by :meth:`begin`."""
         if len(prompts) == 0:
             raise ValueError("begin_rows needs at least one prompt")
+        if len(prompts) == 1:
+            return DraftModel.begin_rows(self, prompts)
         self._rows = [_Sequence(self._check(p, f"prompt {b}", empty=False), self.max_ngram, self.min_ngram) for b, p in enumerate(prompts)]
         self._one = None
 
@@ -283,8 +288,18 @@ class NgramDraft(DraftModel):
             out.append(self._logits(row, [self._add(row, p, t) for p, t in zip(ps, ts)]))
         return torch.stack(out)
 
-    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
-        """Rows mode: append each row's emitted tokens and drop every row's tree."""
+    def commit_rows(
+        self,
+        emitted: Sequence[Sequence[int]],
+        target_hidden: Any = None,
+        *,
+        device_tokens: torch.Tensor | None = None,
+        device_counts: torch.Tensor | None = None,
+    ) -> None:
+        """Rows mode: append each row's emitted tokens and drop every row's tree (outside
+        rows mode: :meth:`commit`)."""
+        if self._rows is None:
+            return DraftModel.commit_rows(self, emitted, target_hidden)
         rows = self._rows_state()
         if len(emitted) != len(rows):
             raise ValueError(f"{len(emitted)} rows of emitted tokens for {len(rows)} rows")

@@ -72,7 +72,6 @@ class ProcessedDraft(DraftModel):
         self.draft = draft
         self.processor = checked
         self.needs_target_hidden = draft.needs_target_hidden  # type: ignore[misc]  # the wrapped draft's need
-        self.max_length = getattr(draft, "max_length", None)
         self._context: list[int] = []
         self._paths: list[tuple[int, ...]] = [()]  # node id -> path below the root
 
@@ -81,14 +80,21 @@ class ProcessedDraft(DraftModel):
         return self.draft.target_layers
 
     @property
+    def max_length(self) -> int | None:
+        return self.draft.max_length
+
+    @property
     def vocab_size(self) -> int:
         return self.draft.vocab_size
 
     def reserve(self, positions: int) -> None:
         self.draft.reserve(positions)
 
-    def begin(self, prompt_ids: Sequence[int], **kwargs: Any) -> None:
-        self.draft.begin(prompt_ids, **kwargs)
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        if target_hidden is None:
+            self.draft.begin(prompt_ids)
+        else:
+            self.draft.begin(prompt_ids, target_hidden=target_hidden)
         self._context = _ints(prompt_ids)
         self._paths = [()]
 
@@ -96,7 +102,7 @@ class ProcessedDraft(DraftModel):
         logits = self.draft.root_logits()  # [V]
         return self._process([()], logits.unsqueeze(0))[0]
 
-    def tree_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         logits = self.draft.tree_logits(parents, tokens)  # [k, V]
         new = [self._paths[p] + (t,) for p, t in zip(_ints(parents), _ints(tokens))]
         self._paths.extend(new)

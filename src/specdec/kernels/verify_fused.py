@@ -31,10 +31,10 @@ What runs where:
   ``torch.topk`` on ``logits / T``: :func:`~specdec.sampling.top_k_logit_threshold`). Top-p needs a sort per row and stays
   in torch: use ``inputs="probs"`` for it (the generation loop does).
 
-:class:`StepVerifier` is the switch the generation loop uses: the torch
-reference (``process_logits`` + ``verifier.verify`` with the caller's source)
-everywhere, the fused kernel when Triton is importable, the logits are on a
-CUDA device and the verifier is one of rules 2-5.
+The generation loop runs :func:`fused_verify_batch` on the device's tree batch when its
+one dispatch (:mod:`specdec.engine.dispatch`) chooses the kernel. The kernel takes the
+rule's descriptor (:class:`~specdec.verify.base.FusedRule`, declared by each verifier as
+:attr:`Verifier.fused <specdec.verify.base.Verifier.fused>`), never a verifier class.
 """
 
 from __future__ import annotations
@@ -46,21 +46,16 @@ import attrs
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
-from specdec.rng import CounterRandom
 from specdec.kernels.select import interpreter_enabled, triton_available
-from specdec.rng import RandomSource
+from specdec.rng import CounterRandom, RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, process_logits, top_k_logit_threshold
 from specdec.tree import DraftTree, SampleMode
 from specdec.verify.base import FusedRule, Verifier, VerifyResult
-from specdec.verify.match import MatchVerifier
-from specdec.verify.mixed import MixedVerifier
-from specdec.verify.rejection import RejectionIIDVerifier, RejectionWORVerifier
+from specdec.verify.fast import TreeDecision, children_table
 
 __all__ = [
-    "KERNEL_CHOICES",
     "FusedRule",
     "DecisionTables",
-    "StepVerifier",
     "build_tables",
     "fused_rule",
     "fused_verify",
@@ -71,26 +66,12 @@ __all__ = [
     "node_decisions",
 ]
 
-KERNEL_CHOICES = ("auto", "torch", "triton")
-"""Values of the ``kernel`` option: ``auto`` (Triton on CUDA when possible,
-torch otherwise), ``torch`` (always the reference), ``triton`` (always the
-kernel; an error where it cannot run)."""
-
-
-_RULES: dict[type, FusedRule] = {
-    cls: cls.fused for cls in (MatchVerifier, RejectionIIDVerifier, RejectionWORVerifier, MixedVerifier)
-}
-"""The rules the Triton kernel runs (each verifier declares its own :attr:`Verifier.fused`)."""
-
-
 def fused_rule(verifier: Verifier) -> FusedRule | None:
-    """The fused rule for ``verifier``, or None if the kernel does not implement it.
-
-    Only the exact registered classes are fused (a subclass may change the
-    rule, e.g. the test mutants), so the kernel never silently replaces a
-    different verifier.
-    """
-    return _RULES.get(type(verifier))
+    """The rule ``verifier`` declares (:attr:`Verifier.fused <specdec.verify.base.Verifier.fused>`),
+    or None. The kernel runs any declared rule; a subclass that does not declare one itself
+    has none (it may change the rule, as the tests' mutants do), so the kernel never silently
+    replaces a different verifier."""
+    return verifier.fused
 
 
 def _kernels() -> Any:
@@ -177,7 +158,7 @@ def build_tables(
             w = 0
             lrow = -1
             if rej:
-                law = tree.sampled_law_at(node)
+                law = tree.law_of(sampled[0])
                 lrow = len(law_ids)
                 law_ids.append(law.indices)
                 law_probs.append(law.probs)
@@ -315,8 +296,8 @@ def node_decisions(
     rule = fused_rule(verifier)
     if rule is None:
         raise InvalidConfigError(
-            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
-            f"fused: {', '.join(r.name for r in _RULES.values())}"
+            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel "
+            "(it declares no Verifier.fused rule)"
         )
     if not trees:
         return []
@@ -349,16 +330,16 @@ def node_decisions(
                 raise ValueError(f"node {i} outside tree {k} of {trees[k].num_nodes} nodes")
         rows = torch.tensor([tables.offsets[k] + i for k, i in selected], dtype=torch.int64, device=x.device)
 
-    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-        return t if rows is None or t is None else t.index_select(0, rows)
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t if rows is None else t.index_select(0, rows)
 
     xs = pick(x)
     if xs.stride(1) != 1:
         xs = xs.contiguous()
     kth = None
-    if inputs == "logits":
+    if inputs == "logits" and sampling is not None:  # (checked above: logits come with their SamplingConfig)
         # the smallest raw logit in process_logits' top-k set (taken on logits / T, docs/generation.md)
-        kth = top_k_logit_threshold(xs, sampling).contiguous()  # type: ignore[arg-type]
+        kth = top_k_logit_threshold(xs, sampling).contiguous()
     out = _kernels().launch_decisions(
         xs,
         logits=inputs == "logits",
@@ -483,11 +464,9 @@ def batch_tables(rule: FusedRule, tree: Any, dtype: torch.dtype) -> DecisionTabl
     indices inside the tree. ``q_dense`` is ``[R, V]`` (a zero row where a
     node has no rejection children) and ``walk`` / ``node`` are left to the caller.
     """
-    from specdec.verify.fast import _children_table
-
     B, n = tree.tokens.shape
     C, dev, R = tree.max_children, tree.device, B * n
-    table, n_sampled = _children_table(tree, rule)  # [B, n, C] child slots in test order, [B, n]
+    table, n_sampled = children_table(tree, rule)  # [B, n, C] child slots in test order, [B, n]
     has = table >= 0
     n_tested = has.sum(dim=-1) if rule.match_deterministic or not rule.rejection else n_sampled  # [B, n]
     cmax = _next_pow2(C + 1)
@@ -522,7 +501,7 @@ def batch_tables(rule: FusedRule, tree: Any, dtype: torch.dtype) -> DecisionTabl
 
 
 def fused_verify_batch(
-    verifier: Verifier,
+    rule: FusedRule,
     tree: Any,
     x: torch.Tensor,
     rng: Any,
@@ -546,7 +525,7 @@ def fused_verify_batch(
     :func:`~specdec.verify.fast.decide_tree_batch` does.
 
     Args:
-        verifier: a ``match``, ``rejection-iid``, ``rejection-wor`` or ``mixed`` verifier.
+        rule: the verifier's declared rule (:attr:`Verifier.fused <specdec.verify.base.Verifier.fused>`).
         tree: a :class:`~specdec.tree_batch.TreeBatch` of ``B`` trees, ``n`` node slots.
         x: ``[B, n, V]`` processed probabilities ``p`` (``inputs="probs"``) or
             raw target logits (``inputs="logits"``, needs ``sampling``:
@@ -564,15 +543,8 @@ def fused_verify_batch(
         InvalidConfigError: Triton missing, an unsupported verifier or
             sampling, or ``rng`` not counter-based per row.
     """
-    from specdec.rng import RowStreams
-    from specdec.verify.fast import TreeDecision
-
-    rule = fused_rule(verifier)
-    if rule is None:
-        raise InvalidConfigError(
-            f"verifier {type(verifier).__name__} ({getattr(verifier, 'registry_name', '?')!r}) has no fused kernel; "
-            f"fused: {', '.join(r.name for r in _RULES.values())}"
-        )
+    if not isinstance(rule, FusedRule):
+        raise InvalidConfigError(f"rule must be a FusedRule (a verifier's declared Verifier.fused), got {type(rule).__name__}")
     if not isinstance(rng, RowStreams) or not rng.counter_based:
         raise InvalidConfigError("the batched fused kernel draws from RowStreams of CounterRandom (one per row)")
     if inputs not in ("probs", "logits"):
@@ -598,8 +570,8 @@ def fused_verify_batch(
     if xs.stride(1) != 1:
         xs = xs.contiguous()
     kth = None
-    if inputs == "logits":
-        kth = top_k_logit_threshold(xs, sampling).contiguous()  # type: ignore[arg-type]  # as process_logits
+    if inputs == "logits" and sampling is not None:  # (checked above: logits come with their SamplingConfig)
+        kth = top_k_logit_threshold(xs, sampling).contiguous()  # as process_logits
     walk_rows = (walk.view(B, 1).expand(B, n).reshape(R) if isinstance(walk, torch.Tensor)
                  else torch.full((R,), walk, dtype=torch.int64, device=dev))
     out = _kernels().launch_decisions(
@@ -632,92 +604,3 @@ def fused_verify_batch(
     tokens = torch.cat([path_tok, torch.full((B, 1), -1, dtype=torch.int64, device=dev)], dim=-1)
     tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
     return TreeDecision(accepted, num_accepted, tokens, bonus, attempted, bad, stop)
-
-
-class StepVerifier:
-    """One step's ``logits -> VerifyResult``, on the torch reference or the fused kernel.
-
-    The torch path is the generation loop's original two lines:
-    ``p = process_logits(logits, sampling)`` then ``verifier.verify(tree, p, rng)``
-    with the caller's source. The Triton path (:func:`fused_verify`) draws from
-    the caller's source when it is a :class:`CounterRandom` (so that the tree
-    builder and the kernel share one stream), else from its own seeded with
-    ``seed``; it fuses the softmax
-    and top-k when ``top_p == 1`` and the temperature is positive, and
-    otherwise verifies the ``p`` of ``process_logits``.
-
-    Args:
-        verifier: the step's verifier.
-        sampling: the sampling configuration.
-        seed: seeds the counter-based source of the Triton path (None: entropy).
-        kernel: ``"auto"`` (Triton when importable, the logits are on CUDA and
-            the verifier is fused; torch otherwise), ``"torch"`` or ``"triton"``
-            (raises :class:`~specdec.errors.InvalidConfigError` where the kernel
-            cannot run; CPU tensors are accepted under ``TRITON_INTERPRET=1``).
-        block: the kernel's vocabulary block (default 1024).
-
-    Attributes:
-        paths_used: the paths taken so far (``"torch"``, ``"triton"``).
-    """
-
-    def __init__(
-        self,
-        verifier: Verifier,
-        sampling: SamplingConfig,
-        seed: int | None,
-        kernel: str = "auto",
-        block: int | None = None,
-    ) -> None:
-        if kernel not in KERNEL_CHOICES:
-            raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
-        self.verifier = verifier
-        self.sampling = sampling
-        self.seed = seed
-        self.kernel = kernel
-        self.block = block
-        self.rule = fused_rule(verifier)
-        self.paths_used: set[str] = set()
-        self._counter: CounterRandom | None = None
-        if kernel == "triton":
-            if self.rule is None:
-                raise InvalidConfigError(
-                    f"kernel='triton': verifier {getattr(verifier, 'registry_name', '?')!r} has no fused kernel "
-                    f"(fused: {', '.join(r.name for r in _RULES.values())})"
-                )
-            _kernels()
-
-    @property
-    def path_label(self) -> str:
-        """``"torch"``, ``"triton"`` or ``"torch+triton"`` (``"torch"`` before any step)."""
-        return "+".join(sorted(self.paths_used)) or "torch"
-
-    def _use_triton(self, logits: torch.Tensor) -> bool:
-        if self.kernel == "torch":
-            return False
-        if self.kernel == "auto":
-            return logits.is_cuda and self.rule is not None and triton_available()
-        if not (logits.is_cuda or interpreter_enabled()):
-            raise InvalidConfigError(
-                f"kernel='triton' needs the target logits on a CUDA device (got {logits.device}); "
-                "set TRITON_INTERPRET=1 to run the kernel on CPU tensors (slow, for tests)"
-            )
-        return True
-
-    def __call__(self, tree: DraftTree, logits: torch.Tensor, rng: RandomSource) -> VerifyResult:
-        """Verify ``tree`` against the target's raw ``logits`` (``[n, V]``)."""
-        if not self._use_triton(logits):
-            self.paths_used.add("torch")
-            p = process_logits(logits, self.sampling, source="the target")
-            return self.verifier.verify(tree, p, rng)
-        self.paths_used.add("triton")
-        if isinstance(rng, CounterRandom):  # the caller's counter-based stream serves builder and kernel alike
-            counter = rng
-        else:
-            if self._counter is None:
-                self._counter = CounterRandom.seeded(self.seed)
-            counter = self._counter
-        s = self.sampling
-        if s.greedy or s.top_p < 1.0:
-            p = process_logits(logits, s, source="the target")
-            return fused_verify(self.verifier, tree, p, counter, inputs="probs", block=self.block)
-        return fused_verify(self.verifier, tree, logits, counter, inputs="logits", sampling=s, block=self.block)

@@ -179,7 +179,8 @@ def _fused_verify_kernel(
     if F64:
         CD: tl.constexpr = tl.float64
     else:
-        CD: tl.constexpr = tl.float32
+        # Triton needs the constexpr annotation in each branch; mypy sees a redefinition
+        CD: tl.constexpr = tl.float32  # type: ignore[no-redef]
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * x_stride
     arange = tl.arange(0, BLOCK)
@@ -423,7 +424,7 @@ def launch_decisions(
     if rows == 0:
         return out
     has_law = q_dense is not None
-    q = q_dense if has_law else x  # dummy pointer, never read
+    q = q_dense if q_dense is not None else x  # dummy pointer, never read
     kth_t = kth if kth is not None else law_row  # dummy pointer, never read in probs mode
     _fused_verify_kernel[(rows,)](
         x,
@@ -470,7 +471,7 @@ def uniform_table(seed: int, walk: torch.Tensor, node: torch.Tensor, width: int,
     if total:
         grid = (triton.cdiv(total, UNIFORM_BLOCK),)
         row_keys = keys is not None
-        _uniform_kernel[grid](walk, node, walk, keys.contiguous() if row_keys else walk,
+        _uniform_kernel[grid](walk, node, walk, keys.contiguous() if keys is not None else walk,
                               0 if row_keys else seed & 0xFFFFFFFF, 0 if row_keys else (seed >> 32) & 0xFFFFFFFF,
                               out, total, TABLE=True, ROW_KEYS=row_keys, WIDTH=width, BLOCK=UNIFORM_BLOCK,
                               enable_fp_fusion=False)

@@ -47,6 +47,9 @@ class CallableLM(TargetModel, DraftModel):
         [0.0, 0.0, 0.0]
     """
 
+    supports_batch = True
+    supports_rows = True
+
     def __init__(self, fn: LogitsFn, vocab_size: int, max_length: int | None = None) -> None:
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -90,7 +93,7 @@ class CallableLM(TargetModel, DraftModel):
         return [int(t) for t in prompt_ids]
 
     # -------------------------------------------------------------- as draft
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.draft_context = self._prompt(prompt_ids)
         self._draft_paths = [[]]
         self.draft_rows = None
@@ -167,9 +170,12 @@ class CallableLM(TargetModel, DraftModel):
     # separate rows; keep_rows applies to both (one call, even when the same
     # object plays both roles).
     def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Target role: start ``B`` rows (batched generation)."""
+        """Target role: start ``B`` rows (batched generation); one row is :meth:`prefill`."""
         if len(prompts) == 0:
             raise ValueError("prefill_batch needs at least one prompt")
+        if len(prompts) == 1:
+            self.prefill(prompts[0])
+            return
         self.target_rows = [self._prompt(p) for p in prompts]
         self._last_tree = None
 
@@ -204,8 +210,18 @@ class CallableLM(TargetModel, DraftModel):
         self._last_tree = tokens
         return out
 
-    def accept_rows(self, accepted: torch.Tensor, num_accepted: torch.Tensor, emitted: Sequence[Sequence[int]]) -> None:
-        """Target role: append each row's emitted tokens (accepted + bonus)."""
+    def accept_rows(
+        self,
+        accepted: torch.Tensor,
+        num_accepted: torch.Tensor,
+        emitted: Sequence[Sequence[int]],
+        *,
+        nodes: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Target role: append each row's emitted tokens (accepted + bonus); one row is :meth:`accept`."""
+        if self.target_rows is None and nodes is not None:
+            TargetModel.accept_rows(self, accepted, num_accepted, emitted, nodes=nodes)
+            return
         if self.target_rows is None or self._last_tree is None:
             raise RuntimeError("accept_rows() called before a batch of trees was scored")
         if len(emitted) != len(self.target_rows):
@@ -228,7 +244,10 @@ class CallableLM(TargetModel, DraftModel):
         return self.draft_rows is not None
 
     def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
-        """Draft role: start ``B`` rows (batched generation)."""
+        """Draft role: start ``B`` rows (batched generation); one row is :meth:`begin`."""
+        if len(prompts) == 1:
+            self.begin(prompts[0])
+            return
         self.draft_rows = [self._prompt(p) for p in prompts]
         self._row_paths = [[[]] for _ in prompts]
 
@@ -249,8 +268,17 @@ class CallableLM(TargetModel, DraftModel):
                 prefixes.append(self.draft_rows[b] + path)
         return self._logits(prefixes).reshape(B, k, self._vocab_size)
 
-    def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
-        assert self.draft_rows is not None, "commit_rows() outside rows mode"
+    def commit_rows(
+        self,
+        emitted: Sequence[Sequence[int]],
+        target_hidden: Any = None,
+        *,
+        device_tokens: torch.Tensor | None = None,
+        device_counts: torch.Tensor | None = None,
+    ) -> None:
+        if self.draft_rows is None:
+            DraftModel.commit_rows(self, emitted, target_hidden)
+            return
         for row, tokens in zip(self.draft_rows, emitted):
             row.extend(int(t) for t in tokens)
         self._row_paths = [[[]] for _ in self.draft_rows]

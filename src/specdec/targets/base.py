@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from specdec.errors import InvalidConfigError
 from specdec.tree import DraftTree
 from specdec.tree_batch import TreeBatch
 
@@ -31,6 +32,13 @@ class TargetModel(ABC):
     """
 
     registry_name: ClassVar[str] = "?"
+    capture_layers: tuple[int, ...] = ()
+    """The hidden-state layers the target captures at every scored node (:meth:`hidden_states`),
+    for feature-level drafts; none by default."""
+    supports_batch: ClassVar[bool] = False
+    """Declared: the target has a batch mode (:meth:`prefill_batch`, :meth:`accept_rows` and
+    :meth:`keep_rows` serve several rows); the loop refuses several rows otherwise, before
+    any forward."""
 
     @property
     @abstractmethod
@@ -81,3 +89,62 @@ class TargetModel(ABC):
         """Hidden features captured at the last tree's nodes, if the model was
         asked to capture any (feature-level drafts); else None."""
         return None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the target's logits live, and where the loop keeps its per-row tensors
+        (roots, contexts); the CPU by default."""
+        return torch.device("cpu")
+
+    # ------------------------------------------------ rows: what the loop calls
+    # The generation loop (specdec.engine.loop) drives every target through these,
+    # for B rows; B = 1 is a batch of one. The defaults serve one row with the
+    # one-row methods above; a target with a batch mode overrides all three.
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Start ``B`` rows, row ``b`` with the non-empty ``prompts[b]``.
+
+        The default serves one row (:meth:`prefill`).
+
+        Raises:
+            InvalidConfigError: several rows for a target without a batch mode.
+        """
+        if len(prompts) != 1:
+            raise InvalidConfigError(
+                f"{type(self).__name__} has no batch mode (prefill_batch / accept_rows / keep_rows): it decodes one "
+                f"row at a time, got {len(prompts)} prompts; use HFTarget or CallableLM for batches"
+            )
+        self.prefill(prompts[0])
+
+    def accept_rows(
+        self,
+        accepted: torch.Tensor,
+        num_accepted: torch.Tensor,
+        emitted: Sequence[Sequence[int]],
+        *,
+        nodes: Sequence[Sequence[int]],
+    ) -> None:
+        """After a step: row ``b`` keeps its root and accepted path in its cache and appends
+        ``emitted[b]`` (its accepted tokens, then the bonus) to its context.
+
+        Args:
+            accepted: ``[B, D]`` int64 accepted node slots, top-down, ``-1`` padded (device).
+            num_accepted: ``[B]`` int64 path lengths (device).
+            emitted: per row, ``num_accepted[b] + 1`` tokens (host).
+            nodes: per row, the accepted node slots (host, from the step's read).
+
+        The default serves one row (:meth:`accept`).
+        """
+        if len(emitted) != 1:
+            raise InvalidConfigError(f"{type(self).__name__} has no batch mode: accept_rows got {len(emitted)} rows")
+        self.accept(nodes[0], emitted[0][-1])
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only the rows ``rows`` (rows that stopped leave the batch), renumbered in order.
+        The loop calls it only with several rows; the default has none to keep."""
+        raise InvalidConfigError(f"{type(self).__name__} has no batch mode: keep_rows({list(rows)})")
+
+    def hidden_rows(self) -> torch.Tensor | None:
+        """``[B, n, L, H]`` :meth:`hidden_states` per row (feature-level drafts); the default
+        gives the one row's ``[n, L, H]`` a batch dimension."""
+        hidden = self.hidden_states()
+        return None if hidden is None else hidden.unsqueeze(0)

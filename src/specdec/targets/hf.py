@@ -128,6 +128,8 @@ class HFTarget(TargetModel):
         (1, 2, 3, 5)
     """
 
+    supports_batch = True
+
     def __init__(
         self,
         model: Any,
@@ -165,7 +167,7 @@ class HFTarget(TargetModel):
         self._cache: KVCache | None = None
         self._reserved = 0
         self._committed: list[int] = []
-        self._tree: DraftTree | None = None
+        self._tree: DraftTree | TreeBatch | None = None  # the scored tree (a TreeBatch on the step path)
         self._hidden: torch.Tensor | None = None
         # batch mode (prefill_batch): per row, the committed tokens and the cached positions
         self._rows: list[list[int]] | None = None
@@ -181,7 +183,8 @@ class HFTarget(TargetModel):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation, local_files_only=True)
-        return cls(model.to(dtype).eval(), **kwargs)
+        # transformers wraps PreTrainedModel.to with functools.wraps: mypy sees an unbound _Wrapped (stub gap)
+        return cls(model.to(dtype).eval(), **kwargs)  # type: ignore[arg-type]
 
     # ----------------------------------------------------------- properties
     @property
@@ -282,12 +285,12 @@ class HFTarget(TargetModel):
             logits="all",
             hidden_layers=self.capture_layers,
         )
+        assert logits is not None
         if pad:
             logits = logits[:n]
             if self._hidden is not None:
                 self._hidden = self._hidden[:n]
         self._tree = tree
-        assert logits is not None
         if logits.dtype != torch.float64:
             logits = logits.float()
         return logits if self.logits_device is None else logits.to(self.logits_device)
@@ -382,7 +385,8 @@ class HFTarget(TargetModel):
     # ------------------------------------------------------------ batch rows
     def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
         """Start ``B`` sequences at once (batch mode): row ``b`` caches every
-        token of ``prompts[b]`` but the last, in one padded forward.
+        token of ``prompts[b]`` but the last, in one padded forward. One prompt
+        is served by :meth:`prefill` (the one-row layout, no padding).
 
         In batch mode the KV cache is one slab per device of ``B`` rows, each
         with its own length: a tree forward writes row ``b``'s nodes right
@@ -398,6 +402,9 @@ class HFTarget(TargetModel):
         """
         if len(prompts) == 0:
             raise ValueError("prefill_batch needs at least one prompt")
+        if len(prompts) == 1:  # one row: the one-row layout (prefill), the loop's B = 1
+            self.prefill(prompts[0])
+            return
         rows = [check_prompt(p, self._vocab_size, self._max_length) for p in prompts]
         B = len(rows)
         need = max(self._reserved, max(len(r) for r in rows))
@@ -475,7 +482,12 @@ class HFTarget(TargetModel):
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def accept_rows(
-        self, accepted: torch.Tensor, num_accepted: torch.Tensor, emitted: Sequence[Sequence[int]]
+        self,
+        accepted: torch.Tensor,
+        num_accepted: torch.Tensor,
+        emitted: Sequence[Sequence[int]],
+        *,
+        nodes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         """Batch mode: row ``b`` keeps its root and its accepted path in the
         cache and appends ``emitted[b]`` (its accepted tokens and the bonus,
@@ -485,7 +497,15 @@ class HFTarget(TargetModel):
             accepted: ``[B, D]`` int64 accepted node slots of each row, top-down, ``-1`` padded (device).
             num_accepted: ``[B]`` int64 the path lengths (device).
             emitted: per row, ``num_accepted[b] + 1`` tokens (host).
+            nodes: per row, the accepted node slots (host); used outside batch mode, where
+                the one row is served by :meth:`accept` with its device path.
         """
+        if self._rows is None and self._tree is not None:  # the one-row layout
+            if nodes is None or len(emitted) != 1:
+                raise ValueError("accept_rows() of one row needs its accepted nodes (nodes=)")
+            path = list(nodes[0])
+            self.accept(path, emitted[0][-1], path_tokens=emitted[0][:-1], device_path=accepted[0, : len(path)])
+            return
         if self._tree is None or self._rows is None or self._row_cached_dev is None or self._cache is None:
             raise RuntimeError("accept_rows() called before a batch of trees was scored")
         B, D = accepted.shape
@@ -522,6 +542,19 @@ class HFTarget(TargetModel):
         if self._hidden is not None:
             self._hidden = self._hidden.index_select(0, index.to(self._hidden.device))
         self._tree = None
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's first parameter (where its logits are)."""
+        return next(self.model.parameters()).device
+
+    def hidden_rows(self) -> torch.Tensor | None:
+        """``[B, n, L, H]`` the captured features per row (batch mode: :meth:`hidden_states`
+        itself; one row: with a batch dimension); None without ``capture_layers``."""
+        hidden = self.hidden_states()
+        if hidden is None or self._rows is not None:
+            return hidden
+        return hidden.unsqueeze(0)
 
     def hidden_states(self) -> torch.Tensor | None:
         """``[n, len(capture_layers), H]`` features of the last forward's tokens

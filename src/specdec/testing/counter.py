@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ _HERE = __file__
 
 
 def _site(depth: int = 2) -> str:
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None and (frame.f_code.co_filename == _HERE or "/torch/" in frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
@@ -47,7 +48,7 @@ def _site(depth: int = 2) -> str:
 
 def _op_site() -> str:
     """The innermost specdec frame (outside the counter) that issued an ATen op."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if name != _HERE and "/specdec/" in name and "/torch/" not in name:

@@ -33,5 +33,5 @@ class ProposalLM(CallableLM):
     def root_proposal_logits(self) -> torch.Tensor:
         return self.root_logits()[self.keep]
 
-    def tree_proposal_logits(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    def tree_proposal_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         return self.tree_logits(parents, tokens)[:, self.keep]

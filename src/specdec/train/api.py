@@ -8,16 +8,9 @@ from typing import Any
 
 from specdec.errors import InvalidConfigError
 from specdec.train.data import PackedBatches, load_records
-from specdec.train.trainer import (
-    DraftLMStudent,
-    Eagle2Student,
-    Eagle3Student,
-    count_tokens,
-    draft_vocab_from_counts,
-    make_draft_lm,
-    new_head,
-    train_students,
-)
+from specdec.train.models import count_tokens, draft_vocab_from_counts, make_draft_lm, new_head
+from specdec.train.students import DraftLMStudent, Eagle2Student, Eagle3Student
+from specdec.train.trainer import train_students
 
 __all__ = ["train_eagle", "train_draft_lm", "make_batches"]
 

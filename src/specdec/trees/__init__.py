@@ -21,7 +21,6 @@ from specdec.trees.sequoia import (
     choose_size,
     measure_draft_level_time,
     measure_forward_times,
-    profile_acceptance,
     sequoia_tree,
 )
 from specdec.trees.static import StaticTreeBuilder
@@ -39,6 +38,5 @@ __all__ = [
     "grow_dynamic_tree",
     "measure_draft_level_time",
     "measure_forward_times",
-    "profile_acceptance",
     "sequoia_tree",
 ]

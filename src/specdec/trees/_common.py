@@ -217,11 +217,11 @@ def draft_law(q: torch.Tensor, bad: torch.Tensor) -> DraftLaw:
     return DraftLaw(probs, law_total(probs), bad.reshape(-1, 1))
 
 
-def _as_law(q: torch.Tensor | DraftLaw) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(probs, total, bad)`` of a :class:`DraftLaw`, or ``(q, None, None)`` for a float64 law."""
+def _as_law(q: torch.Tensor | DraftLaw) -> tuple[torch.Tensor, DraftLaw | None]:
+    """``(probs, law)``: a :class:`DraftLaw`'s probs and the law, or ``(q, None)`` for a float64 law."""
     if isinstance(q, DraftLaw):
-        return q.probs, q.total, q.bad
-    return q, None, None
+        return q.probs, q
+    return q, None
 
 
 _GROUP_MIN_VOCAB = 16384
@@ -255,7 +255,7 @@ def top_tokens_fixed(q: torch.Tensor | DraftLaw, count: int) -> tuple[torch.Tens
         >>> ids.tolist(), probs.tolist()
         ([[1, 0, 2, -1]], [[0.5, 0.25, 0.25, 0.0]])
     """
-    probs, total, bad = _as_law(q)
+    probs, law = _as_law(q)
     R, V = probs.shape
     c = min(count, V)
     group = _group_size(V, c) if probs.device.type == "cpu" and V >= _GROUP_MIN_VOCAB else 0
@@ -265,9 +265,9 @@ def top_tokens_fixed(q: torch.Tensor | DraftLaw, count: int) -> tuple[torch.Tens
         ids = where.gather(-1, ids)
     else:
         values, ids = _ranked(probs, c)
-    if total is not None:
-        values = torch.div(values, total)  # [R, c] float64 (promoted): q at the ranked entries, normalised_law's bits
-        values = values.masked_fill(bad, 0.0)  # a bad row: q is 0 (no child)
+    if law is not None:
+        values = torch.div(values, law.total)  # [R, c] float64 (promoted): q at the ranked entries, normalised_law's bits
+        values = values.masked_fill(law.bad, 0.0)  # a bad row: q is 0 (no child)
     # a token of probability 0 is never proposed (the tied ones included, when the cut is 0); probs are >= 0
     return torch.where(values > 0, ids, -1), values
 
@@ -362,7 +362,8 @@ def _group_candidates(q: torch.Tensor, c: int, group: int) -> tuple[torch.Tensor
         if full < V:
             maxima = torch.cat([maxima, ints[:, full:].amax(dim=-1, keepdim=True)], dim=-1)
         G = maxima.shape[-1]
-        keys = (maxima.to(torch.int64) << 32) | _low_keys(G, q.device)  # [R, G]: _order_keys of the maxima
+        # [R, G]: _order_keys of the maxima
+        keys: torch.Tensor | None = (maxima.to(torch.int64) << 32) | _low_keys(G, q.device)
     else:
         maxima = q.unfold(-1, group, group).amax(dim=-1)  # [R, G]
         if full < V:

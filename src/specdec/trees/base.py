@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode
@@ -44,21 +45,18 @@ class TreeBuilder(ABC):
     produces: ClassVar[frozenset[NodeKind]] = frozenset()
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = ()
     default_verifier: ClassVar[str] = ""
+    batch_form: ClassVar[bool] = False
+    """Declared: the class has a tensor form that grows ``B`` trees at once (batched
+    generation); :meth:`grows_batches` says whether an instance uses it under a sampling."""
 
     @property
     def sibling_modes(self) -> frozenset[SampleMode] | None:
         """The sampling modes in which this builder may draw *several* sampled
         children of one node (the verifier must support each: rules 3/6 need
         i.i.d. siblings, rule 4 siblings without replacement; docs/verifiers.md).
-        Default: read from :meth:`shape` when the builder has a static shape,
-        else None (undeclared: checked on every tree instead)."""
-        shape = getattr(self, "shape", None)
-        if shape is None:
-            return None
-        paths, mode = shape()
-        parents = [tuple(path[:-1]) for path in paths]
-        several = len(parents) != len(set(parents))
-        return frozenset({mode}) if several else frozenset()
+        Default None (undeclared: checked on every tree instead); the shaped builders
+        read it from their shape (:class:`~specdec.trees.static.ShapedTreeBuilder`)."""
+        return None
 
     @property
     @abstractmethod
@@ -70,10 +68,16 @@ class TreeBuilder(ABC):
     def max_depth(self) -> int:
         """Upper bound on the depth of a built tree."""
 
+    def grows_batches(self, sampling: SamplingConfig) -> bool:
+        """Whether :meth:`build_batch` grows ``B`` trees at once from a draft in rows mode
+        (one set of tensor ops per level), as batched generation needs under ``sampling``.
+        Default: :attr:`batch_form` (False: the builder builds one host tree per step)."""
+        return self.batch_form
+
     def build_batch(
         self,
-        root_token: int,
-        draft: DraftModel,
+        root_token: int | torch.Tensor,
+        draft: DraftModel | None,
         sampling: SamplingConfig,
         rng: RandomSource,
         *,
@@ -82,11 +86,19 @@ class TreeBuilder(ABC):
         """The step path's form of :meth:`build`: the tree as a one-tree
         :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
         level-wise builders grow it with tensor ops (and compile their levels
-        and layout with ``compiler``, a :class:`~specdec.step.StepCompiler`); the default stacks :meth:`build`'s tree
-        (host work) and ignores ``compiler``."""
+        and layout with ``compiler``, a :class:`~specdec.engine.compiler.StepCompiler`); the default stacks :meth:`build`'s tree
+        (host work) and ignores ``compiler``. ``draft`` is None only for a builder
+        that drafts nothing (:class:`~specdec.trees.root_only.RootOnlyBuilder`);
+        the others raise :class:`~specdec.errors.InvalidConfigError` on it."""
         if isinstance(root_token, torch.Tensor):
             root_token = int(root_token.reshape(-1)[0])
-        return TreeBatch.from_trees([self.build(root_token, draft, sampling, rng)])
+        return TreeBatch.from_trees([self.build(root_token, self._require_draft(draft), sampling, rng)])
+
+    def _require_draft(self, draft: DraftModel | None) -> DraftModel:
+        """``draft``, or :class:`~specdec.errors.InvalidConfigError` for None (a builder that drafts needs one)."""
+        if draft is None:
+            raise InvalidConfigError(f"the tree builder {type(self).__name__} needs a draft model, got None")
+        return draft
 
     @abstractmethod
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:

@@ -94,6 +94,8 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         return asm.build()
 
 
-# the method(s) this builder serves (docs/methods.md)
-register_method(Method("sd", "chain", "rejection-iid", {"depth": 4},
+# the method(s) this builder serves (docs/methods.md); the defaults typed as Method.defaults (its ``dict``
+# converter gives mypy no usable parameter type for a literal)
+_SD_DEFAULTS: Mapping[str, Any] = {"depth": 4}
+register_method(Method("sd", "chain", "rejection-iid", _SD_DEFAULTS,
                 "classic speculative sampling: a chain of sampled drafts, rule 3"))

@@ -142,6 +142,13 @@ def keep_best(nodes: Sequence[DynamicNode], num_keep: int, key: RankKey = rank_k
     return kept
 
 
+def _draft_id(node: DynamicNode) -> int:
+    """The id of an expanded ``node`` in the draft model's step tree."""
+    if node.draft_id is None:
+        raise RuntimeError(f"dynamic tree: node {node.index} was not expanded")
+    return node.draft_id
+
+
 def _create_children(
     nodes: list[DynamicNode], parents: Sequence[DynamicNode], proposals: list[list[ChildProposal]]
 ) -> list[DynamicNode]:
@@ -173,6 +180,7 @@ def assemble(nodes: Sequence[DynamicNode], kept: Sequence[DynamicNode], vocab_si
     for node in sorted(kept, key=lambda n: n.index):
         parent = tree_index[node.parent]
         if node.kind == NodeKind.SAMPLED:
+            assert node.law is not None  # a sampled ChildProposal carries its law
             tree_index[node.index] = asm.add_sampled(parent, node.token, node.law, node.weight)
         else:
             tree_index[node.index] = asm.add_deterministic(parent, node.token, node.weight)
@@ -228,7 +236,7 @@ def grow_dynamic_tree(
         if not level:
             break
         beam = sorted(level, key=key)[:beam_width]
-        laws = draft.expand_laws([nodes[n.parent].draft_id for n in beam], [n.token for n in beam], configs)
+        laws = draft.expand_laws([_draft_id(nodes[n.parent]) for n in beam], [n.token for n in beam], configs)
         for n in beam:
             n.draft_id = next_draft_id
             next_draft_id += 1
@@ -241,7 +249,7 @@ def _check_positive(_inst: object, attribute: attrs.Attribute, value: object) ->
     check_int(attribute.name, value, 1, MAX_TREE_NODES - 1)  # K, depth, N: at most a tree's node bound
 
 
-def _check_beam(_inst: object, _attr: object, value: object) -> None:
+def _check_beam(_inst: object, _attr: object, value: int | None) -> None:
     if value is not None:
         check_int("B", value, 1)
 
@@ -337,18 +345,25 @@ class DynamicTreeBuilder(TreeBuilder):
         ``sampling``, or None for a builder with only the per-node form."""
         return None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The tensor form is declared by the class that defines :meth:`level_fn` (its
+        :attr:`~specdec.trees.base.TreeBuilder.batch_form` is then True); a subclass that
+        overrides a per-node hook (:meth:`propose`, :meth:`proposer`, :meth:`rank_key`,
+        :meth:`keep`) without its own :meth:`level_fn` has none, since the tensor form would
+        ignore the hook (the tests' mutants are such classes): it builds per node."""
+        super().__init_subclass__(**kwargs)
+        if "level_fn" in cls.__dict__:
+            cls.batch_form = True
+        elif any(hook in cls.__dict__ for hook in ("propose", "proposer", "rank_key", "keep")):
+            cls.batch_form = False
+
     def _level_fn_if_exact(self, sampling: SamplingConfig) -> "LevelFn | None":
-        """:meth:`level_fn`, unless this class overrides a per-node hook
-        (:meth:`propose`, :meth:`proposer`, :meth:`rank_key`, :meth:`keep`)
-        that the tensor form would ignore: then only the per-node form is
-        what the class says, and it is used (the tests' mutants are such classes)."""
-        owner = next((c for c in type(self).__mro__ if "level_fn" in c.__dict__), DynamicTreeBuilder)
-        if owner is DynamicTreeBuilder:
-            return None
-        for hook in ("propose", "proposer", "rank_key", "keep"):
-            if getattr(type(self), hook) is not getattr(owner, hook):
-                return None
-        return self.level_fn(sampling)
+        """:meth:`level_fn` when the class has its tensor form (:attr:`batch_form`), else None."""
+        return self.level_fn(sampling) if self.batch_form else None
+
+    def grows_batches(self, sampling: SamplingConfig) -> bool:
+        """True when the tensor level function runs (:meth:`_level_fn_if_exact`)."""
+        return self._level_fn_if_exact(sampling) is not None
 
     def draws_per_node(self, sampling: SamplingConfig) -> int:
         """Batched draws the level function makes per expanded node under ``sampling``."""
@@ -356,8 +371,8 @@ class DynamicTreeBuilder(TreeBuilder):
 
     def build_batch(
         self,
-        root_token: int,
-        draft: DraftModel,
+        root_token: int | torch.Tensor,
+        draft: DraftModel | None,
         sampling: SamplingConfig,
         rng: RandomSource,
         *,
@@ -366,15 +381,16 @@ class DynamicTreeBuilder(TreeBuilder):
         """The step path: grow the tree with tensor ops (:func:`~specdec.trees.levelwise.grow_levelwise`),
         on the draft's device, with no host read; the same tree as :meth:`build_reference`.
 
-        ``compiler`` (a :class:`~specdec.step.StepCompiler`), if given, compiles
+        ``compiler`` (a :class:`~specdec.engine.compiler.StepCompiler`), if given, compiles
         each level's work between draft forwards and the final rerank and layout
         as whole graphs; the level's draws then come from a uniform table drawn
         per level (the same law, another use of the stream)."""
+        draft = self._require_draft(draft)
         config = self.construction(sampling)
         level = self._level_fn_if_exact(sampling)
-        if level is None:
+        if level is None:  # (the reference reads the root on the host: int() of a one-element tensor)
             return TreeBatch.from_trees(
-                [self.build_reference(root_token, draft, sampling, rng)],
+                [self.build_reference(int(root_token), draft, sampling, rng)],
                 max_children=self.children_per_node, max_depth=self.depth,
             )
         return grow_levelwise(
@@ -465,6 +481,8 @@ class EagleTreeBuilder(DynamicTreeBuilder):
         >>> tree.tokens.tolist(), tree.parents.tolist()
         ([0, 0, 1, 0, 1], [-1, 0, 0, 1, 1])
     """
+
+    batch_form = True
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC})
     default_verifier: ClassVar[str] = "match"

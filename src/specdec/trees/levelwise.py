@@ -39,6 +39,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
+from specdec.trees.calibration import CALIBRATION_EDGES, _need_table
 from specdec.trees._common import (
     DraftLaw, _as_law, draft_law, draw_rows, row_mass, slot_residual, top_tokens_fixed,
 )
@@ -111,14 +112,14 @@ class LevelStep(NamedTuple):
 
 CompiledLevelFn = Callable[..., LevelStep]
 """A level function and :func:`level_step` compiled as one graph
-(:meth:`specdec.step.StepCompiler.level`): ``fn(q, u, live, draw, parent_score,
+(:meth:`specdec.engine.compiler.StepCompiler.level`): ``fn(q, u, live, draw, parent_score,
 vocab_map, root, beam_width)``, the level's draws read from the uniform table ``u``
 ``[R, draws]`` (:class:`~specdec.rng.UniformTable`), ``draw`` None for a
 builder that ranks and draws by one law."""
 
 
 class LevelCompiler(Protocol):
-    """What :func:`grow_levelwise` compiles with (:class:`specdec.step.StepCompiler`)."""
+    """What :func:`grow_levelwise` compiles with (:class:`specdec.engine.compiler.StepCompiler`)."""
 
     finish: Callable[..., dict[str, torch.Tensor]]
     """:func:`finish_levels` compiled as one graph."""
@@ -127,7 +128,7 @@ class LevelCompiler(Protocol):
         """``level`` and :func:`level_step` compiled as one graph, one per ``key``."""
 
 
-def eagle_level(q: torch.Tensor, K: int) -> LevelChildren:
+def eagle_level(q: torch.Tensor | DraftLaw, K: int) -> LevelChildren:
     """EAGLE-2's children: each node's top-``K`` tokens, deterministic, weight ``q(x)``
     (the tensor form of :func:`~specdec.trees.dynamic.eagle_proposal`)."""
     ids, probs = top_tokens_fixed(q, K)  # [R, C]
@@ -238,19 +239,15 @@ def _rheo_level_split(
 @device_constant()
 def _calibration_tensors(table: tuple[tuple[float, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``[rows, bins]`` table and ``[bins - 1]`` upper bin edges of the ``"calibrated"`` proxy."""
-    from specdec.trees.rheo import CALIBRATION_EDGES
-
     return (torch.tensor(table, dtype=torch.float64, device=device),
             torch.tensor(CALIBRATION_EDGES[1:], dtype=torch.float64, device=device))
 
 
 def calibrated_proxy(displaced: torch.Tensor, calibration: tuple[tuple[float, ...], ...] | None) -> torch.Tensor:
     """``[R, m]`` weights of the ``"calibrated"`` proxy from the displaced ones ``[R, m]``
-    (the tensor form of :func:`specdec.trees.rheo.calibrated_weight`): draw ``i`` reads row
+    (the tensor form of :func:`specdec.trees.calibration.calibrated_weight`): draw ``i`` reads row
     ``min(i, rows - 1)`` of ``calibration`` at its displaced weight's bin of
-    :data:`specdec.trees.rheo.CALIBRATION_EDGES`. The table and edges are made once per table and device."""
-    from specdec.trees.rheo import _need_table
-
+    :data:`specdec.trees.calibration.CALIBRATION_EDGES`. The table and edges are made once per table and device."""
     dev = displaced.device
     t, upper = _calibration_tensors(_need_table(calibration), dev)  # [rows, bins], [bins - 1]
     m = displaced.shape[-1]
@@ -327,10 +324,10 @@ def _has_slot(
 def _law_at(q: torch.Tensor | DraftLaw, ids: torch.Tensor) -> torch.Tensor:
     """``[R, s]`` float64 ``q`` at ``ids`` ``[R, s]`` (``-1`` padded: 0), :func:`~specdec.trees._common.normalised_law`'s
     bits (0 on a :class:`DraftLaw`'s bad rows)."""
-    probs, total, bad = _as_law(q)
+    probs, law = _as_law(q)
     at = probs.gather(-1, ids.clamp_min(0))
-    if total is not None:
-        at = (at.to(torch.float64) / total).masked_fill(bad, 0.0)
+    if law is not None:
+        at = (at.to(torch.float64) / law.total).masked_fill(law.bad, 0.0)
     return torch.where(ids >= 0, at, 0.0)
 
 
@@ -406,7 +403,7 @@ def grow_levelwise(
         num_keep: ``N``, draft nodes kept (root excluded).
         draws_per_node: batched draws ``level`` makes per row (RheoSampling:
             ``m``), which is also the most sampled children a node gets.
-        compiler: with a :class:`LevelCompiler` (:class:`specdec.step.StepCompiler`),
+        compiler: with a :class:`LevelCompiler` (:class:`specdec.engine.compiler.StepCompiler`),
             each level's work between two draft forwards (``level`` and
             :func:`level_step`) runs as one compiled graph (``compiler.level(level,
             compile_key)``), its draws read from a ``[R, draws_per_node]`` table
@@ -430,7 +427,7 @@ def grow_levelwise(
     law, draw = _laws(qs, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows); draw law or None
     B = qs[0].shape[0]
     dev = law.device
-    vocab_map = _padded_map(vocab_ids, dev) if reduced else None  # [Vd + 1]: draft id -> target id, -1 -> -1
+    vocab_map = _padded_map(vocab_ids, dev) if vocab_ids is not None else None  # [Vd + 1]: draft -> target id, -1 -> -1
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(B, 1)  # [B, 1]
     start = _root_constants(dev)
     compiled = None if compiler is None else compiler.level(level, compile_key)
@@ -458,22 +455,24 @@ def grow_levelwise(
         level_sizes.append(step.tokens.shape[1])
         if d == depth:
             break
+        beam, beam_tokens, beam_live, beam_scores = step.beam, step.beam_tokens, step.beam_live, step.beam_scores
+        assert beam is not None and beam_tokens is not None and beam_live is not None and beam_scores is not None
         # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token
         qs, bad = draft.expand_rows_laws(
-            step.beam // step.children.tokens.shape[-1] + rows_first_id, step.beam_tokens, configs, proposal=reduced
+            beam // step.children.tokens.shape[-1] + rows_first_id, beam_tokens, configs, proposal=reduced
         )  # [B, W, Vd] per config, [B, W]
-        width = step.beam.shape[1]
+        width = beam.shape[1]
         law, draw = _laws([q.reshape(B * width, -1) for q in qs], bad)
-        lives.append(step.beam_live)
+        lives.append(beam_live)
         bads.append(bad)
-        parent_score, live = step.beam_scores, step.beam_live.reshape(B * width)
+        parent_score, live = beam_scores, beam_live.reshape(B * width)
         rows_first_id += R  # the next level's rows follow this level's in the draft's tree
-    shape = _shape_constants(tuple(level_sizes), tuple(s.beam.shape[1] for s in steps[:-1]), dev)
+    shape = _shape_constants(tuple(level_sizes), tuple(s.beam.shape[1] for s in steps[:-1] if s.beam is not None), dev)
     finish = finish_levels if compiler is None else compiler.finish
     fields = finish(steps, lives, bads, shape, root, num_keep=num_keep, depth=depth)
     return TreeBatch(
         **fields, vocab_size=draft.vocab_size, max_children=children, max_depth=depth,
-        max_sampled=draws_per_node,
+        max_sampled=draws_per_node, host_trees=None,
     )
 
 
@@ -488,7 +487,7 @@ class _RootConstants(NamedTuple):
     kind: torch.Tensor  # [1] NodeKind.ROOT
     weight: torch.Tensor  # [1] float64 1
     score: torch.Tensor  # [1] float64 0
-    index: torch.Tensor  # [1] int64 0: the root's creation index
+    creation: torch.Tensor  # [1] int64 0: the root's creation index (not `index`: a tuple method)
     live: torch.Tensor  # [1] bool True
 
 
@@ -499,7 +498,7 @@ def _root_constants(device: torch.device) -> _RootConstants:
         kind=torch.full((1,), int(NodeKind.ROOT), dtype=torch.int64, device=device),
         weight=torch.ones(1, dtype=torch.float64, device=device),
         score=torch.zeros(1, dtype=torch.float64, device=device),
-        index=torch.zeros(1, dtype=torch.int64, device=device),
+        creation=torch.zeros(1, dtype=torch.int64, device=device),
         live=torch.ones(1, dtype=torch.bool, device=device),
     )
 
@@ -556,9 +555,9 @@ def finish_levels(
     B = root.shape[0]
     start = _root_constants(root.device)
     C = steps[0].children.tokens.shape[-1]
-    beams = [s.beam for s in steps[:-1]]  # [B, W] per expansion after the root's
+    beams = [s.beam for s in steps[:-1] if s.beam is not None]  # [B, W] per expansion after the root's (all have one)
     # creation indices of the expanded nodes, in expansion order (the root's is 0)
-    expanded = torch.cat([start.index.expand(B, 1), *beams], dim=1) + shape.first_index  # [B, E]
+    expanded = torch.cat([start.creation.expand(B, 1), *beams], dim=1) + shape.first_index  # [B, E]
     # level d's nodes are the children of level d - 1's expanded rows, row-major: their parents in one op
     # (the root's parent is the column T, which the layout maps to -1)
     par = torch.cat([shape.root_parent.expand(B, 1), expanded.repeat_interleave(C, dim=1)], dim=1)

@@ -43,7 +43,6 @@ EAGLE-2 builds them, and verified greedily (rule 1), so Rheo is EAGLE-2.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -57,11 +56,11 @@ from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_rows, masked_outside, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
+from specdec.trees.calibration import CALIBRATION_EDGES, Calibration, _bin, _need_table, calibrated_weight, check_calibration
 from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
 from specdec.methods import Method, register_method
 
-__all__ = ["CALIBRATION_EDGES", "PROXIES", "RheoTreeBuilder", "calibrated_weight", "profile_calibration",
-           "rheo_proposal", "residual_mass", "residual_masses"]
+__all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
 
 
 def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:
@@ -79,73 +78,9 @@ i.e. the weight of the deterministic child EAGLE-2 would have put in that slot;
 ``"geometric"``, ``c (1 - q(S)) (1 - c)^i`` for the ``i``-th draw (``i = 0, 1, ...``): the
 first draw weighs what the one draw of ``m = 1`` weighs, each later one less (earlier draws
 rank first); ``"calibrated"``, the displaced weight mapped through a measured table
-(:func:`calibrated_weight`, :func:`profile_calibration`): the acceptance rate of the ``i``-th
+(:func:`calibrated_weight`, :func:`specdec.tune.profile_calibration`): the acceptance rate of the ``i``-th
 draw among nodes whose displaced weight fell in the same bin (:data:`CALIBRATION_EDGES`).
 All are functions of ``q`` alone, never of the drawn token."""
-
-CALIBRATION_EDGES = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
-"""Lower edges of the bins of the ``"calibrated"`` proxy: a displaced weight ``w`` falls in
-bin ``b``, the last ``b`` with ``CALIBRATION_EDGES[b] <= w`` (the last bin is ``[0.9, 1]``)."""
-
-Calibration = tuple[tuple[float, ...], ...]
-"""A ``"calibrated"`` proxy's table: row ``i`` (draws past the last row use it) holds one
-weight per bin of :data:`CALIBRATION_EDGES`."""
-
-
-def check_calibration(value: object) -> Calibration:
-    """``value`` as a :data:`Calibration`: rows of ``len(CALIBRATION_EDGES)`` numbers in ``[0, 1]``,
-    each row non-decreasing from bin to bin and no row above the one before it in any bin. The
-    draws of a node have non-increasing displaced weights, so under these two orders their
-    calibrated weights are non-increasing too, and the global top-``N`` (ties broken by creation,
-    i.e. draw, order) keeps a prefix of every node's draws, as rule 4 needs: with a table
-    violating them a later draw could be kept without an earlier one, and the output law breaks
-    (``tests/trees/test_exact_trees.py`` shows it).
-
-    Raises:
-        InvalidConfigError: anything else.
-    """
-    bins = len(CALIBRATION_EDGES)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
-        raise InvalidConfigError(f"calibration must be a non-empty sequence of rows of {bins} weights, got {value!r}")
-    rows = []
-    for i, row in enumerate(value):
-        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) != bins:
-            raise InvalidConfigError(f"calibration row {i} must hold {bins} weights (one per bin of "
-                                     f"CALIBRATION_EDGES), got {row!r}")
-        for w in row:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= float(w) <= 1.0:
-                raise InvalidConfigError(f"calibration weights must be numbers in [0, 1], row {i} has {w!r}")
-        rows.append(tuple(float(w) for w in row))
-    for i, row in enumerate(rows):
-        if any(a > b for a, b in zip(row, row[1:])):
-            raise InvalidConfigError(
-                f"calibration row {i} must not decrease from bin to bin, got {row}: the draws of a node have "
-                "non-increasing displaced weights, and their calibrated weights must not increase either, or a "
-                "later draw could be kept without an earlier one (docs/trees.md, \"Proxies\")")
-        if i and any(a > b for a, b in zip(row, rows[i - 1])):
-            raise InvalidConfigError(
-                f"calibration row {i} must not exceed row {i - 1} in any bin, got {row} after {rows[i - 1]}: a later "
-                "draw must never outweigh an earlier one (docs/trees.md, \"Proxies\")")
-    return tuple(rows)
-
-
-def calibrated_weight(displaced: float, draw: int, table: Calibration) -> float:
-    """The ``"calibrated"`` proxy of the ``draw``-th sampled child (from 0) whose displaced
-    weight (the ranking law's ``q`` at the child's rank) is ``displaced``: ``table``'s entry
-    at row ``min(draw, rows - 1)`` and ``displaced``'s bin of :data:`CALIBRATION_EDGES`.
-
-    Example:
-        >>> table = (tuple(0.5 for _ in CALIBRATION_EDGES), tuple(0.1 * (b % 2) for b in range(11)))
-        >>> calibrated_weight(0.3, 0, table), calibrated_weight(0.001, 1, table), calibrated_weight(0.007, 5, table)
-        (0.5, 0.0, 0.1)
-    """
-    return table[min(draw, len(table) - 1)][_bin(displaced)]
-
-
-def _bin(weight: float) -> int:
-    """The bin of ``weight`` among :data:`CALIBRATION_EDGES` (the last edge ``<= weight``)."""
-    return max(0, bisect.bisect_right(CALIBRATION_EDGES, weight) - 1)
-
 
 def rheo_proposal(
     q: torch.Tensor,
@@ -221,13 +156,6 @@ def rheo_proposal(
         children += [ChildProposal(token, NodeKind.DETERMINISTIC, prob) for token, prob in slots]
         out.append(children)
     return out
-
-
-def _need_table(calibration: Calibration | None) -> Calibration:
-    if calibration is None:
-        raise InvalidConfigError("proxy='calibrated' needs a calibration table (specdec.trees.rheo.profile_calibration "
-                                 "measures one; specdec bench profiles it for rows with proxy=calibrated)")
-    return calibration
 
 
 def _split_weights(residual: float, n: int, proxy: str, proxy_scale: float) -> list[float]:
@@ -317,7 +245,7 @@ class RheoTreeBuilder(DynamicTreeBuilder):
             (default 0.25; ``1`` makes ``"scaled"`` the ``"residual"`` proxy; ``"geometric"``
             needs ``c < 1``).
         calibration: the ``"calibrated"`` proxy's table (:data:`Calibration`, measured by
-            :func:`profile_calibration` for one draft, target and temperature; ``specdec bench``
+            :func:`specdec.tune.profile_calibration` for one draft, target and temperature; ``specdec bench``
             profiles it per temperature). Needed by that proxy at ``T > 0`` (building a tree
             without it raises); ``T = 0`` never uses a proxy.
 
@@ -339,6 +267,8 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         >>> round(float(tree.weights[1]), 3)  # the proxy: 0.25 * (1 - q(S)), whichever token was drawn
         0.125
     """
+
+    batch_form = True
 
     m: int = attrs.field(default=1)
     M: int = attrs.field(default=1024)
@@ -430,111 +360,3 @@ register_method(Method("rheo", "rheo", "mixed", {},
                 "RheoSampling: dynamic top-K tree plus a sampled slot with proxy weights, mixed rule 5"))
 
 
-def profile_calibration(
-    target: Any,
-    draft: Any,
-    prompts: Sequence[Sequence[int]],
-    sampling: SamplingConfig,
-    *,
-    draws: int = 10,
-    M: int = 1024,
-    rank_law: str = "untempered",
-    steps_per_prompt: int = 16,
-    seed: int | None = 0,
-    prior: float = 2.0,
-) -> Calibration:
-    """Measure the ``"calibrated"`` proxy's table (docs/trees.md, "Proxies") on real prompts.
-
-    Each step drafts a one-level Rheo tree with every slot sampled (``K = m = draws``, the
-    displaced proxy, ``M`` and ``rank_law`` as the tree that will use the table), the target
-    scores it, rule 5 (the ``"mixed"`` verifier; rule 4 here, since every child is sampled)
-    picks the accepted child or none, and the emitted tokens are committed, so later steps
-    profile generated text (as Sequoia's profile does). For the ``i``-th draw, whose displaced
-    weight (the ranking law's ``q`` at rank ``i``) falls in bin ``b`` of
-    :data:`CALIBRATION_EDGES`, the table holds ``(a + prior * w_b) / (n + prior)``: ``n`` draws
-    seen there, ``a`` of them accepted, ``w_b`` the bin's midpoint (so a bin never seen keeps
-    the displaced weight, and a sparse one leans towards it), then made non-decreasing along each
-    row (weighted isotonic fit) and no row above the one before it (:func:`check_calibration`
-    says why the builder needs both).
-
-    Args:
-        target: the target model.
-        draft: the draft model (EAGLE heads receive the target's features at commit).
-        prompts: token-id prompts (non-empty).
-        sampling: the sampling configuration the trees will serve (``T > 0``).
-        draws: rows of the table (sampled children per profiled node).
-        M: the sparse draft size of the served tree.
-        rank_law: the served tree's ranking law.
-        steps_per_prompt: steps per prompt.
-        seed: seed of the draws (None: from entropy).
-        prior: pseudo-count of the bin midpoint (``> 0``).
-
-    Raises:
-        InvalidConfigError: ``T = 0`` (no node is sampled there), no prompt, bad counts.
-
-    Example:
-        >>> import torch
-        >>> from specdec.models import CallableLM
-        >>> lm = CallableLM(lambda p: torch.tensor([[2.0, 1.0, 0.0]] * len(p)), vocab_size=3)
-        >>> table = profile_calibration(lm, CallableLM(lm.fn, 3), [[0]], SamplingConfig(), draws=2, M=3)
-        >>> bin_of_top = 8  # q at rank 0 is 0.665: bin [0.5, 0.7); p = q, so the first draw is always accepted
-        >>> round(table[0][bin_of_top], 3)  # 16 of 16 (+ 2 pseudo-draws at 0.6), pooled with the unseen bins above
-        0.94
-        >>> # rank 1 (q 0.245, bin [0.2, 0.35)) never accepted: 0.031, pooled with the unseen bins 4 and 5 below it
-        >>> round(table[1][6], 3), round(table[1][4], 3), round(table[1][3], 3)  # bin 3: its midpoint 0.035
-        (0.045, 0.045, 0.035)
-    """
-    from specdec.registry import get
-    from specdec.rng import TorchRandom
-    from specdec.step import profile_steps  # the generation step (import here: no cycle)
-
-    if sampling.greedy:
-        raise InvalidConfigError("profile_calibration needs T > 0: at T = 0 no node has a sampled child")
-    for name, value in (("draws", draws), ("steps_per_prompt", steps_per_prompt)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidConfigError(f"{name} must be an int >= 1, got {value!r}")
-    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
-        raise InvalidConfigError(f"prior must be a number > 0, got {prior!r}")
-    if not prompts:
-        raise InvalidConfigError("profile_calibration needs at least one prompt")
-    builder = RheoTreeBuilder(K=max(2, draws), m=max(2, draws), B=1, depth=1, N=max(2, draws), M=max(M, draws),
-                              proxy="displaced", rank_law=rank_law)
-    check = get("verifier", "mixed")()
-    rng = TorchRandom.seeded(seed)
-    bins = len(CALIBRATION_EDGES)
-    seen = torch.zeros(draws, bins, dtype=torch.float64)  # [draws, bins]
-    hits = torch.zeros(draws, bins, dtype=torch.float64)
-    for outcome, tree in profile_steps(target, draft, prompts, builder, check, sampling, rng, steps_per_prompt,
-                                       room=draws + 1, name="profile_calibration"):
-        result = outcome.result
-        n = int(tree.num_nodes[0])
-        accepted = result.accepted_nodes[0] if result.accepted_nodes else -1
-        for node, (i, w) in enumerate(zip(tree.draw_order[0, 1:n].tolist(), tree.weights[0, 1:n].tolist()), start=1):
-            if i < draws:  # the i-th draw, its displaced weight's bin
-                b = _bin(w)
-                seen[i, b] += 1
-                hits[i, b] += float(node == accepted)
-    upper = list(CALIBRATION_EDGES[1:]) + [1.0]
-    mid = torch.tensor([(lo + hi) / 2 for lo, hi in zip(CALIBRATION_EDGES, upper)], dtype=torch.float64)  # [bins]
-    table = (hits + prior * mid) / (seen + prior)  # [draws, bins]
-    weight = seen + prior  # [draws, bins]
-    rows = [_isotonic(table[i].tolist(), weight[i].tolist()) for i in range(draws)]  # non-decreasing over bins
-    for i in range(1, draws):  # no row above the one before it (the minimum keeps each row non-decreasing)
-        rows[i] = [min(a, b) for a, b in zip(rows[i], rows[i - 1])]
-    return check_calibration(rows)
-
-
-def _isotonic(values: list[float], weights: list[float]) -> list[float]:
-    """The weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators).
-
-    Example:
-        >>> _isotonic([0.1, 0.3, 0.2, 0.4], [1, 1, 1, 1])
-        [0.1, 0.25, 0.25, 0.4]
-    """
-    blocks: list[list[float]] = []  # [mean, weight, size]
-    for v, w in zip(values, weights):
-        blocks.append([float(v), float(w), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m1, w1, n1), (m2, w2, n2) = blocks.pop(-2), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return [b[0] for b in blocks for _ in range(int(b[2]))]

@@ -12,7 +12,7 @@ programme of docs/trees.md (``sequoia``)::
     T[m][l][b] = max_y  T[y][l][b-1] + a_b * max_b' T[m-y][l-1][b']
 
 (``m`` counts nodes including the subtree's root; the root's ``b``-th child
-subtree has ``m - y`` nodes and depth ``<= l - 1``). :func:`profile_acceptance`
+subtree has ``m - y`` nodes and depth ``<= l - 1``). :func:`specdec.tune.profile_acceptance`
 estimates ``a_k`` on real prompts; :func:`choose_size` picks the size and depth
 that minimise ``(d * t_draft + t_target(n)) / G(n, d)`` from measured times
 (:func:`measure_forward_times`, :func:`measure_draft_level_time`).
@@ -51,14 +51,13 @@ __all__ = [
     "choose_size",
     "measure_draft_level_time",
     "measure_forward_times",
-    "profile_acceptance",
     "sequoia_tree",
 ]
 
 DEFAULT_ACCEPTANCE: tuple[float, ...] = (0.6, 0.12, 0.05, 0.03, 0.02, 0.01, 0.01, 0.01)
 """A prior ``a_k`` used when no profile is given: a decaying vector of the
 shape Sequoia reports (most of the mass on the first draw). It is NOT measured
-for any model pair; profile yours with :func:`profile_acceptance`."""
+for any model pair; profile yours with :func:`specdec.tune.profile_acceptance`."""
 
 MAX_SEQUOIA_NODES = 2048
 """Largest ``num_nodes`` :func:`sequoia_tree` accepts (the DP is ``O(n^2 d k)``)."""
@@ -194,7 +193,7 @@ def choose_size(
     tree of ``n`` draft nodes plus the root.
 
     Args:
-        acceptance: positional acceptance ``a_k`` (:func:`profile_acceptance`).
+        acceptance: positional acceptance ``a_k`` (:func:`specdec.tune.profile_acceptance`).
         forward_time: ``t_target(tokens)``: a function, or a table measured by
             :func:`measure_forward_times` keyed by tokens per forward
             (``n + 1``); every candidate's ``n + 1`` must be in the table.
@@ -363,61 +362,6 @@ def measure_draft_level_time(
     return sorted(times)[len(times) // 2]
 
 
-def profile_acceptance(
-    target: TargetModel,
-    draft: DraftModel,
-    prompts: Sequence[Sequence[int]],
-    sampling: SamplingConfig,
-    k_max: int,
-    *,
-    steps_per_prompt: int = 4,
-    seed: int | None = 0,
-    verifier: str = "rejection-wor",
-) -> tuple[float, ...]:
-    """Estimate Sequoia's positional acceptance vector on real prompts.
-
-    For each prompt, ``steps_per_prompt`` speculative steps are run with a
-    one-level tree: the root and ``k_max`` children drawn without replacement
-    from the draft law; the target scores the tree, the rule-4 verifier
-    (``verifier``) picks the accepted child or none, and the emitted tokens
-    are committed (so later steps profile generated contexts, as in
-    Sequoia). ``a_k`` = fraction of steps in which the k-th drawn child was
-    the accepted one.
-
-    Args:
-        target: the target model.
-        draft: the draft model.
-        prompts: token-id prompts (non-empty).
-        sampling: the sampling configuration the tree will serve.
-        k_max: children per profiled node (length of the returned vector).
-        steps_per_prompt: speculative steps per prompt.
-        seed: seed of the draws (None: from entropy).
-        verifier: registry name of the rule-4 verifier.
-
-    Returns:
-        ``(a_1, ..., a_k_max)``.
-    """
-    from specdec.step import profile_steps  # the generation step (import here: no cycle)
-    from specdec.trees.static import StaticTreeBuilder
-
-    check_int("k_max", k_max, 1)
-    check_int("steps_per_prompt", steps_per_prompt, 1)
-    if not prompts:
-        raise InvalidConfigError("profile_acceptance needs at least one prompt")
-    builder = StaticTreeBuilder(expansion=tuple((i,) for i in range(k_max)), mode=SampleMode.WITHOUT_REPLACEMENT)
-    check = get("verifier", verifier)()
-    rng = TorchRandom.seeded(seed)
-    counts = [0] * k_max
-    trials = 0
-    for outcome, tree in profile_steps(target, draft, prompts, builder, check, sampling, rng, steps_per_prompt,
-                                       room=k_max, name="profile_acceptance"):
-        result = outcome.result
-        trials += 1
-        if result.accepted_nodes:
-            counts[int(tree.draw_order[0, result.accepted_nodes[0]])] += 1
-    return tuple(c / trials for c in counts)
-
-
 def _convert_optional_paths(value: object) -> tuple[tuple[int, ...], ...] | None:
     if value is None:
         return None
@@ -443,7 +387,7 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
         max_depth: depth bound (default 6, idem).
         acceptance: positional acceptance ``a_k`` (default
             :data:`DEFAULT_ACCEPTANCE`, an unmeasured prior; measure yours with
-            :func:`profile_acceptance`).
+            :func:`specdec.tune.profile_acceptance`).
         paths: an explicit child-slot shape instead of the DP.
 
     Attributes:

@@ -68,9 +68,10 @@ def expansion_to_paths(expansion: Sequence[int] | Sequence[Sequence[int]]) -> tu
         raise InvalidConfigError(
             f"expansion must be children per depth (e.g. (3, 2, 1)) or a list of paths, got {expansion!r}"
         )
-    if all(isinstance(k, int) and not isinstance(k, bool) for k in expansion):
+    counts = [k for k in expansion if isinstance(k, int) and not isinstance(k, bool)]
+    if len(counts) == len(expansion):  # children per depth
         total, width = 0, 1
-        for k in expansion:
+        for k in counts:
             if k < 1:
                 raise InvalidConfigError(f"children per depth must be ints >= 1, got {tuple(expansion)!r}")
             width *= k
@@ -81,11 +82,11 @@ def expansion_to_paths(expansion: Sequence[int] | Sequence[Sequence[int]]) -> tu
                 )
         level: list[tuple[int, ...]] = [()]
         paths: list[tuple[int, ...]] = []
-        for k in expansion:
+        for k in counts:
             level = [parent + (slot,) for parent in level for slot in range(k)]
             paths.extend(level)
         return tuple(paths)
-    paths_t = check_paths(expansion)  # type: ignore[arg-type]
+    paths_t = check_paths(expansion)  # type: ignore[arg-type]  # not all ints: check_paths rejects what is not a path
     if len(paths_t) > MAX_STATIC_NODES:
         raise InvalidConfigError(f"a static tree may have at most {MAX_STATIC_NODES} nodes, got {len(paths_t)}")
     return paths_t
@@ -123,7 +124,7 @@ def build_static_tree(
     node_of: dict[tuple[int, ...], int] = {(): 0}
     draft_id: dict[tuple[int, ...], int] = {(): 0}
     token_of: dict[tuple[int, ...], int] = {}
-    q_of = {(): normalised_law(draft.root_distribution(sampling))}
+    q_of: dict[tuple[int, ...], torch.Tensor] = {(): normalised_law(draft.root_distribution(sampling))}
     parents: list[tuple[int, ...]] = [()]
     next_draft_id = 1
     while parents:
@@ -188,18 +189,17 @@ class StaticLayout:
         parents = [-1] + [index[p[:-1]] for p in paths]
         slots = [0] + [p[-1] for p in paths]
         depths = [0] + [len(p) for p in paths]
-        levels, max_counts = [], []
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+        levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        max_counts: list[int] = []
         for d in range(1, max(depths) + 1):
             nodes = [i for i in range(len(parents)) if depths[i] == d]
             expanded = sorted({parents[i] for i in nodes})
             row = {e: r for r, e in enumerate(expanded)}
             counts = [sum(1 for i in nodes if parents[i] == e) for e in expanded]
-            levels.append(tuple(
-                torch.tensor(x, dtype=torch.int64)
-                for x in (expanded, counts, nodes, [row[parents[i]] for i in nodes], [slots[i] for i in nodes])
-            ))
+            child_rows, child_slots = [row[parents[i]] for i in nodes], [slots[i] for i in nodes]
+            levels.append((as_t(expanded), as_t(counts), as_t(nodes), as_t(child_rows), as_t(child_slots)))
             max_counts.append(max(counts))
-        as_t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
         return cls(
             paths=tuple(tuple(p) for p in paths), parents=as_t(parents), slots=as_t(slots), depths=as_t(depths), levels=tuple(levels),
             max_counts=tuple(max_counts),
@@ -289,7 +289,7 @@ def grow_static(
             draft_bad = draft_bad | (bad & alive).any(dim=1)
             draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
             next_id += R
-        if inside is None:
+        if cols is None or inside is None:  # (set together)
             q_law = q  # [B, R, L] with L = V
         else:
             q_law = q.index_select(-1, cols)  # [B, R, L] with L = Vd
@@ -344,6 +344,8 @@ class ShapedTreeBuilder(TreeBuilder):
     :meth:`shape` (and :attr:`construction`); a subclass that redefines
     :meth:`build` (the tests' mutants) has its trees stacked instead."""
 
+    batch_form = True
+
     construction: ClassVar[bool] = True
     """Draw from the :func:`~specdec.sampling.construction_config` law (False: the target's processing)."""
 
@@ -351,13 +353,39 @@ class ShapedTreeBuilder(TreeBuilder):
     def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
         """``(paths, mode)``: the child-slot paths and how children are drawn."""
 
+    @property
+    def sibling_modes(self) -> frozenset[SampleMode] | None:
+        """Read from :meth:`shape`: its mode when some node has several children, else none."""
+        paths, mode = self.shape()
+        parents = [tuple(path[:-1]) for path in paths]
+        several = len(parents) != len(set(parents))
+        return frozenset({mode}) if several else frozenset()
+
+    _host_build: ClassVar[bool] = False
+    """The class redefines :meth:`build`: its trees are built on the host and stacked."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that redefines :meth:`build` or :meth:`build_batch` (the tests' mutants)
+        declares no batch form (:attr:`~specdec.trees.base.TreeBuilder.batch_form`); one that
+        redefines :meth:`build` has its host trees stacked by :meth:`build_batch`."""
+        super().__init_subclass__(**kwargs)
+        if "build" in cls.__dict__:
+            cls._host_build = True
+        if "build" in cls.__dict__ or "build_batch" in cls.__dict__:
+            cls.batch_form = False
+
+    def grows_batches(self, sampling: SamplingConfig) -> bool:
+        """:attr:`batch_form`: True, unless a subclass redefines :meth:`build` or :meth:`build_batch`."""
+        return self.batch_form
+
     def build_batch(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource, *, compiler: Any = None
+        self, root_token: Any, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource, *,
+        compiler: Any = None,
     ) -> TreeBatch:
         """The step path: :func:`grow_static` (tensor ops, no host read; ``compiler`` is not used)."""
-        if type(self).build is not ShapedTreeBuilder.build:
+        if self._host_build:
             return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
-        return self._grow(root_token, draft, sampling, rng)
+        return self._grow(root_token, self._require_draft(draft), sampling, rng)
 
     def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
@@ -415,7 +443,7 @@ class StaticTreeBuilder(ShapedTreeBuilder):
         object.__setattr__(self, "paths", expansion_to_paths(self.expansion))
 
     @property
-    def default_verifier(self) -> str:
+    def default_verifier(self) -> str:  # type: ignore[override]  # per instance (by mode); the base declares a ClassVar
         """``"rejection-iid"`` or ``"rejection-wor"``, by :attr:`mode`."""
         return "rejection-iid" if self.mode == SampleMode.IID else "rejection-wor"
 
@@ -437,6 +465,8 @@ class StaticTreeBuilder(ShapedTreeBuilder):
         return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng)
 
 
-# the method(s) this builder serves (docs/methods.md)
-register_method(Method("specinfer", "static", "rejection-iid", {"expansion": (4, 2, 2, 1), "mode": "iid"},
+# the method(s) this builder serves (docs/methods.md); the defaults typed as Method.defaults (its ``dict``
+# converter gives mypy no usable parameter type for a literal)
+_SPECINFER_DEFAULTS: Mapping[str, Any] = {"expansion": (4, 2, 2, 1), "mode": "iid"}
+register_method(Method("specinfer", "static", "rejection-iid", _SPECINFER_DEFAULTS,
                 "SpecInfer: static tree of i.i.d. sampled children, multi-step rejection (rule 3)"))

@@ -125,10 +125,23 @@ class Verifier(ABC):
     supported_modes: ClassVar[frozenset[SampleMode]] = frozenset()
     lossless: ClassVar[bool] = True
     requires_greedy: ClassVar[bool] = False
+    host_checks: ClassVar[bool] = False
+    """The rule restricts how kinds mix at one node (a class that overrides :meth:`check_node_mix`
+    has it set at definition): :meth:`check_batch` then checks each tree's host view."""
     fused: ClassVar[FusedRule | None] = None
     """The rule in the parallel form (every node decided on its own uniforms,
     :mod:`specdec.verify.fast` and the Triton kernel), or None. Declared by
     each class for itself: a subclass that changes the rule does not inherit it."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """:attr:`fused` is declared by each class for itself: a subclass whose body does
+        not declare it has none (it may change the rule, as the tests' mutants do), so the
+        engine runs its walk rather than its parent's parallel rule."""
+        super().__init_subclass__(**kwargs)
+        if "fused" not in cls.__dict__:
+            cls.fused = None
+        if "check_node_mix" in cls.__dict__:  # the batch check then reads the host trees
+            cls.host_checks = True
 
     # ------------------------------------------------------------ checking
     def check_sampling(self, sampling: SamplingConfig) -> None:
@@ -166,7 +179,7 @@ class Verifier(ABC):
         summary (the child kinds present; whether some node has several sampled
         children drawn i.i.d. / without replacement). A verifier that overrides
         :meth:`check_node_mix` is checked on the host trees instead."""
-        if type(self).check_node_mix is not Verifier.check_node_mix:
+        if self.host_checks:
             for b in range(tree.batch_size):
                 self.check_tree(tree.tree(b))
             return
@@ -236,6 +249,7 @@ class Verifier(ABC):
             rng.begin_node(node)  # no-op except for counter-based sources (specdec.kernels)
             outcome = self.verify_node(tree, node, p_node, rng)
             if outcome.accepted_child is None:
+                assert outcome.bonus_token is not None  # NodeOutcome holds exactly one of the two
                 tokens = [int(tree.tokens[i]) for i in accepted] + [int(outcome.bonus_token)]
                 return VerifyResult(tuple(accepted), tuple(tokens), attempted)
             accepted.append(outcome.accepted_child)

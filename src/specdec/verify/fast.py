@@ -54,7 +54,7 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["VERIFY_ROWS", "TreeDecision", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "decide_tree_walk",
+__all__ = ["VERIFY_ROWS", "TreeDecision", "children_table", "resolve_rows", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "decide_tree_walk",
            "release_workspace", "step_scores", "target_weights", "verify_tree_batch"]
 
 
@@ -93,7 +93,7 @@ class TreeDecision:
         )
 
 
-def _children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
+def children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, n, C]`` child slots of every node in test order (``-1`` padded) and ``[B, n]`` sampled-children counts."""
     B, n = tree.tokens.shape
     C = tree.max_children
@@ -126,7 +126,7 @@ def target_weights(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pass of its own over the vocabulary.
 
     Eager, ``p = softmax(s)`` (torch's fused kernel: one ``[..., V]`` write).
-    Compiled (:class:`specdec.step.StepCompiler`), ``w = exp(s - max s)``,
+    Compiled (:class:`specdec.engine.compiler.StepCompiler`), ``w = exp(s - max s)``,
     the softmax before its division by the row's sum, which
     :func:`decide_tree_batch` makes itself on the few entries it reads: the
     max and the exp-sum are the only passes over the vocabulary.
@@ -235,6 +235,22 @@ VERIFY_ROWS = ("auto", "all", "path")
 """The verification's choices of rows (:func:`decide_from_logits`)."""
 
 
+def resolve_rows(rows: str, device: torch.device) -> str:
+    """``"all"`` or ``"path"`` for ``rows`` (:data:`VERIFY_ROWS`) on ``device``: ``"auto"`` is the
+    walk for CPU logits (the work over the vocabulary, not the number of ops, sets the time there)
+    and every node at once on other devices. The generation loop resolves it once per generation
+    (:func:`specdec.engine.dispatch.choose_verification`).
+
+    Raises:
+        InvalidConfigError: ``rows`` is not one of :data:`VERIFY_ROWS`.
+    """
+    if rows not in VERIFY_ROWS:
+        raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
+    if rows == "auto":
+        return "path" if device.type == "cpu" else "all"
+    return rows
+
+
 def decide_from_logits(
     rule: FusedRule,
     tree: TreeBatch,
@@ -252,7 +268,7 @@ def decide_from_logits(
     ``rows="all"``: every node decided at once, at ``T = 0`` by
     :func:`decide_tree_batch` on the one-hot rows, at ``T > 0`` by
     :func:`decide_from_scores` (the law up to a factor per row); ``decide`` and
-    ``decide_scores`` replace those two (compiled: :class:`specdec.step.StepCompiler`).
+    ``decide_scores`` replace those two (compiled: :class:`specdec.engine.compiler.StepCompiler`).
     ``rows="path"``: :func:`decide_tree_walk` (``decide_walk`` replaces it, compiled),
     only the visited rows processed. ``rows="auto"`` (the step's choice): the walk
     for CPU logits, where the work over the vocabulary, not the number of ops,
@@ -262,10 +278,7 @@ def decide_from_logits(
     way, with the same uniforms, except when a uniform falls within float rounding
     of a threshold (``tests/verify/test_verify_walk.py``).
     """
-    if rows not in VERIFY_ROWS:
-        raise InvalidConfigError(f"rows must be one of {VERIFY_ROWS}, got {rows!r}")
-    if rows == "auto":
-        rows = "path" if logits.device.type == "cpu" else "all"
+    rows = resolve_rows(rows, logits.device)
     if rows == "path":
         return TreeDecision(*(decide_walk or decide_tree_walk)(rule, tree, logits, u, sampling))
     if sampling.greedy:  # one-hot rows
@@ -315,7 +328,7 @@ def decide_tree_batch(
     B, n, V = p.shape
     C, D = tree.max_children, tree.max_depth
     dev = p.device
-    table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
+    table, n_sampled = children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
     top = None
@@ -340,7 +353,7 @@ def decide_tree_batch(
     # the bonus, from the stop node's row
     rows = node.view(B, 1, 1)
     row = p.gather(1, rows.expand(B, 1, V)).squeeze(1)  # [B, V] the stop node's row
-    if scores:
+    if top is not None:  # scores
         row = torch.exp(row - top.gather(1, rows).squeeze(-1))
 
     def at_stop(x: torch.Tensor) -> torch.Tensor:  # [B, n, k] -> [B, k]: the stop node's entries
@@ -431,7 +444,7 @@ def _node_rules(
     # rule 2 over the matched children (all of them for "match"; the deterministic ones after rule 5's rejections)
     if not (rule.match_deterministic or not rule.rejection):
         matched = torch.zeros_like(has)  # [B, r, C]
-    if rejecting:  # after rejections the residual differs from p on q's support
+    if r_s is not None:  # rejecting: after rejections the residual differs from p on q's support
         in_support = ids.unsqueeze(-2) == child_tok.unsqueeze(-1)  # [B, r, C, L]
         r_child = torch.where(in_support.any(dim=-1), (in_support * r_s.unsqueeze(-2)).sum(dim=-1), P_child)
     else:
@@ -525,7 +538,7 @@ def decide_tree_walk(
     """
     B, n, V = logits.shape
     C, D = tree.max_children, tree.max_depth
-    table, n_sampled = _children_table(tree, rule)  # [B, n, C], [B, n]
+    table, n_sampled = children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
     child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
     wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)

@@ -59,7 +59,7 @@ class KSeqVerifier(Verifier):
         children = tree.sampled_children(node)
         if not children:
             return NodeOutcome(bonus_token=rng.categorical(P))
-        law = tree.sampled_law_at(node)  # q', the law of the i.i.d. draws
+        law = tree.law_of(children[0])  # q', the law of the i.i.d. draws
         support = law.indices.to(p.device)
         q_s = law.probs.to(device=p.device, dtype=dtype)
         k = len(children)

@@ -62,7 +62,7 @@ class MixedVerifier(Verifier):
         P = p / p.sum()
         sampled = tree.sampled_children(node)
         if sampled:
-            law = tree.sampled_law_at(node)  # q', the law the sampled children were drawn from
+            law = tree.law_of(sampled[0])  # q', the law the sampled children were drawn from
             q_prime = law.dense(tree.vocab_size, dtype=dtype).to(p.device)
             tokens = [int(tree.tokens[c]) for c in sampled]
             accepted, P = recursive_rejection(

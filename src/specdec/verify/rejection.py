@@ -83,7 +83,7 @@ class _RejectionVerifier(Verifier):
         P = p / p.sum()
         children = tree.sampled_children(node)
         if children:
-            q = tree.sampled_law_at(node).dense(tree.vocab_size, dtype=dtype).to(p.device)  # q'
+            q = tree.law_of(children[0]).dense(tree.vocab_size, dtype=dtype).to(p.device)  # q'
             tokens = [int(tree.tokens[c]) for c in children]
             accepted, P = recursive_rejection(
                 P, q, children, tokens, rng, without_replacement=self.without_replacement

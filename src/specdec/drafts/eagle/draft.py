@@ -62,6 +62,8 @@ class EagleDraft(DraftModel):
             ``"auto"`` (default) = when the head is on the CPU.
     """
 
+    supports_rows = True
+
     needs_target_hidden: ClassVar[bool] = True
     version: ClassVar[int | None] = None
 
@@ -76,7 +78,7 @@ class EagleDraft(DraftModel):
             raise InvalidConfigError(f"{type(self).__name__} needs an EAGLE-{self.version} head, got EAGLE-{head.config.version}")
         self.head = head.eval()
         self.feature_fn = feature_fn
-        self.max_length = head.config.max_position_embeddings if max_length is None else max_length
+        self._max_length: int | None = head.config.max_position_embeddings if max_length is None else max_length
         p = next(head.parameters())
         self._device, self._dtype = p.device, p.dtype
         self._proposal_ids: torch.Tensor | None = None  # EAGLE-3: the draft vocabulary's target ids (proposal_ids)
@@ -151,7 +153,7 @@ class EagleDraft(DraftModel):
         return self._pairs
 
     # ---------------------------------------------------------- features
-    def _features(self, target_hidden: torch.Tensor, n: int, who: str) -> torch.Tensor:
+    def _features(self, target_hidden: torch.Tensor | None, n: int, who: str) -> torch.Tensor:
         cfg = self.head.config
         if not isinstance(target_hidden, torch.Tensor):
             raise InvalidConfigError(f"{who}: target_hidden must be a tensor [n, L, H]")
@@ -183,6 +185,11 @@ class EagleDraft(DraftModel):
         self._last_h = h[0, -1]
 
     # --------------------------------------------------------- DraftModel
+    @property
+    def max_length(self) -> int | None:
+        """The context limit (committed pairs + tree): the head's ``max_position_embeddings`` by default."""
+        return self._max_length
+
     def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -334,9 +341,16 @@ class EagleDraft(DraftModel):
     @property
     def batch_size(self) -> int:
         """Rows in rows mode (:meth:`begin_rows`), else 1."""
-        return 1 if not self.rows_mode else int(self._rows)
+        rows = getattr(self, "_rows", None)
+        return 1 if rows is None else int(rows)
 
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor) -> None:
+    def _row_count(self) -> int:
+        """``B`` in rows mode (:meth:`begin_rows`)."""
+        if self._rows is None:
+            raise RuntimeError("outside rows mode (begin_rows)")
+        return self._rows
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None) -> None:
         """Start ``B`` rows at once (rows mode, for batched generation).
 
         Row ``b``'s committed pairs live in row ``b`` of one ``[2, B, H,
@@ -351,6 +365,8 @@ class EagleDraft(DraftModel):
                 cached prompt tokens (``HFTarget.prefill_batch``; row ``b``'s
                 first ``len(prompts[b]) - 1`` positions are read).
         """
+        if len(prompts) == 1:  # one row: the one-row layout (begin)
+            return DraftModel.begin_rows(self, prompts, target_hidden)
         rows = [[int(t) for t in p] for p in prompts]
         if not rows or any(not r for r in rows):
             raise InvalidConfigError("begin_rows needs non-empty prompts")
@@ -358,6 +374,8 @@ class EagleDraft(DraftModel):
         cfg = self.head.config
         width = len(cfg.target_layers) * cfg.target_hidden_size
         th = target_hidden
+        if th is None:
+            raise InvalidConfigError("begin_rows: the EAGLE draft needs target_hidden (the target's prompt features)")
         if th.dim() != 4 or th.shape[0] != B or tuple(th.shape[2:]) != (len(cfg.target_layers), cfg.target_hidden_size):
             raise VocabMismatchError(
                 f"begin_rows: target_hidden has shape {tuple(th.shape)}; expected [{B}, S, "
@@ -385,7 +403,7 @@ class EagleDraft(DraftModel):
         self._rdrop_tree()
 
     def _rdrop_tree(self) -> None:
-        B, H = int(self._rows), self.head.config.hidden_size
+        B, H = self._row_count(), self.head.config.hidden_size
         self._rtree_pairs = 0
         self._rtree_h = torch.zeros(B, 0, H, device=self._device, dtype=self._dtype)  # [B, n, H] nodes 1..n
         self._rdepth = torch.zeros(B, 1, dtype=torch.long, device=self._device)  # [B, n + 1]
@@ -482,7 +500,8 @@ class EagleDraft(DraftModel):
     def commit_rows(
         self,
         emitted: Sequence[Sequence[int]],
-        target_hidden: torch.Tensor,
+        target_hidden: torch.Tensor | None = None,
+        *,
         device_tokens: torch.Tensor | None = None,
         device_counts: torch.Tensor | None = None,
     ) -> None:
@@ -491,10 +510,16 @@ class EagleDraft(DraftModel):
         (``target_hidden [B, A, L, H]``, row ``b``'s first ``len(emitted[b])``
         read), as :meth:`commit` does for one row. ``device_tokens`` ``[B, >= A]``
         (``-1`` padded) and ``device_counts`` ``[B]``: the same tokens and counts
-        on the device (the batched step's), so that nothing is copied to it."""
+        on the device (the batched step's), so that nothing is copied to it. Outside rows
+        mode: :meth:`commit` of the one row."""
         if not self.rows_mode:
-            raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
-        B = int(self._rows)
+            if len(emitted) != 1:
+                raise RuntimeError("commit_rows() of several rows outside rows mode (begin_rows)")
+            k = len(emitted[0])
+            self.commit(emitted[0], target_hidden=None if target_hidden is None else target_hidden[0, :k],
+                        device_tokens=None if device_tokens is None else device_tokens[0, :k])
+            return
+        B = self._row_count()
         if len(emitted) != B or any(len(e) == 0 for e in emitted):
             raise ValueError(f"commit_rows: {len(emitted)} rows of emitted tokens (each non-empty) for {B} rows")
         counts = [len(e) for e in emitted]
@@ -509,6 +534,8 @@ class EagleDraft(DraftModel):
             for b, e in enumerate(emitted):
                 tokens[b, : len(e)] = torch.tensor([int(t) for t in e])
             tokens = tokens.to(self._device)
+        if target_hidden is None:
+            raise InvalidConfigError("commit_rows: the EAGLE draft needs target_hidden (the target's features)")
         with torch.inference_mode():
             feats = target_hidden[:, :T].reshape(B, T, width).to(self._device, self._dtype)
             self._append_rows(feats, tokens, counts, device_counts)

@@ -1,0 +1,46 @@
+"""The engine: one loop around one step, one dispatch, options as an explicit object.
+
+Layers (docs/architecture.md): the tools (CLI, bench, training) and the tuning code
+(Sequoia's profiling, Rheo's calibration, the budget search) call the engine; the engine
+calls the strategies (tree builders, verifiers, drafts, targets) through their declared
+contracts and the kernels through rule descriptors.
+
+- :mod:`~specdec.engine.step`: :func:`run_step`, the speculative step of ``B`` rows, and
+  :func:`commit_step`;
+- :mod:`~specdec.engine.loop`: :func:`run_rows`, the one generation loop, and
+  :func:`profile_steps`;
+- :mod:`~specdec.engine.dispatch`: :func:`choose_verification`, the one decision of how
+  a generation verifies;
+- :mod:`~specdec.engine.options`: :class:`StepOptions`;
+- :mod:`~specdec.engine.stats`: :class:`GenerationStats`, :class:`StepTally`;
+- :mod:`~specdec.engine.compiler`: :class:`StepCompiler` (``compile=``).
+"""
+
+from specdec.engine.compiler import StepCompiler
+from specdec.engine.dispatch import KERNEL_CHOICES, VERIFY_PATHS, Verification, choose_verification
+from specdec.engine.loop import StepReport, profile_steps, run_rows
+from specdec.engine.options import CLOCKS, VERIFY_ROWS, StepOptions
+from specdec.engine.stats import GenerationStats, StepTally
+from specdec.engine.step import StepClock, StepOutcome, commit_step, emitted_logprobs, read_step, run_step
+
+__all__ = [
+    "CLOCKS",
+    "KERNEL_CHOICES",
+    "VERIFY_PATHS",
+    "VERIFY_ROWS",
+    "GenerationStats",
+    "StepClock",
+    "StepCompiler",
+    "StepOptions",
+    "StepOutcome",
+    "StepReport",
+    "StepTally",
+    "Verification",
+    "choose_verification",
+    "commit_step",
+    "emitted_logprobs",
+    "profile_steps",
+    "read_step",
+    "run_rows",
+    "run_step",
+]

@@ -1,0 +1,146 @@
+"""Honest accounting of a generation: per-row running totals and the frozen stats.
+
+*tau* (mean accepted length) is the mean over steps of (accepted drafts + 1 bonus), i.e.
+tokens emitted per target forward; the times split each step into drafting, the target's
+forward and verification (docs/concepts.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from specdec.verify.base import VerifyResult
+
+__all__ = ["GenerationStats", "StepTally"]
+
+
+@attrs.frozen
+class GenerationStats:
+    """Honest accounting of one generation.
+
+    Attributes:
+        steps: number of speculative steps (= target tree forwards).
+        new_tokens: tokens returned (after EOS / length truncation).
+        emitted: tokens the verifier emitted, accepted + bonus, before truncation.
+        accepted: draft tokens accepted, summed over steps.
+        depth_attempted: ``[D]`` count of steps in which a draft at depth ``d+1`` was tested.
+        depth_accepted: ``[D]`` count of steps in which the draft at depth ``d+1`` was accepted.
+        tree_nodes: total tree nodes scored by the target (root included).
+        time_prefill, time_draft, time_target, time_verify, time_total: seconds.
+            ``time_draft`` covers tree building (draft forwards included);
+            ``time_verify`` covers processing the target logits and verification.
+        kernel_path: how logits processing + verification ran: ``"torch"``
+            (the step, :mod:`specdec.engine.step`: the verifier's parallel rule
+            in torch, or its walk), ``"triton"`` (the fused kernel,
+            :mod:`specdec.kernels.verify_fused`) or ``"torch+triton"`` if steps differed.
+        clock: what measured the step path's time split: ``"perf_counter"``
+            (host clock) or ``"cuda_events"`` (a target on CUDA;
+            :data:`specdec.engine.options.CLOCKS`).
+    """
+
+    steps: int
+    new_tokens: int
+    emitted: int
+    accepted: int
+    depth_attempted: tuple[int, ...]
+    depth_accepted: tuple[int, ...]
+    tree_nodes: int
+    time_prefill: float
+    time_draft: float
+    time_target: float
+    time_verify: float
+    time_total: float
+    kernel_path: str = "torch"
+    clock: str = "perf_counter"
+
+    @property
+    def target_forwards(self) -> int:
+        """Target forwards over trees (prefill excluded); one per step."""
+        return self.steps
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: mean over steps of (accepted drafts + 1 bonus)."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> tuple[float, ...]:
+        """Per depth ``d`` (1-based index ``d-1``): P(draft at depth d accepted | a draft at depth d was tested)."""
+        return tuple(a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_attempted))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of total generation time (prefill included)."""
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, derived metrics included."""
+        out = attrs.asdict(self)
+        out.update(
+            tau=self.tau,
+            target_forwards=self.target_forwards,
+            acceptance_by_depth=list(self.acceptance_by_depth),
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+
+@attrs.define
+class StepTally:
+    """Running totals over a generation's steps, typed (the loops' accounting;
+    :meth:`stats` makes the frozen :class:`GenerationStats`).
+
+    Attributes:
+        steps: steps taken (target tree forwards).
+        tree_nodes: nodes scored, roots included.
+        emitted: tokens the verifier emitted (accepted + bonus), before truncation.
+        accepted: accepted draft tokens.
+        depth_attempted, depth_accepted: per depth ``d`` (0-based), steps whose
+            walk reached depth ``d`` with children to test, and steps that accepted one there.
+        time_prefill, time_draft, time_target, time_verify: seconds per part.
+        stop_reason: ``"length"`` or ``"eos"``.
+        kernel_path: the verification path of the last step.
+        clock: how the times were measured (:data:`specdec.engine.options.CLOCKS`).
+    """
+
+    steps: int = 0
+    tree_nodes: int = 0
+    emitted: int = 0
+    accepted: int = 0
+    depth_attempted: list[int] = attrs.field(factory=list)
+    depth_accepted: list[int] = attrs.field(factory=list)
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_verify: float = 0.0
+    stop_reason: str = "length"
+    kernel_path: str = "torch"
+    clock: str = "perf_counter"
+
+    def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float) -> None:
+        """Add one step's outcome."""
+        self.steps += 1
+        self.tree_nodes += tree_nodes
+        self.emitted += len(result.tokens)
+        self.accepted += result.num_accepted
+        self.time_draft += time_draft
+        self.time_target += time_target
+        self.time_verify += time_verify
+        while len(self.depth_attempted) < result.attempted_depths:
+            self.depth_attempted.append(0)
+            self.depth_accepted.append(0)
+        for d in range(result.attempted_depths):
+            self.depth_attempted[d] += 1
+            self.depth_accepted[d] += int(d < result.num_accepted)
+
+    def stats(self, new_tokens: int, time_total: float) -> GenerationStats:
+        """The :class:`GenerationStats` of these totals."""
+        return GenerationStats(
+            steps=self.steps, new_tokens=new_tokens, emitted=self.emitted, accepted=self.accepted,
+            depth_attempted=tuple(self.depth_attempted), depth_accepted=tuple(self.depth_accepted),
+            tree_nodes=self.tree_nodes, time_prefill=self.time_prefill, time_draft=self.time_draft,
+            time_target=self.time_target, time_verify=self.time_verify, time_total=time_total,
+            kernel_path=self.kernel_path, clock=self.clock,
+        )

@@ -1,0 +1,323 @@
+"""The speculative step: one pure function over a batch of rows, tensors in and out.
+
+:func:`run_step` is the only step body in specdec; every loop (single, streamed and
+batched generation, the profiles, the bench, the CLI demo) runs it through
+:func:`specdec.engine.loop.run_rows`. For ``B`` rows (``B = 1`` is a batch of one)::
+
+    roots [B] -> builder.build_batch(...)      # TreeBatch on the draft's device
+              -> target.score_batch(tree)       # logits [B, n, V], one forward
+              -> logits processor per row       # each node in its own context (optional)
+              -> the dispatched verification    # tensor rule, fused kernel or walk (dispatch.py)
+              -> one device-to-host read        # every row's path, tokens and flags (read_step)
+
+NaN / +inf / all -inf logits are flagged per row and raise only when the verifier
+visits the row. Committing (KV caches, the draft's context) is :func:`commit_step`,
+which the caller runs after taking the emitted tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from specdec.drafts.base import DraftModel
+from specdec.engine.dispatch import Verification
+from specdec.engine.options import StepOptions
+from specdec.errors import InvalidConfigError, InvalidDistributionError
+from specdec.kernels.verify_fused import fused_verify_batch
+from specdec.processors import LogitsProcessorLike, process_batch_row
+from specdec.regions import model_call
+from specdec.rng import RandomSource, RowStreams
+from specdec.sampling import SamplingConfig, check_distribution, process_logits, row_is_bad
+from specdec.targets.base import TargetModel
+from specdec.tree_batch import TreeBatch
+from specdec.trees.base import TreeBuilder
+from specdec.verify.base import Verifier, VerifyResult
+from specdec.verify.fast import TreeDecision, decide_from_logits
+
+__all__ = ["StepClock", "StepOutcome", "commit_step", "emitted_logprobs", "read_step", "run_step"]
+
+
+class StepClock:
+    """Marks the boundaries of a step's parts and returns the seconds between them
+    (:data:`~specdec.engine.options.CLOCKS`: ``"perf_counter"`` or ``"cuda_events"``)."""
+
+    def __init__(self, kind: str = "perf_counter") -> None:
+        if kind not in ("perf_counter", "cuda_events"):
+            raise InvalidConfigError(f"clock must be 'perf_counter' or 'cuda_events', got {kind!r}")
+        self.kind = kind
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.kind == "cuda_events":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def splits(self) -> list[float]:
+        """Seconds between consecutive marks."""
+        pairs = zip(self.marks, self.marks[1:])
+        if self.kind == "cuda_events":
+            return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
+        return [b - a for a, b in pairs]
+
+
+@attrs.frozen(eq=False)
+class StepOutcome:
+    """What one step of ``B`` rows produced.
+
+    Attributes:
+        tree: the scored :class:`~specdec.tree_batch.TreeBatch` (``B`` trees, ``n`` slots).
+        decision: the verification's device tensors (:class:`~specdec.verify.fast.TreeDecision`):
+            ``accepted [B, D]``, ``num_accepted [B]``, ``tokens [B, D + 1]`` (``-1`` padded), ...
+        results: per row, the host values of the step's one read: accepted node slots,
+            emitted tokens (accepted + bonus), attempted depths.
+        tree_nodes: per row, the nodes of the scored tree (root included, padding excluded).
+        time_draft, time_target, time_verify: seconds spent building the tree (draft
+            forwards included), in the target's forward, and processing ``p`` + verifying
+            + the read (``perf_counter``, or CUDA events for a target on CUDA).
+        logprobs: ``[B, D + 1]`` float64 log-probability of each emitted token under the law
+            it was drawn from (:func:`emitted_logprobs`), on the device; None unless asked.
+    """
+
+    tree: TreeBatch
+    decision: TreeDecision
+    results: tuple[VerifyResult, ...]
+    tree_nodes: tuple[int, ...]
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_verify: float = 0.0
+    logprobs: torch.Tensor | None = None
+
+    @property
+    def result(self) -> VerifyResult:
+        """Row 0's result (a one-row step)."""
+        return self.results[0]
+
+
+def emitted_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig) -> torch.Tensor:
+    """``[B, D + 1]`` float64 log-probability of each emitted token under the law it was
+    drawn from, on the device (docs/generation.md, "Log-probabilities"); entries past a
+    row's ``num_accepted + 1`` tokens are meaningless.
+
+    Emitted token ``t`` was drawn from the processed target law at its parent node (the
+    root, then the accepted nodes). At ``T > 0`` that is ``log p`` (processors,
+    temperature, top-k, top-p). At ``T = 0`` ``p`` is one-hot; the log-probability is then
+    that of the processed logits' softmax (processors applied; no temperature, top-k or
+    top-p), as vLLM's processed log-probs under greedy sampling.
+
+    Args:
+        logits: ``[B, n, V]`` the target's logits after the logits processors.
+        decision: the step's verification.
+    """
+    B = logits.shape[0]
+    chain = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1)  # [B, D + 1]
+    tokens = decision.tokens.clamp_min(0).unsqueeze(-1)  # [B, D + 1, 1]
+    rows = logits.gather(1, chain.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, D + 1, V]
+    if sampling.greedy:
+        return torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
+    return process_logits(rows, sampling, check=False).gather(2, tokens).squeeze(-1).to(torch.float64).log()
+
+
+def _prefix(rows: Sequence[int] | None, b: int) -> str:
+    return "" if rows is None else f"row {rows[b]}: "
+
+
+def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | None = None) -> tuple[list[VerifyResult], list[int]]:
+    """The step's one device-to-host read, decoded in one place: per row, the
+    :class:`~specdec.verify.base.VerifyResult` and the tree's node count.
+
+    Args:
+        rows: the rows' names for error messages (None: a single generation, unnamed).
+
+    Raises:
+        InvalidDistributionError: a row's draft logits were bad at a node the builder expanded,
+            or its target logits at a node the verifier visited.
+    """
+    B, D = tree.batch_size, tree.max_depth
+    draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
+    packed = torch.cat([decision.packed(), tree.num_nodes.view(B, 1).to(decision.accepted.device),
+                        draft_bad.long().view(B, 1).to(decision.accepted.device)], dim=-1)
+    read = packed.tolist()  # the one read: [B, 2D + 7]
+    results, nodes = [], []
+    for b, row in enumerate(read):
+        num, _bonus, attempted, bad_visited, stop = row[:5]
+        if row[-1]:
+            raise InvalidDistributionError(
+                f"{_prefix(rows, b)}the draft's logits contain NaN or +inf, or a row is all -inf, or give probability "
+                "outside the draft's proposal_ids, at a node the tree builder expanded"
+            )
+        if bad_visited:
+            raise InvalidDistributionError(
+                f"{_prefix(rows, b)}the target's logits at a node the verifier visited (the path ending at node {stop}) "
+                "contain NaN or +inf, or are all -inf: no token can be produced"
+            )
+        results.append(VerifyResult(tuple(row[5 : 5 + num]), tuple(row[5 + D : 5 + D + num + 1]), attempted))
+        nodes.append(row[-2])
+    return results, nodes
+
+
+def _walk(
+    verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
+    rngs: Sequence[RandomSource], rows: Sequence[int] | None,
+) -> tuple[TreeDecision, list[VerifyResult], list[int]]:
+    """The walk path: the verifier's own :meth:`~specdec.verify.base.Verifier.verify` on each
+    row's host view, each row with its own source; host reads (its cost per step: the tree's
+    host view and the visited rows of ``p``)."""
+    B, D = tree.batch_size, tree.max_depth
+    results, nodes = [], []
+    for b in range(B):
+        host = tree.tree(b)
+        if tree.draft_bad is not None and bool(tree.draft_bad[b]):
+            raise InvalidDistributionError(
+                f"{_prefix(rows, b)}the draft's logits contain NaN or +inf, or a row is all -inf, or give probability "
+                "outside the draft's proposal_ids, at a node the tree builder expanded"
+            )
+        p = process_logits(logits[b, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
+        try:
+            results.append(verifier.verify(host, p, rngs[b]))
+        except InvalidDistributionError as exc:
+            if rows is None:
+                raise
+            raise InvalidDistributionError(f"{_prefix(rows, b)}{exc}") from exc
+        nodes.append(host.num_nodes)
+    dev = logits.device
+    accepted = torch.full((B, D), -1, dtype=torch.int64)
+    tokens = torch.full((B, D + 1), -1, dtype=torch.int64)
+    for b, r in enumerate(results):
+        accepted[b, : r.num_accepted] = torch.tensor(r.accepted_nodes, dtype=torch.int64)
+        tokens[b, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.int64)
+    num = torch.tensor([r.num_accepted for r in results], dtype=torch.int64)
+    stop = torch.tensor([r.accepted_nodes[-1] if r.accepted_nodes else 0 for r in results], dtype=torch.int64)
+    attempted = torch.tensor([r.attempted_depths for r in results], dtype=torch.int64)
+    decision = TreeDecision(accepted.to(dev), num.to(dev), tokens.to(dev), tokens.gather(1, num.view(B, 1)).view(B).to(dev),
+                            attempted.to(dev), torch.zeros(B, dtype=torch.bool, device=dev), stop.to(dev))
+    return decision, results, nodes
+
+
+def run_step(
+    target: TargetModel,
+    draft: DraftModel | None,
+    builder: TreeBuilder,
+    verifier: Verifier,
+    verification: Verification,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    roots: torch.Tensor,
+    *,
+    row_rngs: Sequence[RandomSource] | None = None,
+    verify_rng: RowStreams | None = None,
+    options: StepOptions = StepOptions(validate=False),
+    clock: str = "perf_counter",
+    check_tree: bool = True,
+    compiler: Any = None,
+    logits_processor: LogitsProcessorLike | None = None,
+    contexts: Sequence[torch.Tensor] | None = None,
+    logprobs: bool = False,
+    rows: Sequence[int] | None = None,
+) -> StepOutcome:
+    """One speculative step of ``B`` rows (module docstring).
+
+    Args:
+        verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`).
+        rng: the builder's source (a :class:`~specdec.rng.RowStreams` of one source per row
+            for ``B > 1``); the tensor rule draws its ``[B, n, C + 1]`` uniform table from it.
+        roots: ``[B]`` int64 the rows' last committed tokens, on the device.
+        row_rngs: the walk's per-row sources (default: ``[rng]``).
+        verify_rng: the kernel's per-row counter streams (``"triton"`` only).
+        options: :class:`~specdec.engine.options.StepOptions` (validate mode, rows).
+        clock: ``"perf_counter"`` or ``"cuda_events"``.
+        check_tree: check that the verifier supports the trees' children (kinds and modes)
+            before verifying (the loop asks on its first step, and on every step in validate mode).
+        logits_processor, contexts: applied to every node's logits with that node's own
+            context: ``contexts[b]`` ``[L_b]`` (row ``b``'s committed sequence, ending with its root)
+            followed by the node's path (:mod:`specdec.processors`).
+        logprobs: fill :attr:`StepOutcome.logprobs`.
+        rows: the rows' names in error messages (None: a single generation).
+
+    Raises:
+        UnsupportedTreeError: (``check_tree``) the verifier cannot verify a tree losslessly.
+        MalformedTreeError: (validate mode) the tree batch breaks an invariant.
+        InvalidDistributionError: a row's target logits at a visited node, or its draft's at an
+            expanded node, are NaN, +inf or all -inf.
+    """
+    timer = StepClock(clock)
+    timer.mark()
+    tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
+    timer.mark()
+    with model_call():
+        logits = target.score_batch(tree)  # [B, n, V]
+    timer.mark()
+    B = tree.batch_size
+    if options.validate:
+        tree.validate()
+        for b in range(B):
+            verifier.check_tree(tree.tree(b))
+    elif check_tree:
+        verifier.check_batch(tree)
+    if logits_processor is not None:  # each node's row in its own context (specdec.processors)
+        if contexts is None or len(contexts) != B:
+            raise InvalidConfigError("a logits processor needs the committed context of every row")
+        logits = torch.stack([process_batch_row(logits_processor, logits[b], contexts[b], tree, b) for b in range(B)])
+    if verification.path == "walk":
+        decision, results, nodes = _walk(verifier, tree, logits, sampling, row_rngs or [rng], rows)
+    else:
+        assert verification.rule is not None
+        if options.validate:  # every node's row that is not flagged bad (those raise only where visited)
+            flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)
+            for b in range(B):
+                n = int(tree.num_nodes[b])
+                check_distribution(p_check[b, :n][~flags[b, :n]], "p")
+        if verification.path == "triton":
+            if verify_rng is None:
+                raise InvalidConfigError("the fused kernel needs the rows' counter streams (verify_rng)")
+            x = logits if verification.fuse_logits else process_logits(logits, sampling, check=False)
+            decision = fused_verify_batch(verification.rule, tree, x, verify_rng,
+                                          inputs="logits" if verification.fuse_logits else "probs",
+                                          sampling=sampling, bad_rows=row_is_bad(logits))
+        else:
+            u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
+            compiled: tuple[Any, ...] = () if compiler is None else (compiler.decide, compiler.decide_scores)
+            decision = decide_from_logits(verification.rule, tree, logits, u, sampling, *compiled, rows=verification.rows,
+                                          decide_walk=None if compiler is None else compiler.decide_walk)
+        results, nodes = read_step(decision, tree, rows)
+    timer.mark()
+    step_logprobs = emitted_logprobs(logits, decision, sampling) if logprobs else None
+    time_draft, time_target, time_verify = timer.splits()
+    return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
+                       logprobs=step_logprobs)
+
+
+def commit_step(
+    target: TargetModel, draft: DraftModel | None, outcome: StepOutcome, emitted: Sequence[Sequence[int]] | None = None
+) -> None:
+    """The caller's bookkeeping after a step: each row's target keeps its root and accepted
+    path in its KV cache (:meth:`~specdec.targets.base.TargetModel.accept_rows`), and the
+    draft appends the emitted tokens (:meth:`~specdec.drafts.base.DraftModel.commit_rows`),
+    with the target's features at the root and the accepted nodes for feature drafts.
+    The device path and tokens go along, so that nothing is copied back and forth.
+
+    Args:
+        emitted: per row, the tokens the verifier emitted (default: the outcome's).
+    """
+    decision = outcome.decision
+    emitted = [list(r.tokens) for r in outcome.results] if emitted is None else emitted
+    nodes = [r.accepted_nodes for r in outcome.results]
+    target.accept_rows(decision.accepted, decision.num_accepted, emitted, nodes=nodes)
+    if draft is None:
+        return
+    feats = None
+    if draft.needs_target_hidden:  # [B, D + 1, L, H]: the target's features at the root and the accepted nodes
+        hidden = target.hidden_rows()  # [B, n, L, H]
+        if hidden is None:
+            raise InvalidConfigError(f"the draft needs the target's hidden states, but {type(target).__name__} captured none")
+        B = decision.accepted.shape[0]
+        path = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1).to(hidden.device)
+        feats = hidden.gather(1, path[..., None, None].expand(-1, -1, *hidden.shape[2:]))
+    draft.commit_rows(emitted, feats, device_tokens=decision.tokens, device_counts=decision.num_accepted + 1)
