@@ -40,10 +40,14 @@ TREE = {"eagle3": {"N": 60, "depth": 6}, "rheo": {"N": 60, "depth": 6}}
 
 
 def ban_token(token: int) -> Any:
-    """A logits processor: token ``token`` is never produced (on the scores' device, no host read)."""
+    """A logits processor: token ``token`` is never produced (its index tensor made once per
+    device: a processor's own host-to-device copies would be counted too)."""
+    index: dict[torch.device, torch.Tensor] = {}
 
     def processor(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        return scores.index_fill(1, torch.tensor([token], device=scores.device), float("-inf"))
+        if scores.device not in index:
+            index[scores.device] = torch.tensor([token], device=scores.device)
+        return scores.index_fill(1, index[scores.device], float("-inf"))
 
     return processor
 
@@ -106,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, draft, prompts = load_real()
     out: dict[str, Any] = {"torch": torch.__version__, "tokens": args.tokens, "tree": TREE, "results": {}}
-    with torch.inference_mode():
-        pass
     for method in METHODS:
         for path in paths:
             row = count(target, draft, prompts, method, path, args.tokens)

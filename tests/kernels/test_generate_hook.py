@@ -206,3 +206,19 @@ def test_counter_stream_chi_square_catches_a_broken_stream(monkeypatch: pytest.M
     samples = [tuple(gen.generate([0, 1], 2, sampling=sampling, seed=s).tokens) for s in range(600)]
     result = chi_square_test(samples, target.joint_law([0, 1], 2, sampling))
     assert result.unexpected > 0 or result.p_value < 1e-3, result
+
+
+def test_the_greedy_verifier_reaches_the_kernel_and_emits_the_tensor_rule_tokens() -> None:
+    """``greedy`` declares rule 2's descriptor on one-hot p (Verifier.fused), so the kernel runs it now
+    (a33012e's whitelist left it out): the same tokens as the tensor rule and as plain greedy decoding."""
+    pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
+    target, draft = models()
+    outs = {}
+    for kernel in ("triton", "torch"):
+        gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=None, tree="eagle", verifier="greedy",
+                                           kernel=kernel, K=3, depth=3, N=6)
+        outs[kernel] = gen.generate([0, 1], max_new_tokens=12, sampling=SamplingConfig(temperature=0.0), seed=0)
+    assert outs["triton"].stats.kernel_path == "triton"
+    assert outs["triton"].tokens == outs["torch"].tokens
+    plain = specdec.autoregressive_generate(target, [0, 1], 12, SamplingConfig(temperature=0.0))
+    assert outs["triton"].tokens == plain.tokens
