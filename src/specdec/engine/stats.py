@@ -31,10 +31,10 @@ class GenerationStats:
         time_prefill, time_draft, time_target, time_verify, time_total: seconds.
             ``time_draft`` covers tree building (draft forwards included);
             ``time_verify`` covers processing the target logits and verification.
-        kernel_path: how logits processing + verification ran: ``"torch"``
-            (the step, :mod:`specdec.engine.step`: the verifier's parallel rule
-            in torch, or its walk), ``"triton"`` (the fused kernel,
-            :mod:`specdec.kernels.verify_fused`) or ``"torch+triton"`` if steps differed.
+        kernel_path: how verification ran, chosen once per generation
+            (:func:`specdec.engine.dispatch.choose_verification`): ``"torch"`` (the
+            verifier's parallel rule in torch, or its walk) or ``"triton"`` (the fused
+            kernel on the device tree batch, :func:`specdec.kernels.verify_fused.fused_verify_batch`).
         clock: what measured the step path's time split: ``"perf_counter"``
             (host clock) or ``"cuda_events"`` (a target on CUDA;
             :data:`specdec.engine.options.CLOCKS`).
