@@ -101,10 +101,13 @@ def _seeds(seeds: Sequence[int] | None, rows: int) -> list[int]:
         raise InvalidConfigError(f"seeds must be a sequence of {rows} ints, one per prompt, got {seeds!r}")
     if len(seeds) != rows:
         raise InvalidConfigError(f"seeds must be {rows} ints, one per prompt, got {len(seeds)}: {list(seeds)!r}")
-    out = [as_seed(s, f"seeds[{b}]") for b, s in enumerate(seeds)]
-    if any(s is None for s in out):
-        raise InvalidConfigError(f"seeds must be ints (a row's tokens depend only on its seed), got {list(seeds)!r}")
-    return out  # type: ignore[return-value]  # None excluded just above
+    out = []
+    for b, s in enumerate(seeds):
+        seed = as_seed(s, f"seeds[{b}]")
+        if seed is None:
+            raise InvalidConfigError(f"seeds must be ints (a row's tokens depend only on its seed), got {list(seeds)!r}")
+        out.append(seed)
+    return out
 
 
 def speculative_stream_batch(

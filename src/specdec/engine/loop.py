@@ -182,7 +182,11 @@ def run_rows(
     if B > 1 and compiler is not None:
         raise InvalidConfigError("batched generation does not compile the step yet: compile= is not supported with batches")
     depth = builder.max_depth
-    steps_cap = max_new_tokens if max_new_tokens is not None else max_steps * (depth + 1)  # type: ignore[operator]
+    if max_new_tokens is not None:
+        steps_cap = max_new_tokens
+    else:
+        assert max_steps is not None  # checked above: one of the two is given
+        steps_cap = max_steps * (depth + 1)
     if max_new_tokens is not None:
         _check_context(rows, max_new_tokens, depth, target.max_length, "target", named)
         if draft is not None:
