@@ -207,7 +207,7 @@ def _main(args: argparse.Namespace) -> int:
         for method in METHODS:
             gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel="auto", options=OPTIONS)
             out["real"][method] = {"step": _per_step(gen, prompt, args.tokens)}
-            for label, _ in labels:
+            for label in out["real"][method]:
                 r = out["real"][method][label]
                 print(f"real {method} {label}: {r['syncs_outside_models']:.1f} syncs/step outside models "
                       f"({r['syncs_inside_models']:.1f} inside), {r['ops_outside_models']:.0f} ops/step outside "

@@ -11,9 +11,7 @@ import specdec
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError, InvalidDistributionError, UnsupportedTreeError
 from specdec.models import CallableLM
-from specdec.rng import TorchRandom
 from specdec.testing import markov_pair
-from specdec.tree import DraftTree
 
 V = 6
 S = specdec.SamplingConfig

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import attrs
 
 from specdec.drafts.base import DraftModel
-from specdec.engine.loop import run_rows
+from specdec.engine.loop import check_prompts, run_rows
 from specdec.engine.options import StepOptions
 from specdec.engine.stats import StepTally
 from specdec.errors import InvalidConfigError
@@ -84,14 +83,6 @@ class BatchOutput:
     def tokens_per_second(self) -> float:
         """Throughput: new tokens summed over the rows per second of total time."""
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
-
-
-def check_prompts(prompts: Any) -> None:
-    """``prompts`` must be a non-empty sequence (of token-id sequences, checked row by row later)."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise InvalidConfigError(
-            f"prompts must be a non-empty list of token-id sequences, got {type(prompts).__name__} {prompts!r:.60}"
-        )
 
 
 def _seeds(seeds: Sequence[int] | None, rows: int) -> list[int]:

@@ -25,11 +25,11 @@ from typing import Any
 import attrs
 import torch
 
-from specdec.batch import BatchOutput, check_prompts, collect_batch, speculative_stream_batch
+from specdec.batch import BatchOutput, collect_batch, speculative_stream_batch
 from specdec.drafts.base import DraftModel
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES
-from specdec.engine.loop import run_rows
+from specdec.engine.loop import check_prompts, run_rows
 from specdec.engine.options import StepOptions
 from specdec.engine.stats import GenerationStats, StepTally
 from specdec.errors import InvalidConfigError, VocabMismatchError

@@ -18,8 +18,7 @@ from specdec.rng import CounterRandom
 from specdec.engine import choose_verification
 from specdec.models import CallableLM
 from specdec.registry import get
-from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig
 from specdec.testing import MarkovLM, random_markov_logits
 
 V = 6

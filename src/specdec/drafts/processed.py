@@ -23,7 +23,6 @@ batch mode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 

@@ -33,7 +33,7 @@ from specdec.targets.base import TargetModel
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
-__all__ = ["StepReport", "check_rows", "profile_steps", "run_rows"]
+__all__ = ["StepReport", "check_prompts", "check_rows", "profile_steps", "run_rows"]
 
 
 @attrs.frozen(eq=False)
@@ -54,16 +54,22 @@ class StepReport:
     logprobs: dict[int, torch.Tensor] = attrs.field(factory=dict)
 
 
+def check_prompts(prompts: object) -> None:
+    """``prompts`` must be a non-empty sequence (of token-id sequences, checked row by row by :func:`check_rows`)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise InvalidConfigError(
+            f"prompts must be a non-empty list of token-id sequences, got {type(prompts).__name__} {prompts!r:.60}"
+        )
+
+
 def check_rows(prompts: object, vocab_size: int, named: bool) -> list[list[int]]:
     """The prompts as lists of ids: a non-empty sequence of non-empty prompts, ids in the vocabulary.
 
     Args:
         named: batched generation (errors name the prompt) rather than a single one.
     """
-    if named and (isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0):
-        raise InvalidConfigError(
-            f"prompts must be a non-empty list of token-id sequences, got {type(prompts).__name__} {prompts!r:.60}"
-        )
+    if named:
+        check_prompts(prompts)
     assert isinstance(prompts, Sequence)
     rows = []
     for b, prompt in enumerate(prompts):

@@ -129,6 +129,13 @@ def _prefix(rows: Sequence[int] | None, b: int) -> str:
     return "" if rows is None else f"row {rows[b]}: "
 
 
+def _draft_bad(rows: Sequence[int] | None, b: int) -> InvalidDistributionError:
+    return InvalidDistributionError(
+        f"{_prefix(rows, b)}the draft's logits contain NaN or +inf, or a row is all -inf, or give probability "
+        "outside the draft's proposal_ids, at a node the tree builder expanded"
+    )
+
+
 def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | None = None) -> tuple[list[VerifyResult], list[int]]:
     """The step's one device-to-host read, decoded in one place: per row, the
     :class:`~specdec.verify.base.VerifyResult` and the tree's node count.
@@ -149,10 +156,7 @@ def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | Non
     for b, row in enumerate(read):
         num, _bonus, attempted, bad_visited, stop = row[:5]
         if row[-1]:
-            raise InvalidDistributionError(
-                f"{_prefix(rows, b)}the draft's logits contain NaN or +inf, or a row is all -inf, or give probability "
-                "outside the draft's proposal_ids, at a node the tree builder expanded"
-            )
+            raise _draft_bad(rows, b)
         if bad_visited:
             raise InvalidDistributionError(
                 f"{_prefix(rows, b)}the target's logits at a node the verifier visited (the path ending at node {stop}) "
@@ -175,10 +179,7 @@ def _walk(
     for b in range(B):
         host = tree.tree(b)
         if tree.draft_bad is not None and bool(tree.draft_bad[b]):
-            raise InvalidDistributionError(
-                f"{_prefix(rows, b)}the draft's logits contain NaN or +inf, or a row is all -inf, or give probability "
-                "outside the draft's proposal_ids, at a node the tree builder expanded"
-            )
+            raise _draft_bad(rows, b)
         p = process_logits(logits[b, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
         try:
             results.append(verifier.verify(host, p, rngs[b]))

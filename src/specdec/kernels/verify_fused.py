@@ -46,9 +46,9 @@ import attrs
 import torch
 
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
-from specdec.kernels.select import interpreter_enabled, triton_available
-from specdec.rng import CounterRandom, RandomSource, RowStreams
-from specdec.sampling import SamplingConfig, process_logits, top_k_logit_threshold
+from specdec.kernels.select import triton_available
+from specdec.rng import CounterRandom, RowStreams
+from specdec.sampling import SamplingConfig, top_k_logit_threshold
 from specdec.tree import DraftTree, SampleMode
 from specdec.verify.base import FusedRule, Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, children_table

@@ -43,7 +43,7 @@ EAGLE-2 builds them, and verified greedily (rule 1), so Rheo is EAGLE-2.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import attrs
@@ -56,11 +56,12 @@ from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode, SparseLaw
 from specdec.trees._common import draw_rows, masked_outside, residual_masses, row_mass, top_tokens_tensors
 from specdec.trees.dynamic import ChildProposal, DynamicTreeBuilder, ProposeFn, eagle_proposal
-from specdec.trees.calibration import CALIBRATION_EDGES, Calibration, _bin, _need_table, calibrated_weight, check_calibration
+from specdec.trees.calibration import CALIBRATION_EDGES, Calibration, _need_table, calibrated_weight, check_calibration
 from specdec.trees.levelwise import LevelFn, eagle_level, rheo_level
 from specdec.methods import Method, register_method
 
-__all__ = ["PROXIES", "RheoTreeBuilder", "rheo_proposal", "residual_mass", "residual_masses"]
+__all__ = ["CALIBRATION_EDGES", "PROXIES", "RheoTreeBuilder", "calibrated_weight", "check_calibration", "rheo_proposal",
+           "residual_mass", "residual_masses"]  # the calibration names re-exported from specdec.trees.calibration
 
 
 def residual_mass(q_row: torch.Tensor, deterministic: list[int]) -> float:

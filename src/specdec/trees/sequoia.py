@@ -34,8 +34,8 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.errors import ContextOverflowError, InvalidConfigError
-from specdec.registry import get, register
-from specdec.rng import RandomSource, TorchRandom
+from specdec.registry import register
+from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
