@@ -143,3 +143,39 @@ def test_unregister(cleanup):
 
 def test_public_api_reexports():
     assert specdec.register is register and specdec.get is get and specdec.list_registered is list_registered
+
+
+# ------------------------------------------------------------------ origins (issue 43: plug-ins)
+def test_origin_is_the_registering_module(cleanup):
+    from specdec.registry import origin
+
+    assert origin("verifier", "rejection-iid") == "specdec.verify.rejection"
+    assert origin("target", "callable") == origin("draft", "callable") == "specdec.models.callable"
+    # register_method registers on its caller's behalf: the builder module that calls it is the origin
+    assert origin("method", "sd") == "specdec.trees.chain" and origin("method", "rheo") == "specdec.trees.rheo"
+    reg(cleanup, "tree", PREFIX + "here")
+    assert origin("tree", PREFIX + "here") == __name__
+    with pytest.raises(UnknownNameError, match="unknown tree"):
+        origin("tree", PREFIX + "nowhere")
+
+
+def test_origin_follows_override_and_unregister(cleanup):
+    from specdec.registry import origin
+
+    reg(cleanup, "draft", PREFIX + "o")
+    namespace = {"__name__": "zz_other_module", "register": register}
+    exec("register('draft', %r, override=True)(type('D', (), {}))" % (PREFIX + "o"), namespace)
+    assert origin("draft", PREFIX + "o") == "zz_other_module"
+    unregister("draft", PREFIX + "o")
+    with pytest.raises(UnknownNameError):
+        origin("draft", PREFIX + "o")
+
+
+def test_conflict_names_the_owner_and_the_claimant(cleanup):
+    reg(cleanup, "verifier", PREFIX + "taken")
+    namespace = {"__name__": "zz_claimant", "register": register}
+    with pytest.raises(RegistryConflictError) as exc:
+        exec("register('verifier', %r)(type('V', (), {}))" % (PREFIX + "taken"), namespace)
+    err = exc.value
+    assert (err.role, err.name, err.owner, err.claimant) == ("verifier", PREFIX + "taken", __name__, "zz_claimant")
+    assert f"already registered by module {__name__!r}" in str(err) and "module 'zz_claimant' cannot" in str(err)

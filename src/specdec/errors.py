@@ -44,7 +44,18 @@ class UnknownNameError(SpecDecError, KeyError):
 
 
 class RegistryConflictError(SpecDecError, ValueError):
-    """A name was registered twice without ``override=True``."""
+    """A name was registered twice without ``override=True``.
+
+    Attributes:
+        role: the registry role of the name.
+        name: the name.
+        owner: the module that registered the name first (:func:`specdec.registry.origin`).
+        claimant: the module whose registration was refused.
+    """
+
+    def __init__(self, message: str, *, role: str = "", name: str = "", owner: str = "", claimant: str = "") -> None:
+        super().__init__(message)
+        self.role, self.name, self.owner, self.claimant = role, name, owner, claimant
 
 
 class ModelBusyError(SpecDecError, RuntimeError):
@@ -53,6 +64,13 @@ class ModelBusyError(SpecDecError, RuntimeError):
     time, so specdec refuses the second call rather than let the two corrupt
     each other (finish or ``close()`` the stream first, or decode the requests
     together with ``generate_batch``)."""
+
+
+class PluginError(InvalidConfigError):
+    """A plug-in module (:mod:`specdec.plugins`) cannot be used: it fails to
+    import, registers nothing, registers a name that is taken, or declares a
+    capability it does not implement. The message names the module and, where
+    one is at fault, the registered name."""
 
 
 class ContextOverflowError(InvalidConfigError):

@@ -220,10 +220,16 @@ class SpeculativeGenerator:
             causal LM (wrapped in :class:`~specdec.targets.hf.HFTarget`).
         draft: a :class:`~specdec.drafts.base.DraftModel` or a Hugging Face
             causal LM (wrapped in :class:`~specdec.drafts.hf.HFDraft`).
-        method: registered method name (``specdec list method``), or None to
-            compose ``tree`` and ``verifier`` by name.
-        tree: tree builder name, when composing (overrides the method's).
+        method: registered method name (``specdec list method``; default
+            ``"rheo"``), or None to compose ``tree`` (and ``verifier``) by name.
+        tree: tree builder name, when composing (overrides the method's). Given
+            without ``verifier``, it is composed with the builder's own
+            ``default_verifier``, never the method's verifier (a builder
+            without one is an error listing the verifiers that fit).
         verifier: verifier name, when composing (overrides the method's).
+            Given without ``tree``, it is composed with the method's tree (the
+            default method's, ``rheo``, unless ``method`` names another); errors
+            say so. The rule in full: :func:`specdec.methods.resolve_composition`.
         kernel: ``"auto"`` (default: the fused Triton verification kernel when
             Triton is installed and the target's logits are on CUDA, the torch
             reference otherwise), ``"torch"`` or ``"triton"`` (an error where
@@ -270,7 +276,7 @@ class SpeculativeGenerator:
         options: StepOptions | None = None,
         **method_options: Any,
     ) -> None:
-        from specdec.methods import compose, resolve_method
+        from specdec.methods import resolve_composition
 
         if kernel not in KERNEL_CHOICES:
             raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
@@ -301,17 +307,8 @@ class SpeculativeGenerator:
         for name, value in (("method", method), ("tree", tree), ("verifier", verifier)):
             if value is not None and not isinstance(value, str):
                 raise InvalidConfigError(f"{name} must be a registered name (a str) or None, got {type(value).__name__} {value!r}")
-        if method is None:
-            if tree is None or verifier is None:
-                raise InvalidConfigError("give a method name, or both tree= and verifier= to compose one")
-            self.method_name = f"{tree}+{verifier}"
-            self.builder, self.verifier = compose(tree, verifier, method_options)
-        else:
-            m = resolve_method(method)
-            self.method_name = m.name
-            builder_options = {**m.defaults, **method_options}
-            self.builder, self.verifier = compose(tree or m.tree, verifier or m.verifier, builder_options,
-                                                  context=f"method {m.name!r}")
+        # the composition rule: specdec.methods.resolve_composition (docs/generation.md)
+        self.method_name, self.builder, self.verifier = resolve_composition(method, tree, verifier, method_options)
 
     def generate(
         self,

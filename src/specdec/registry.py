@@ -12,22 +12,44 @@ defaults). A plug-in registers itself with a decorator and is found by name::
 
 and the conformance tests, parametrised over :func:`list_registered`, test it
 the moment it is imported.
+
+Each entry remembers the module that registered it (:func:`origin`): the
+module of the code that called :func:`register` (or
+:func:`specdec.methods.register_method`, which calls it). That is how
+:func:`specdec.plugins.load_plugin` finds what a plug-in module registered,
+even when the module was imported before.
+
+Lookups load the built-in strategies (``specdec.verify``, ``specdec.trees``,
+``specdec.drafts``, ``specdec.targets``, ``specdec.methods``) on first use,
+and nothing else: installed plug-ins (the entry-point group
+``specdec.plugins``) are loaded only on request, by
+:func:`specdec.plugins.load_entry_point_plugins` (the ``specdec`` commands and
+the conformance command call it), so importing specdec never runs a third
+party's code.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 from specdec.errors import InvalidConfigError, RegistryConflictError, UnknownNameError
 
-__all__ = ["ROLES", "register", "get", "list_registered", "unregister"]
+__all__ = ["ROLES", "register", "get", "list_registered", "origin", "unregister"]
 
 ROLES: tuple[str, ...] = ("tree", "verifier", "draft", "target", "method")
 
 _REGISTRY: dict[str, dict[str, Any]] = {role: {} for role in ROLES}
+_ORIGINS: dict[str, dict[str, str]] = {role: {} for role in ROLES}
+"""Per role, the module that registered each name (:func:`origin`)."""
+
+_FORWARDING_MODULES = frozenset({__name__, "specdec.methods"})
+"""Modules whose frames :func:`_registering_module` steps over: this one, and
+:func:`specdec.methods.register_method`'s, which registers on its caller's behalf."""
 
 T = TypeVar("T")
 
@@ -54,11 +76,18 @@ def register(role: str, name: str, *, override: bool = False) -> Callable[[T], T
         raise ValueError(f"registry names must be non-empty strings, got {name!r}")
 
     def decorator(obj: T) -> T:
-        if name in table and table[name] is not obj and not override:
+        module = _registering_module()
+        if name in table and table[name] is obj:
+            return obj  # registered again as it is: the first registration stands
+        if name in table and not override:
+            owner = _ORIGINS[role][name]
             raise RegistryConflictError(
-                f"{role} {name!r} is already registered ({table[name]!r}); pass override=True to replace it"
+                f"{role} {name!r} is already registered by module {owner!r} ({table[name]!r}); module {module!r} "
+                "cannot register it again (pass override=True to replace it)",
+                role=role, name=name, owner=owner, claimant=module,
             )
         table[name] = obj
+        _ORIGINS[role][name] = module
         try:
             obj.registry_name = name  # type: ignore[attr-defined]
         except (AttributeError, TypeError):
@@ -74,6 +103,57 @@ def unregister(role: str, name: str) -> None:
     if name not in table:
         raise UnknownNameError(_unknown_message(role, name, table))
     del table[name]
+    del _ORIGINS[role][name]
+
+
+def origin(role: str, name: str) -> str:
+    """The module that registered ``role``/``name``: ``__name__`` of the code
+    that called :func:`register` (or :func:`specdec.methods.register_method`).
+
+    Example:
+        >>> origin("verifier", "greedy")
+        'specdec.verify.greedy'
+        >>> origin("method", "sd")  # registered with register_method by the chain builder's module
+        'specdec.trees.chain'
+
+    Raises:
+        UnknownNameError: naming the registered choices.
+    """
+    _ensure_builtins_loaded()
+    table = _check_role(role)
+    if name not in table:
+        raise UnknownNameError(_unknown_message(role, name, table))
+    return _ORIGINS[role][name]
+
+
+def _registering_module() -> str:
+    """``__name__`` of the first frame outside this module and ``specdec.methods``
+    (the code that registers), or ``"?"`` for code run without a module name."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _FORWARDING_MODULES:
+        frame = frame.f_back
+    name = frame.f_globals.get("__name__") if frame is not None else None
+    return name if isinstance(name, str) else "?"
+
+
+def _snapshot() -> dict[str, dict[str, tuple[Any, str]]]:
+    """Every entry and its origin, per role (:func:`_discard_since`)."""
+    return {role: {n: (obj, _ORIGINS[role][n]) for n, obj in table.items()} for role, table in _REGISTRY.items()}
+
+
+def _discard_since(snapshot: dict[str, dict[str, tuple[Any, str]]], discard: Callable[[str], bool]) -> None:
+    """Undo every entry added or replaced since ``snapshot`` by a module ``m`` with
+    ``discard(m)`` (a plug-in module whose import failed: Python dropped it, so its
+    classes are garbage and a retry would otherwise conflict with them)."""
+    for role, table in _REGISTRY.items():
+        for name in list(table):
+            before = snapshot[role].get(name)
+            if (before is None or before[0] is not table[name]) and discard(_ORIGINS[role][name]):
+                if before is None:
+                    del table[name]
+                    del _ORIGINS[role][name]
+                else:
+                    table[name], _ORIGINS[role][name] = before
 
 
 def _unknown_message(role: str, name: str, table: dict[str, Any]) -> str:
@@ -119,7 +199,8 @@ _LOADED = False
 
 
 def _ensure_builtins_loaded() -> None:
-    """Import the built-in plug-in packages so their decorators run."""
+    """Import the built-in plug-in packages so their decorators run (never the
+    installed entry-point plug-ins: :func:`specdec.plugins.load_entry_point_plugins`)."""
     global _LOADED
     if _LOADED:
         return

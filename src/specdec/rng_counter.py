@@ -32,6 +32,11 @@ Draw semantics (the verifiers' only two kinds of draw, :class:`~specdec.rng.Rand
 - ``categorical(probs)``: inverse CDF, ``u * total`` located in the float64
   cumulative sum of ``probs`` (first index whose cumulative sum exceeds it);
   a zero-probability index is never returned.
+
+Both check their input as every source does (:func:`~specdec.rng_sources.check_categorical`,
+:func:`~specdec.rng_sources.check_bernoulli`); the table draws
+(:meth:`CounterRandom.uniforms`, :meth:`CounterRandom.verify_uniforms`,
+:meth:`CounterRandom.categorical_rows`) and :func:`inverse_cdf` do not.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import os
 
 import torch
 
-from specdec.rng_sources import RandomSource, inverse_cdf_rows
+from specdec.rng_sources import RandomSource, check_bernoulli, check_categorical, inverse_cdf_rows
 
 __all__ = [
     "AFTER_TABLE_NODE",
@@ -182,7 +187,8 @@ def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     ``i`` with ``cdf[i] > u * cdf[-1]``. If rounding puts ``u * cdf[-1]`` at
     or past the end, the last positive index is returned. This is also
     :class:`~specdec.rng.TorchRandom`'s rule; the fused kernel follows it
-    block by block.
+    block by block. The bare rule: it does not check ``probs`` (the scalar
+    draws do, :func:`~specdec.rng_sources.check_categorical`).
 
     Args:
         probs: ``[V]`` non-negative weights (need not be normalised).
@@ -200,6 +206,11 @@ def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     total = float(cdf[-1])
     if not total > 0.0:
         raise ValueError("categorical draw from an all-zero distribution")
+    return _locate(probs, cdf, total, u)
+
+
+def _locate(probs: torch.Tensor, cdf: torch.Tensor, total: float, u: float) -> int:
+    """:func:`inverse_cdf` given ``probs``' float64 cumulative sum ``cdf`` and its last entry ``total``."""
     x = torch.tensor([u * total], dtype=torch.float64, device=cdf.device)
     index = int(torch.searchsorted(cdf, x, right=True).item())
     if index >= cdf.numel():
@@ -337,9 +348,11 @@ class CounterRandom(RandomSource):
         return u
 
     def bernoulli(self, prob: float | torch.Tensor) -> bool:
-        """``u < prob``; always consumes one uniform."""
-        return self.uniform() < float(prob)
+        """``u < prob`` (``prob`` checked first, :func:`~specdec.rng_sources.check_bernoulli`); always consumes one uniform."""
+        return self.uniform() < check_bernoulli(self, prob)
 
     def categorical(self, probs: torch.Tensor) -> int:
-        """Inverse-CDF draw (:func:`inverse_cdf`) with the next uniform."""
-        return inverse_cdf(probs, self.uniform())
+        """Inverse-CDF draw (:func:`inverse_cdf`) with the next uniform, of a
+        normalised law (:func:`~specdec.rng_sources.check_categorical`)."""
+        cdf, total = check_categorical(self, probs)
+        return _locate(probs, cdf, total, self.uniform())

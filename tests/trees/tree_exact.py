@@ -18,13 +18,12 @@ that both agree.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import torch
 
 from specdec.sampling import SamplingConfig, process_logits
-from specdec.testing import MarkovLM, exact_law
+from specdec.testing import ExactLaws, MarkovLM, exact_law
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
@@ -73,14 +72,10 @@ def tied_draft_table(vocab: int, seed: int) -> torch.Tensor:
     return table
 
 
-def tv(law_a: dict, law_b: dict) -> float:
-    """Largest absolute difference over outcomes (sup norm)."""
-    keys = set(law_a) | set(law_b)
-    return max(abs(law_a.get(k, 0.0) - law_b.get(k, 0.0)) for k in keys)
-
-
-class Harness:
-    """Exact law of the first ``num_tokens`` tokens generated speculatively."""
+class Harness(ExactLaws):
+    """:class:`~specdec.testing.ExactLaws` on order-2 Markov models given as probability tables,
+    with the tests' names (``law``, ``reference``, ``deviation``) and the literal one-step program
+    (:meth:`one_step`) that :func:`whole_program_law` runs."""
 
     def __init__(
         self,
@@ -93,16 +88,8 @@ class Harness:
         max_branches: int = 200_000,
         on_tree: Callable | None = None,
     ) -> None:
-        self.builder = builder
-        self.verifier = verifier
-        self.target = MarkovLM(log_table(target_probs))
-        self.draft = MarkovLM(log_table(draft_probs))
-        self.sampling = sampling
-        self.max_branches = max_branches
-        self.on_tree = on_tree
-        self._step_laws: dict[tuple[int, int], dict[tuple[int, ...], float]] = {}
-        self._chained: dict[tuple[tuple[int, int], int], dict[tuple[int, ...], float]] = {}
-        self.branches = 0
+        super().__init__(builder, verifier, MarkovLM(log_table(target_probs)), MarkovLM(log_table(draft_probs)),
+                         sampling, max_branches=max_branches, on_tree=on_tree)
 
     def one_step(self, context: Sequence[int], rng) -> tuple[int, ...]:
         """One speculative step from ``context`` through the real lifecycle."""
@@ -117,41 +104,17 @@ class Harness:
         self.draft.commit(result.tokens)
         return tuple(result.tokens)
 
-    def step_law(self, last2: tuple[int, int]) -> dict[tuple[int, ...], float]:
-        if last2 not in self._step_laws:
-            runs = [0]
-
-            def program(rng):
-                runs[0] += 1
-                return self.one_step(list(last2), rng)
-
-            self._step_laws[last2] = exact_law(program, max_branches=self.max_branches)
-            self.branches += runs[0]
-        return self._step_laws[last2]
-
     def law(self, context: Sequence[int], num_tokens: int) -> dict[tuple[int, ...], float]:
         """Exact law of the next ``num_tokens`` tokens after ``context``."""
-        if num_tokens == 0:
-            return {(): 1.0}
-        key = (tuple(context[-2:]), num_tokens)
-        if key not in self._chained:
-            out: dict[tuple[int, ...], float] = defaultdict(float)
-            for tokens, prob in self.step_law(key[0]).items():
-                head = tokens[:num_tokens]
-                rest = self.law(list(context) + list(head), num_tokens - len(head))
-                for tail, prob2 in rest.items():
-                    out[head + tail] += prob * prob2
-            self._chained[key] = dict(out)
-        return self._chained[key]
+        return self.token_law(context, num_tokens)
 
     def reference(self, context: Sequence[int], num_tokens: int) -> dict[tuple[int, ...], float]:
-        return self.target.joint_law(list(context), num_tokens, self.sampling)
+        return self.target_law(context, num_tokens)
 
     def deviation(self, num_tokens: int, context: Sequence[int] = PROMPT) -> float:
-        law = self.law(context, num_tokens)
-        total = sum(law.values())
-        assert abs(total - 1.0) < 1e-9, f"law sums to {total}"
-        return tv(law, self.reference(context, num_tokens))
+        gap = self.check(context, num_tokens)
+        assert abs(gap.mass - 1.0) < 1e-9, f"law sums to {gap.mass}"
+        return gap.error
 
 
 def whole_program_law(harness: Harness, num_tokens: int, context: Sequence[int] = PROMPT) -> dict:

@@ -56,6 +56,7 @@ from specdec.bench.spec_bench import spec_bench_report
 from specdec.bench.sweep import BenchConfig, RunRecord, bench_units, row_options
 from specdec.bench.workers import WorkerPool
 from specdec.errors import InvalidConfigError, SpecDecError
+from specdec.plugins import add_plugin_argument, load_plugins
 
 # PRESETS, Preset, BenchSettings, resolve_settings and run_identity were defined here: they stay importable from
 # this module, and are documented where they are defined now (specdec.bench.settings)
@@ -129,6 +130,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="decode B prompts together (batched speculative and autoregressive decoding; default 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, metavar="N",
                    help="skip prompts longer than this after the chat template (default 512)")
+    add_plugin_argument(p)  # a plug-in's methods (and verifiers) can be benched: --plugin my_pkg --methods my-method
     p.set_defaults(func=bench_main)
     sub = p.add_subparsers(dest="bench_command", metavar="[report]")
     r = sub.add_parser(
@@ -176,6 +178,8 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         log_console.print(f"[dim]{stamp}[/dim] {escape(msg)}", highlight=False, soft_wrap=True)
 
     # ---- 1. everything that needs no model
+    # plug-ins first (their methods are names --methods may use); Ray workers import the same modules
+    plugins = load_plugins(getattr(args, "plugins", []))
     settings = resolve_settings(args)
     rows = parse_rows(settings.methods, available_kinds(args))
     if settings.batch_size > 1:
@@ -209,7 +213,8 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     # paths made absolute: a Ray worker may not start in this directory (on a cluster, they must exist there too)
     load_spec = dict(target=model_source(args.target), draft=model_source(args.draft),
                      eagle_heads={2: model_source(args.eagle2_head), 3: model_source(args.eagle3_head)},
-                     need_kinds=need, device=args.device)  # checked by resolve_settings
+                     need_kinds=need, device=args.device,  # checked by resolve_settings
+                     plugins=[(p.module, p.import_root) for p in plugins])
     pool = None
     if workers > 1 or ray_address:
         pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log,
@@ -276,6 +281,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
             "options": [[name, t, jsonable(dict(o))] for (name, t), o in options.items()],
             "profile_prompts": profile_count,
             "profile_steps_per_prompt": settings.profile_steps,
+            "plugins": [p.module for p in plugins],
             "prompts": {"source": str(args.prompts), "count": len(used), "ids": [p.question_id for p in used],
                         "categories": [p.category for p in used], "tokens": [len(ids) for ids in rendered]},
             "models": dict(descriptions),
@@ -358,6 +364,7 @@ def _finish(args: argparse.Namespace, out_dir: Path | None, header: Mapping[str,
             "rheo_calibration": {f"{k}@T={t:g}": v for k, t, v in header["resolved"].get("rheo_calibration", [])},
             "profile_prompts": header["resolved"]["profile_prompts"],
             "profile_steps_per_prompt": header["resolved"]["profile_steps_per_prompt"],
+            "plugins": header["resolved"].get("plugins", []),  # absent from logs written before --plugin
             "prompts": header["resolved"]["prompts"],
             "models": header["resolved"]["models"],
             "threads": torch.get_num_threads(),

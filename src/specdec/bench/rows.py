@@ -19,6 +19,7 @@ import attrs
 from specdec.bench.budget import method_tree, supports_budget
 from specdec.bench.models import DRAFT_KINDS
 from specdec.errors import InvalidConfigError, UnknownNameError
+from specdec.methods import resolve_method
 from specdec.registry import get, list_registered
 
 __all__ = [
@@ -56,6 +57,10 @@ class RowSpec:
         options: builder options written in the row (``rheo[m=2,proxy=residual]``),
             ``(name, value)`` pairs that override the budget's mapping
             (:func:`~specdec.bench.sweep.row_options`); empty for the method's defaults.
+        budgeted: the tree budget is mapped onto the row's builder options
+            (:func:`~specdec.bench.budget.method_options`); False for a method whose
+            builder has no budget mapping (a plug-in's own builder), which runs with
+            its method's own options (and the row's), as its ``note`` says.
     """
 
     name: str
@@ -64,6 +69,7 @@ class RowSpec:
     draft: str | None = None
     note: str = ""
     options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(tuple(x) for x in o))
+    budgeted: bool = True
 
     def method_and_draft(self) -> tuple[str, str]:
         """``(method, draft kind)`` of a speculative row (:func:`parse_rows` gives it both).
@@ -148,7 +154,9 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
 
     Raises:
         InvalidConfigError / UnknownNameError: unknown method or draft kind,
-            a method without a budget mapping, duplicates, empty list.
+            duplicates, empty list. A method whose tree builder has no budget
+            mapping (a plug-in's own builder) is a row that runs with its method's
+            own options (``budgeted=False``, and its ``note`` says so).
 
     Example:
         >>> [r.name for r in parse_rows("sd,rheo@lm,hf-assisted", ["lm"])]
@@ -180,8 +188,7 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
                     f"unknown method {method!r} in --methods; known: {', '.join(methods)}, {PEER} "
                     f"(optionally method@draft with draft in {', '.join(DRAFT_KINDS)}){glob}"
                 )
-            if not supports_budget(method):
-                raise InvalidConfigError(f"method {method!r} has no tree-budget mapping in specdec bench")
+            budgeted = supports_budget(method)
             options = _parse_options(method, rest[:-1], entry) if bracket else ()
             label = f"{method}[{rest[:-1].strip()}]" if bracket else method
             note = ""
@@ -203,7 +210,12 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
             key = (method, draft, options)
             default = DEFAULT_DRAFT.get(method, "lm")
             name = label if draft == default or (note and not entry.count("@")) else f"{label}@{draft}"
-            row = RowSpec(name, "speculative", method, draft, note, options)
+            if not budgeted:  # said in the log and the results, never silently
+                own = {**resolve_method(method).defaults, **dict(options)}
+                unmapped = (f"its tree builder {method_tree(method)!r} has no tree-budget mapping: runs with "
+                            f"options {own} (the method's own, and the row's), not the budget")
+                note = f"{note}; {unmapped}" if note else unmapped
+            row = RowSpec(name, "speculative", method, draft, note, options, budgeted=budgeted)
         if key in seen:
             raise InvalidConfigError(f"--methods lists {entry!r} twice (same method and draft as {seen[key]!r})")
         seen[key] = entry

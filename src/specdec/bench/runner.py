@@ -229,8 +229,9 @@ def run_bench(
 
 
 def _budget_of(config: BenchConfig, row: RowSpec, t: float) -> tuple[int | None, int | None]:
-    """A record's ``(budget_nodes, budget_depth)``: the budget of its temperature (speculative rows)."""
-    if row.kind != "speculative":
+    """A record's ``(budget_nodes, budget_depth)``: the budget of its temperature (speculative rows
+    whose builder the budget maps onto)."""
+    if row.kind != "speculative" or not row.budgeted:
         return None, None
     b = config.budget_at(t)
     return b.nodes, b.depth
@@ -371,7 +372,7 @@ def aggregate(
                 pairs = [(a, b) for a, b in pairs if b is not None]
                 matches = sum(a == b for a, b in pairs) / len(pairs) if pairs else None
             nodes = depth_bound = None
-            if row.kind == "speculative":
+            if row.kind == "speculative" and row.budgeted:
                 if budget is not None:
                     b = budget_at(budget, t)
                     nodes, depth_bound = b.nodes, b.depth

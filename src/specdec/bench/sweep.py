@@ -23,6 +23,7 @@ import attrs
 from specdec.bench.budget import Budget, budget_at, method_options, method_tree
 from specdec.bench.rows import RowSpec
 from specdec.errors import InvalidConfigError
+from specdec.methods import resolve_method
 
 __all__ = [
     "BenchConfig",
@@ -212,6 +213,8 @@ def row_options(
     ``K - 1`` where a row's own ``K`` leaves no room for it); the row's own
     options override all of it key by key (a row's own ``m`` that the
     budget's ``K`` has no room for raises ``K`` to ``m``; ``N`` and ``d`` stay).
+    A row whose builder has no budget mapping (:attr:`RowSpec.budgeted
+    <specdec.bench.rows.RowSpec.budgeted>` False) gets its method's defaults and its own options.
     ``calibration`` maps ``(row name, T)`` to the table of a rheo row with ``proxy=calibrated``
     (:func:`~specdec.tune.profile_calibration`), given to it as ``calibration``.
 
@@ -237,6 +240,9 @@ def row_options(
         own = dict(row.options)
         rheo = method_tree(method) == "rheo"
         for t in config.temperatures:
+            if not row.budgeted:  # a builder without a budget mapping: the method's options (RowSpec.note)
+                out[(row.name, t)] = {**resolve_method(method).defaults, **own}
+                continue
             a = (acceptance or {}).get((draft, t))
             opts = {**method_options(method, config.budget_at(t), acceptance=a), **own}
             m = config.sampled_slots.get(float(t))

@@ -26,7 +26,11 @@ an address that cannot be reached is an error before any model loads. A
 program that calls the bench with Ray already initialized keeps its session
 (the workers run in it, and it is not shut down afterwards).
 
-Failures: a worker that cannot load the models is an error naming the worker
+Plug-ins: each worker imports the plug-in modules the command loaded
+(``--plugin``, and the installed entry-point plug-ins) before its models, from
+the folders they were imported from here.
+
+Failures: a worker that cannot load the models (or a plug-in) is an error naming the worker
 and the reason, before the first unit runs. A unit whose worker dies or raises
 is retried once on a fresh worker (the log says so); a second failure stops
 the sweep with the reason. Records already written stay in ``runs.jsonl``, so
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +57,7 @@ from specdec.bench.runner import run_bench
 from specdec.bench.settings import BenchSettings
 from specdec.bench.sweep import BenchConfig, RunRecord, batch_chunks, bench_units
 from specdec.errors import InvalidConfigError, SpecDecError
+from specdec.plugins import load_plugin
 
 __all__ = ["WorkerPool", "ray_available", "check_ray_address"]
 
@@ -89,6 +95,17 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
         ) from None
 
 
+def _load_plugins(plugins: Sequence[tuple[str, str | None]]) -> None:
+    """The plug-ins the command loaded (``specdec bench --plugin``, installed ones), imported in this
+    process too, so that their methods resolve here: ``(module, folder)`` pairs, the folder
+    (:attr:`specdec.plugins.Plugin.import_root`) added to ``sys.path`` when it is not on it (on a
+    cluster, it must exist on the worker's machine too, as the model paths must)."""
+    for module, root in plugins:
+        if root is not None and root not in sys.path:
+            sys.path.append(root)
+        load_plugin(module)
+
+
 class _Worker:
     """One Ray actor: the models, loaded once; runs whole units."""
 
@@ -102,6 +119,7 @@ class _Worker:
 
             if threads:
                 torch.set_num_threads(int(threads))
+            _load_plugins(load_spec.get("plugins", ()))
             self.models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"],
                                                          load_spec["eagle_heads"], need_kinds=load_spec["need_kinds"],
                                                          device=load_spec.get("device", "cpu"))

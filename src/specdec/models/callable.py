@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import InvalidDistributionError, VocabMismatchError
+from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.registry import register
 from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree
@@ -23,6 +23,20 @@ __all__ = ["CallableLM", "LogitsFn"]
 LogitsFn = Callable[[list[list[int]]], torch.Tensor]
 """``fn(prefixes) -> logits [len(prefixes), V]``: next-token logits after each
 full token prefix (prompt included)."""
+
+
+def _looks_like_probabilities(out: torch.Tensor) -> bool:
+    """:class:`CallableLM`'s rule: ``V >= 2`` and every row of ``out`` ``[n, V]`` in ``[0, 1]``
+    summing to 1 (within ``1e-6``; ``1e-5`` below float64), with some entry strictly between
+    0 and 1 (rows of 0s and 1s pass: a one-hot row is plausible logits). One host read."""
+    if out.shape[1] < 2 or out.shape[0] == 0 or not out.dtype.is_floating_point:
+        return False
+    tolerance = 1e-6 if out.dtype == torch.float64 else 1e-5
+    x = out.detach()
+    in_unit = ((x >= 0) & (x <= 1)).all()  # False where NaN
+    sums_to_one = ((x.to(torch.float64).sum(dim=-1) - 1.0).abs() <= tolerance).all()
+    fractional = ((x > 0) & (x < 1)).any()
+    return bool(in_unit & sums_to_one & fractional)
 
 
 @register("draft", "callable")
@@ -36,7 +50,15 @@ class CallableLM(TargetModel, DraftModel):
     Args:
         fn: maps a batch of full prefixes to raw next-token logits ``[n, V]``
             (use ``log`` of probabilities for a model given by tables; ``-inf``
-            marks impossible tokens).
+            marks impossible tokens). Returning probabilities instead of logits
+            is refused (:class:`~specdec.errors.InvalidConfigError`, raised by
+            the call): for ``V >= 2``, an output every row of which lies in
+            ``[0, 1]`` and sums to 1 (within ``1e-6``, ``1e-5`` below float64),
+            with at least one entry strictly between 0 and 1, is taken for
+            probabilities. Rows of only 0s and 1s (a one-hot row is plausible
+            logits) and any row outside the simplex (a negative or ``-inf``
+            entry, a sum other than 1) pass; logits essentially never look
+            like probabilities otherwise.
         vocab_size: ``V``.
         max_length: optional context limit, enforced like a real model's.
 
@@ -84,6 +106,12 @@ class CallableLM(TargetModel, DraftModel):
             )
         if out.shape[1] != self._vocab_size:
             raise VocabMismatchError(f"CallableLM fn returned V = {out.shape[1]}, expected {self._vocab_size}")
+        if _looks_like_probabilities(out):
+            raise InvalidConfigError(
+                f"CallableLM fn returned probabilities, not logits: every row of its [{out.shape[0]}, {out.shape[1]}] "
+                "output is in [0, 1] and sums to 1. Return logits, e.g. probs.log() (log 0 = -inf marks an "
+                "impossible token); probabilities read as logits are a different law (softmax(p) != p)"
+            )
         return out
 
     @staticmethod

@@ -19,15 +19,17 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 import torch
 
-from specdec.rng import RandomSource
+from specdec.errors import InvalidDistributionError
+from specdec.rng_sources import RandomSource, check_bernoulli, check_categorical
 
-__all__ = ["EnumeratingRandom", "exact_law", "TooManyBranchesError"]
+__all__ = ["EXACT_MASS_TOLERANCE", "EnumeratingRandom", "exact_law", "TooManyBranchesError"]
 
 R = TypeVar("R", bound=Hashable)
 
@@ -36,9 +38,19 @@ class TooManyBranchesError(RuntimeError):
     """The program has more random branches than the enumeration limit."""
 
 
+EXACT_MASS_TOLERANCE = 1e-9
+"""How far from 1 the total mass of the law :func:`exact_law` returns may be."""
+
+
 class EnumeratingRandom(RandomSource):
     """Replays a fixed prefix of outcomes, then takes the first outcome of each
-    new draw while recording the alternatives (used by :func:`exact_law`)."""
+    new draw while recording the alternatives (used by :func:`exact_law`).
+
+    Draws follow every source's contract: :meth:`categorical` refuses a law
+    that is not normalised and :meth:`bernoulli` a probability outside
+    ``[0, 1]`` (:class:`~specdec.errors.InvalidDistributionError`, naming the
+    draw, e.g. ``categorical draw #3 of this run``, and its call site).
+    """
 
     def __init__(self, prefix: list[int]) -> None:
         self.prefix = prefix
@@ -46,6 +58,11 @@ class EnumeratingRandom(RandomSource):
         self.prob = 1.0
         # per draw: (outcomes, probabilities, index chosen)
         self.trace: list[tuple[list[int], list[float], int]] = []
+
+    @property
+    def run_label(self) -> str:
+        """``this run (exact_law branch [i, j, ...])``: the run's replayed prefix of outcome indices."""
+        return f"this run (exact_law branch {self.prefix})"
 
     def _choose(self, outcomes: list[int], probs: list[float]) -> int:
         if self.position < len(self.prefix):
@@ -58,7 +75,7 @@ class EnumeratingRandom(RandomSource):
         return outcomes[index]
 
     def bernoulli(self, prob: float | torch.Tensor) -> bool:
-        p = min(max(float(prob), 0.0), 1.0)
+        p = check_bernoulli(self, prob)  # clamped to [0, 1] within rounding
         if p >= 1.0:
             return True
         if p <= 0.0:
@@ -66,11 +83,10 @@ class EnumeratingRandom(RandomSource):
         return bool(self._choose([1, 0], [p, 1.0 - p]))
 
     def categorical(self, probs: torch.Tensor) -> int:
-        values = probs.detach().to("cpu", torch.float64).clamp_min(0)
+        _, total = check_categorical(self, probs)
+        values = probs.detach().to("cpu", torch.float64)
         support = torch.nonzero(values > 0).flatten().tolist()
-        if not support:
-            raise ValueError("categorical draw from an all-zero distribution")
-        weights = values[support].tolist()
+        weights = (values[support] / total).tolist()  # the law the inverse-CDF draw samples
         return self._choose(support, weights)
 
 
@@ -84,7 +100,14 @@ def exact_law(program: Callable[[RandomSource], R], *, max_branches: int = 200_0
         max_branches: raise :class:`TooManyBranchesError` beyond this many runs.
 
     Returns:
-        ``{result: probability}``; the probabilities sum to 1 up to rounding.
+        ``{result: probability}``; the probabilities sum to 1 within
+        :data:`EXACT_MASS_TOLERANCE`.
+
+    Raises:
+        InvalidDistributionError: a draw's law is not normalised (from the
+            draw, naming it and its call site), or the branches' total mass is
+            not 1 (the program is not deterministic given its draws: a replay
+            drew differently than the run it repeats).
     """
     law: dict[R, float] = defaultdict(float)
     prefix: list[int] = []
@@ -101,5 +124,18 @@ def exact_law(program: Callable[[RandomSource], R], *, max_branches: int = 200_0
         while trace and trace[-1][2] + 1 >= len(trace[-1][0]):
             trace.pop()
         if not trace:
-            return dict(law)
+            return _checked_total(dict(law), runs)
         prefix = [t[2] for t in trace[:-1]] + [trace[-1][2] + 1]
+
+
+def _checked_total(law: dict[R, float], runs: int) -> dict[R, float]:
+    """``law``, after checking its total mass is 1 within :data:`EXACT_MASS_TOLERANCE`."""
+    mass = math.fsum(law.values())
+    if abs(mass - 1.0) <= EXACT_MASS_TOLERANCE:
+        return law
+    raise InvalidDistributionError(
+        f"exact_law: the {runs} branches' probabilities sum to {mass!r}, not 1 (tolerance {EXACT_MASS_TOLERANCE:g}). "
+        "Every draw was a normalised law, so the program is not deterministic given its draws: a replay of a "
+        "branch drew differently than the run it repeats (draw only through the RandomSource, with no state "
+        "kept between runs)"
+    )

@@ -9,8 +9,13 @@ sequoia    :class:`SequoiaTreeBuilder`           rejection-wor
 eagle      :class:`EagleTreeBuilder`             match (greedy at T=0)
 rheo       :class:`RheoTreeBuilder`              mixed (greedy at T=0)
 ========== ===================================== ==================
+
+:func:`normalised_law` (a draft law in float64, divided by its sum: the law a
+builder draws its sampled children from and records) is public for builders
+written outside specdec.
 """
 
+from specdec.trees._common import normalised_law
 from specdec.trees.base import TreeBuilder
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
@@ -38,5 +43,6 @@ __all__ = [
     "grow_dynamic_tree",
     "measure_draft_level_time",
     "measure_forward_times",
+    "normalised_law",
     "sequoia_tree",
 ]

@@ -77,6 +77,20 @@ def normalised_law(q: torch.Tensor, *, on_device: bool = False) -> torch.Tensor:
     Returns:
         ``[..., V]`` float64 rows ``q / sum(q)``. Builders draw from and record
         this law, so the recorded law is exactly the one sampled from.
+
+    Public as :func:`specdec.trees.normalised_law`: a builder of your own
+    passes the draft's ``q`` (float32 from the model) through it before drawing
+    children (``rng.categorical`` refuses a law that does not sum to 1 within
+    its dtype's rounding, :func:`~specdec.rng_sources.check_categorical`) and
+    records the very law it drew from.
+
+    Example:
+        >>> import torch
+        >>> from specdec.trees import normalised_law
+        >>> q = torch.tensor([0.2, 0.3, 0.4])  # float32, mass 0.9
+        >>> law = normalised_law(q)
+        >>> law.dtype, round(float(law.sum()), 12), [round(x, 4) for x in law.tolist()]
+        (torch.float64, 1.0, [0.2222, 0.3333, 0.4444])
     """
     device = q.device if on_device and q.device.type == "cuda" else torch.device("cpu")
     q = (q.detach() if q.requires_grad else q).to(device)  # (no op where no graph is kept, or already there)

@@ -29,7 +29,8 @@ class TreeBuilder(ABC):
       it was drawn from, every top-K child is marked deterministic.
     - Whether a child is kept may depend on the identities of siblings tested
       *before* it at the same node, never on those tested after it
-      (docs/trees.md, ``rheo``).
+      (docs/trees.md, ``rheo``). Necessary, not sufficient: rule 3 needs every
+      i.i.d. draw kept, repeats included (docs/trees.md, "Writing a builder").
     - :attr:`max_nodes` bounds ``n`` (root included) for every call, so the
       generator can check the context budget before it starts.
     - :attr:`produces` names the child kinds the builder can emit, and

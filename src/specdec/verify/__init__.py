@@ -11,7 +11,7 @@
 The per-node math is in :mod:`specdec.verify.residual`; see ``docs/verifiers.md``.
 """
 
-from specdec.verify.base import NodeOutcome, Verifier, VerifyResult
+from specdec.verify.base import NodeOutcome, Verifier, VerifyResult, WholeTreeVerifier
 from specdec.verify.greedy import GreedyVerifier
 from specdec.verify.kseq import KSeqVerifier
 from specdec.verify.match import MatchVerifier
@@ -28,4 +28,5 @@ __all__ = [
     "RejectionWORVerifier",
     "Verifier",
     "VerifyResult",
+    "WholeTreeVerifier",
 ]

@@ -36,7 +36,7 @@ from specdec.tree import DraftTree, NodeKind, SampleMode
 if TYPE_CHECKING:
     from specdec.tree_batch import TreeBatch
 
-__all__ = ["FusedRule", "NodeOutcome", "VerifyResult", "Verifier"]
+__all__ = ["FusedRule", "NodeOutcome", "VerifyResult", "Verifier", "WholeTreeVerifier"]
 
 
 @attrs.frozen
@@ -209,6 +209,23 @@ class Verifier(ABC):
     def check_node_mix(self, tree: DraftTree) -> None:
         """Hook for rules that restrict how kinds mix at one node (default: any mix)."""
 
+    def check_inputs(self, tree: DraftTree, p: torch.Tensor) -> None:
+        """Check ``p``'s shape against ``tree`` (``[n, V]``) and the tree itself (:meth:`check_tree`):
+        the first thing :meth:`verify` does, before any draw.
+
+        Raises:
+            InvalidDistributionError: ``p`` is not ``[n, V]`` for the tree's ``n``.
+            VocabMismatchError: ``p``'s vocabulary differs from the tree's.
+            UnsupportedTreeError: the tree has children this rule cannot verify.
+        """
+        if not isinstance(p, torch.Tensor) or p.dim() != 2:
+            raise InvalidDistributionError(f"p must be a [n, V] tensor, got {getattr(p, 'shape', type(p))}")
+        if p.shape[0] != tree.num_nodes:
+            raise InvalidDistributionError(f"p has {p.shape[0]} rows but the tree has {tree.num_nodes} nodes")
+        if p.shape[1] != tree.vocab_size:
+            raise VocabMismatchError(f"p has vocabulary {p.shape[1]} but the tree's is {tree.vocab_size}")
+        self.check_tree(tree)
+
     # ------------------------------------------------------------ the walk
     def verify(self, tree: DraftTree, p: torch.Tensor, rng: RandomSource) -> VerifyResult:
         """Verify ``tree`` against the target distributions ``p``.
@@ -227,13 +244,7 @@ class Verifier(ABC):
             VocabMismatchError: ``p``'s vocabulary differs from the tree's.
             InvalidDistributionError: a visited row of ``p`` is not a distribution.
         """
-        if not isinstance(p, torch.Tensor) or p.dim() != 2:
-            raise InvalidDistributionError(f"p must be a [n, V] tensor, got {getattr(p, 'shape', type(p))}")
-        if p.shape[0] != tree.num_nodes:
-            raise InvalidDistributionError(f"p has {p.shape[0]} rows but the tree has {tree.num_nodes} nodes")
-        if p.shape[1] != tree.vocab_size:
-            raise VocabMismatchError(f"p has vocabulary {p.shape[1]} but the tree's is {tree.vocab_size}")
-        self.check_tree(tree)
+        self.check_inputs(tree, p)
         accepted: list[int] = []
         attempted = 0
         node = 0
@@ -269,3 +280,27 @@ class Verifier(ABC):
             The accepted child, or the bonus token if no child is accepted
             (a leaf always yields a bonus drawn from ``p_node``).
         """
+
+
+class WholeTreeVerifier(Verifier):
+    """A verifier that decides a whole tree at once (docs/extending.md, "Whole-tree verifiers").
+
+    A path-level rule, or one that reads several nodes before it accepts any,
+    implements :meth:`verify` itself instead of the per-node rule. The contract:
+    call :meth:`check_inputs` first and check each row of ``p`` it reads
+    (:func:`~specdec.sampling.check_distribution`); draw only through ``rng``,
+    calling ``rng.begin_node(node)`` before the draws made for ``node``; return a
+    :class:`VerifyResult` whose accepted nodes form a path from a root child
+    down, whose tokens are theirs plus exactly one bonus, and whose
+    ``attempted_depths`` counts the nodes of the path (the last included) that
+    have children. The engine runs it on each row's tree, single and batched
+    (the walk; a whole-tree rule declares no :attr:`~Verifier.fused` rule).
+    """
+
+    @abstractmethod
+    def verify(self, tree: DraftTree, p: torch.Tensor, rng: RandomSource) -> VerifyResult:
+        """Verify the whole ``tree`` against ``p`` (``[n, V]``); see the class contract."""
+
+    def verify_node(self, tree: DraftTree, node: int, p_node: torch.Tensor, rng: RandomSource) -> NodeOutcome:
+        """Not a per-node rule: a whole-tree verifier decides in :meth:`verify`."""
+        raise TypeError(f"{type(self).__name__} is a whole-tree verifier: call verify(tree, p, rng)")

@@ -1,0 +1,12 @@
+"""Bad plug-in: a tree builder declaring batch_form = True without its own build_batch."""
+
+import attrs
+
+from good_nucleus import NucleusBuilder
+from specdec.registry import register
+
+
+@register("tree", "outside-bad-batch-form")
+@attrs.frozen
+class ClaimsBatches(NucleusBuilder):
+    batch_form = True  # BUG: no build_batch of its own
