@@ -368,10 +368,10 @@ def test_demo_trees_follow_the_recipes():
     target, draft = cli.toy_models(7, seed=3)
     sampling = SamplingConfig(temperature=1.0)
     rng = TorchRandom.seeded(0)
-    for recipe in ("deterministic", "mixed", "sampled-iid", "sampled-wor"):
+    for recipe in ("deterministic", "mixed", "sampled-iid", "sampled-wor", "sampled-chain"):
         draft.begin([2])
         tree = cli.demo_tree(2, draft, sampling, recipe, depth=2, width=3, rng=rng)
-        assert tree.num_nodes == 1 + 3 + 9
+        assert tree.num_nodes == (1 + 2 if recipe == "sampled-chain" else 1 + 3 + 9)  # a chain for chain-only rules
         kinds = set(tree.kinds[1:].tolist())
         if recipe == "deterministic":
             assert kinds == {NodeKind.DETERMINISTIC}
@@ -385,7 +385,7 @@ def test_demo_trees_follow_the_recipes():
                         assert law.prob_of(int(tree.tokens[d])) == 0.0
         else:
             assert kinds == {NodeKind.SAMPLED}
-            mode = SampleMode.IID if recipe == "sampled-iid" else SampleMode.WITHOUT_REPLACEMENT
+            mode = SampleMode.WITHOUT_REPLACEMENT if recipe == "sampled-wor" else SampleMode.IID
             assert all(law.mode == mode for law in tree.laws)
         # the recorded laws are the draft's processed laws q after each node's path
         if recipe in ("sampled-iid", "sampled-wor"):

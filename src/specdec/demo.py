@@ -96,6 +96,8 @@ def _recipe(verifier: Verifier, greedy: bool) -> str:
         return "deterministic"
     if NodeKind.DETERMINISTIC in kinds:
         return "mixed"
+    if NodeKind.SAMPLED in kinds and not verifier.supported_modes:  # chains only (block verification)
+        return "sampled-chain"
     if NodeKind.SAMPLED in kinds:
         return "sampled-wor" if SampleMode.WITHOUT_REPLACEMENT in verifier.supported_modes else "sampled-iid"
     raise UnsupportedTreeError(f"verifier {verifier.registry_name!r} declares no supported child kind")
@@ -121,6 +123,8 @@ def _children(q: torch.Tensor, recipe: str, width: int, rng: RandomSource) -> li
             law = SparseLaw.from_dense(q_prime, SampleMode.IID)
             out.append((rng.categorical(q_prime), NodeKind.SAMPLED, law))
         return out
+    if recipe == "sampled-chain":  # one draw per node, whatever the width
+        return [(rng.categorical(q), NodeKind.SAMPLED, SparseLaw.from_dense(q, SampleMode.IID))]
     if recipe == "sampled-iid":
         law = SparseLaw.from_dense(q, SampleMode.IID)
         return [(rng.categorical(q), NodeKind.SAMPLED, law) for _ in range(width)]

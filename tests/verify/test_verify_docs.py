@@ -20,7 +20,7 @@ def test_example_runs(index: int, capsys) -> None:
     exec(compile(BLOCKS[index], f"{DOC.name}[example {index}]", "exec"), {"__name__": "__doc_example__"})
 
 
-@pytest.mark.parametrize("module", ["greedy", "match", "rejection", "mixed", "kseq", "residual"])
+@pytest.mark.parametrize("module", ["greedy", "match", "rejection", "mixed", "kseq", "residual", "traversal"])
 def test_docstring_examples(module: str) -> None:
     import doctest
     import importlib

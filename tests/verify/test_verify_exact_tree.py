@@ -69,6 +69,7 @@ class Shape:
 
 IID, WOR = SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT
 SHAPES = (
+    Shape("chain-2", (Mix(1, IID, 0), Mix(1, IID, 0)), 4),
     Shape("iid-2x1", (Mix(2, IID, 0), Mix(1, IID, 0)), 4),
     Shape("iid-2x2", (Mix(2, IID, 0), Mix(2, IID, 0)), 3),
     Shape("wor-2x2", (Mix(2, WOR, 0), Mix(2, WOR, 0)), 3),

@@ -93,10 +93,11 @@ def test_kseq_trivial_cases() -> None:
 
 # ------------------------------------------------------- dtypes on real runs
 def _tree_for(cls, V: int, gen: torch.Generator):
-    """A 2-level tree of a shape ``cls`` supports, drawn with ``gen``."""
+    """A 2-level tree of a shape ``cls`` supports, drawn with ``gen`` (a chain for a chain-only rule)."""
     asm = TreeAssembler(root_token=0, vocab_size=V)
     sampled = NodeKind.SAMPLED in cls.supported_kinds
     mode = SampleMode.IID if SampleMode.IID in cls.supported_modes else SampleMode.WITHOUT_REPLACEMENT
+    width = 2 if cls.supported_modes or not sampled else 1  # no sibling mode: one sampled child per node
     frontier = [0]
     for _ in range(2):
         new = []
@@ -104,7 +105,7 @@ def _tree_for(cls, V: int, gen: torch.Generator):
             if sampled:
                 w = torch.rand(V, generator=gen, dtype=F64)
                 law = SparseLaw.from_dense(w / w.sum(), mode)
-                draws = torch.multinomial(law.probs, 2, replacement=mode == SampleMode.IID, generator=gen)
+                draws = torch.multinomial(law.probs, width, replacement=mode == SampleMode.IID, generator=gen)
                 new += [asm.add_sampled(node, int(law.indices[i]), law, 1.0) for i in draws.tolist()]
             else:
                 new += [asm.add_deterministic(node, x, 1.0) for x in torch.randperm(V, generator=gen)[:2].tolist()]

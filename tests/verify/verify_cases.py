@@ -52,8 +52,8 @@ def closed_form_acceptance(name: str, case: NodeCase) -> float | None:
         mins = torch.minimum(p, qp)
         if name == "mixed":  # rule 5, one sampled child
             return pS + float(mins[not_S].sum())
-        if mix.K == 0 and name in ("rejection-iid", "rejection-wor", "kseq"):
-            return float(mins.sum())  # rule 3/4, single child
+        if mix.K == 0 and name in ("rejection-iid", "rejection-wor", "kseq", "traversal", "block"):
+            return float(mins.sum())  # rule 3/4, single child (rules 7/8: one child of the root is rule 3)
     if name == "kseq" and mix.K == 0:
         support = torch.nonzero(qp > 0).flatten()
         rho = kseq_rho(p[support], qp[support], mix.k)
@@ -69,6 +69,8 @@ CLOSED_FORMS = {
     "rejection-iid": lambda mix: mix.k == 1,
     "rejection-wor": lambda mix: mix.k == 1,
     "kseq": lambda mix: True,
+    "traversal": lambda mix: mix.k == 1,
+    "block": lambda mix: mix.k == 1,
 }
 
 

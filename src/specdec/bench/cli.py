@@ -53,7 +53,7 @@ from specdec.bench.settings import (
     run_identity,
 )
 from specdec.bench.spec_bench import spec_bench_report
-from specdec.bench.sweep import BenchConfig, RunRecord, bench_units, row_options
+from specdec.bench.sweep import OPTIMUM_NOTE, BenchConfig, RunRecord, bench_units, row_options
 from specdec.bench.workers import WorkerPool
 from specdec.errors import InvalidConfigError, SpecDecError
 from specdec.plugins import add_plugin_argument, load_plugins
@@ -130,6 +130,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="decode B prompts together (batched speculative and autoregressive decoding; default 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, metavar="N",
                    help="skip prompts longer than this after the chat template (default 512)")
+    p.add_argument("--optimum", action="store_true",
+                   help="measure each speculative row's gap to the best lossless acceptance (the gap column): "
+                        "host work in every step, so the timings and speedups are not comparable with a run "
+                        "without it; not with --batch-size > 1")
     add_plugin_argument(p)  # a plug-in's methods (and verifiers) can be benched: --plugin my_pkg --methods my-method
     p.set_defaults(func=bench_main)
     sub = p.add_subparsers(dest="bench_command", metavar="[report]")
@@ -226,6 +230,8 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     for row in rows:
         if row.note:
             log(f"{row.name}: {row.note}")
+    if settings.optimum:
+        log(OPTIMUM_NOTE)
 
     # ---- 2. models (vocabularies checked while loading), the rendered prompts and checks, and
     # ---- 3. profiles and the budget, on prompts of the set that the run does not use (when there are any);
@@ -266,7 +272,8 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         budget, slots, profile_count = prep["budget"], prep["sampled_slots"], prep["profile_count"]
         log(f"tree budget{' (auto)' if auto_info else ''}: {budget_text(budget, slots)}")
     config = BenchConfig(rows, settings.temperatures, settings.seeds, settings.max_new_tokens, budget,
-                         ignore_eos=args.ignore_eos, batch_size=settings.batch_size, sampled_slots=slots)
+                         ignore_eos=args.ignore_eos, batch_size=settings.batch_size, sampled_slots=slots,
+                         optimum=settings.optimum)
     options = row_options(config, sequoia_acc, rheo_cal)
     expected = len(bench_units(len(rendered), config.temperatures, config.seeds)) * len(rows)  # one per prompt
     header: dict[str, Any] = {
@@ -358,6 +365,8 @@ def _finish(args: argparse.Namespace, out_dir: Path | None, header: Mapping[str,
             "max_new_tokens": header["config"]["max_new_tokens"],
             "ignore_eos": header["config"]["ignore_eos"],
             "batch_size": header["config"]["batch_size"],
+            "optimum": bool(header["config"].get("optimum", False)),  # --optimum: timings include its host work
+            "optimum_note": OPTIMUM_NOTE if header["config"].get("optimum") else None,
             "budget": header["resolved"]["budget"],
             "auto_budget": header["resolved"]["auto_budget"],
             "sequoia_acceptance": {f"{k}@T={t:g}": v for k, t, v in header["resolved"]["sequoia_acceptance"]},

@@ -22,7 +22,7 @@ from specdec.bench.plots import PLOT_FILES, write_plots, write_temperature_plot
 from specdec.bench.rows import RowSpec, kind_rank
 from specdec.bench.runlog import RUNS_FILE, RunLog, identity_differences, logged_budget, read_runlog, strict_json
 from specdec.bench.runner import aggregate
-from specdec.bench.sweep import RunRecord
+from specdec.bench.sweep import OPTIMUM_NOTE, RunRecord
 from specdec.errors import InvalidConfigError
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "results_table",
     "format_cell",
+    "gap_text",
     "write_results",
     "goal_summary",
     "goal_lines",
@@ -54,6 +55,22 @@ def format_cell(x: Any, spec: str = ".2f") -> str:
     return format(x, spec)
 
 
+def gap_text(rec: Mapping[str, Any]) -> str:
+    """The ``gap`` cell of a record: the acceptance its rule left on the table per tested node
+    (:func:`~specdec.bench.runner.aggregate`), ``<=`` when it is an upper bound, ``-`` when not measured.
+
+    Example:
+        >>> gap_text({"gap": 0.0312, "optimum_bound": False}), gap_text({"gap": 0.05204, "optimum_bound": True})
+        ('0.031', '<=0.052')
+        >>> gap_text({"gap": None})
+        '-'
+    """
+    gap = rec.get("gap")
+    if gap is None or (isinstance(gap, float) and math.isnan(gap)):
+        return "-"
+    return ("<=" if rec.get("optimum_bound") else "") + f"{gap:.3f}"
+
+
 def _split(rec: Mapping[str, Any]) -> str:
     """``draft/target/verify/other`` shares of the wall time, in percent."""
     total = rec.get("time_total") or 0.0
@@ -65,15 +82,17 @@ def _split(rec: Mapping[str, Any]) -> str:
 
 
 def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec bench") -> Any:
-    """A :class:`rich.table.Table` of the records (one row per method and temperature)."""
+    """A :class:`rich.table.Table` of the records (one row per method and temperature); the
+    ``gap`` column (:func:`gap_text`) only when some record measured it (``--optimum``)."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title, show_lines=False)
+    gap = any(rec.get("gap") is not None for rec in records)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"), ("tok/s", "right"),
-        ("speedup", "right"), ("acceptance by depth", "left"), ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"),
-        ("tokens", "right"), ("=AR", "right"))
+        ("speedup", "right"), ("acceptance by depth", "left"), *((("gap", "right"),) if gap else ()),
+        ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"), ("tokens", "right"), ("=AR", "right"))
     for col, just in columns:
         table.add_column(col, justify=just, no_wrap=True)
     for rec in sorted(records, key=lambda r: (r["temperature"], kind_rank(r.get("kind", "")))):
@@ -84,8 +103,8 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
             tau += f"±{rec['tau_stderr']:.2f}"
         table.add_row(  # names as Text: "rheo[m=2]" is a row name, not rich markup
             Text(rec["method"]), Text(rec.get("draft") or "-"), f"{rec['temperature']:g}", tau,
-            format_cell(rec["tokens_per_s"], ".1f"), format_cell(rec["speedup"], ".2f") + "x", acc or "-", _split(rec),
-            str(rec["target_forwards"]), str(rec["new_tokens"]),
+            format_cell(rec["tokens_per_s"], ".1f"), format_cell(rec["speedup"], ".2f") + "x", acc or "-",
+            *((gap_text(rec),) if gap else ()), _split(rec), str(rec["target_forwards"]), str(rec["new_tokens"]),
             "-" if match is None else f"{100 * match:.0f}%",
         )
     return table
@@ -284,7 +303,8 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
     title = (f"specdec bench --preset {cfg['preset']}: {res['prompts']['count']} prompts x {cfg['max_new_tokens']} new "
              f"tokens, budget " + (("auto, " if auto else "") + "per temperature (below)" if per_t
                                    else f"{budget}" + (" (auto)" if auto else ""))
-             + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else ""))
+             + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else "")
+             + (", --optimum (timings include its host work)" if cfg.get("optimum") else ""))
     console.print(results_table(records, title=title))
 
     def say(text: str) -> None:
@@ -301,6 +321,12 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
     console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
                   "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
                   "equal to the baseline's.")
+    if any(r.get("gap") is not None for r in records):
+        say("gap = the best lossless acceptance at the tested nodes (from their recorded proposals) minus the "
+            "acceptance the rule reached there, per tested node, all depths together; <= marks an upper bound "
+            "(some node's optimum was bounded, not solved)")
+    if cfg.get("optimum"):
+        say(OPTIMUM_NOTE)
     goals = goal_summary(records)
     for line in goal_lines(goals):
         say(line)

@@ -120,9 +120,11 @@ def _option_value(text: str) -> Any:
 
 
 def _parse_options(method: str, text: str, entry: str) -> tuple[tuple[str, Any], ...]:
-    """``k=v,k=v`` of ``method[...]`` checked against the method's tree builder's options."""
+    """``k=v,k=v`` of ``method[...]`` checked against the method's tree builder's options, plus
+    ``verifier=NAME``: the method's tree verified by another registered verifier (checked when the
+    generator is composed: a verifier that cannot verify the tree fails before any timing)."""
     builder = get("tree", method_tree(method))
-    known = sorted(f.name for f in attrs.fields(builder)) if attrs.has(builder) else []
+    known = sorted([*(f.name for f in attrs.fields(builder))] if attrs.has(builder) else []) + ["verifier"]
     out: dict[str, Any] = {}
     for item in (i.strip() for i in text.split(",")):
         name, eq, value = item.partition("=")
@@ -135,6 +137,10 @@ def _parse_options(method: str, text: str, entry: str) -> tuple[tuple[str, Any],
             )
         if name in out:
             raise InvalidConfigError(f"{entry!r} sets {name!r} twice")
+        if name == "verifier":
+            get("verifier", value)  # an unknown name fails here, listing the registered verifiers
+            out[name] = value
+            continue
         out[name] = _option_value(value)
     return tuple(out.items())
 
@@ -148,7 +154,9 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
             ``hf-assisted``. ``autoregressive`` is accepted and always present.
             A method may carry builder options, ``method[k=v,...]`` or
             ``method[k=v,...]@draft`` (ablations: ``rheo[m=2]``,
-            ``rheo[proxy=residual,M=64]``); they override the budget's mapping.
+            ``rheo[proxy=residual,M=64]``); they override the budget's mapping;
+            ``verifier=NAME`` verifies the method's tree with another rule
+            (``sequoia[verifier=traversal]@eagle3``).
         available: draft kinds that can be loaded (``"lm"`` always).
         add_baseline: put the autoregressive row first.
 

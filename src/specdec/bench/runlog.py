@@ -73,6 +73,8 @@ _RECORD_KEYS: dict[str, type | tuple[type, ...]] = {
     "time_draft": (int, float, type(None)), "time_target": (int, float, type(None)),
     "time_verify": (int, float, type(None)), "tokens": list,
 }
+_OPTIONAL_KEYS: dict[str, type | tuple[type, ...]] = {"depth_optimum": list, "optimum_bound": bool}
+"""Record keys that logs written before ``--optimum`` lack (read as ``[]`` and false)."""
 
 
 def run_key(row: str, prompt_index: int, temperature: float, seed: int) -> tuple[str, int, float, int]:
@@ -208,6 +210,9 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
             v = rec[key]
             if isinstance(v, bool) or not isinstance(v, typ):
                 raise InvalidConfigError(f"{where}: {key!r} has the wrong type ({type(v).__name__})")
+        for key, typ in _OPTIONAL_KEYS.items():
+            if key in rec and not isinstance(rec[key], typ):
+                raise InvalidConfigError(f"{where}: {key!r} has the wrong type ({type(rec[key]).__name__})")
         if rec["row"] not in rows or float(rec["temperature"]) not in temps or rec["seed"] not in seeds \
                 or not 0 <= rec["prompt_index"] < n_prompts:
             raise InvalidConfigError(
@@ -326,7 +331,8 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
-    """A :class:`~specdec.bench.sweep.RunRecord` from a logged line (null times -> NaN)."""
+    """A :class:`~specdec.bench.sweep.RunRecord` from a logged line (null times -> NaN; a line logged
+    before ``--optimum`` existed has no ``depth_optimum`` / ``optimum_bound``: empty and false)."""
     nan = float("nan")
     return RunRecord(
         sequence=int(rec["sequence"]), unit=int(rec["unit"]), prompt_index=int(rec["prompt_index"]),
@@ -342,6 +348,8 @@ def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
         tokens=tuple(int(t) for t in rec["tokens"]),
         budget_nodes=None if rec.get("budget_nodes") is None else int(rec["budget_nodes"]),
         budget_depth=None if rec.get("budget_depth") is None else int(rec["budget_depth"]),
+        depth_optimum=tuple(float(x) for x in rec.get("depth_optimum") or ()),
+        optimum_bound=bool(rec.get("optimum_bound", False)),
     )
 
 

@@ -25,7 +25,12 @@ Metrics per row and temperature (:func:`aggregate`), summed over units:
 - ``acceptance_by_depth[d-1]``: accepted drafts at depth ``d`` / steps in
   which a draft at depth ``d`` was tested;
 - time split: seconds in drafting (tree building and draft commits), target
-  tree forwards, verification (logit processing included), prefill.
+  tree forwards, verification (logit processing included), prefill;
+- with ``--optimum`` (:attr:`BenchConfig.optimum <specdec.bench.sweep.BenchConfig.optimum>`):
+  ``optimum_by_depth[d-1]``, the best lossless acceptance at the nodes tested at
+  depth ``d`` (summed over the steps) / the steps in which one was tested,
+  ``gap_by_depth`` = ``optimum_by_depth - acceptance_by_depth``, and ``gap``, the
+  acceptance left on the table per tested node, all depths together.
 
 The rows, the sweep's configuration and its records are defined in
 :mod:`specdec.bench.rows` and :mod:`specdec.bench.sweep`; their names stay
@@ -48,6 +53,7 @@ from specdec.bench.models import BenchModels
 from specdec.bench.rows import AUTOREGRESSIVE, DEFAULT_DRAFT, PEER, RowSpec, batch_refusal, parse_rows
 from specdec.bench.runlog import jsonable, run_key
 from specdec.bench.sweep import BenchConfig, RunRecord, batch_chunks, bench_units, row_options, unit_order
+from specdec.engine.options import StepOptions
 from specdec.errors import InvalidConfigError
 from specdec.generate import SpeculativeGenerator, autoregressive_generate
 from specdec.sampling import SamplingConfig
@@ -118,7 +124,10 @@ def hf_assisted_generate(
 
 
 def _generators(models: BenchModels, config: BenchConfig, options: Mapping[tuple[str, float], Mapping[str, Any]]) -> dict[tuple[str, float], Any]:
-    """One :class:`~specdec.SpeculativeGenerator` per (speculative row, temperature)."""
+    """One :class:`~specdec.SpeculativeGenerator` per (speculative row, temperature); with
+    ``config.optimum``, each measures the gap to the best lossless acceptance
+    (``StepOptions(optimum=True)``)."""
+    step = StepOptions(optimum=True) if config.optimum else None
     gens = {}
     for row in config.rows:
         if row.kind != "speculative":
@@ -126,7 +135,7 @@ def _generators(models: BenchModels, config: BenchConfig, options: Mapping[tuple
         method, draft = row.method_and_draft()
         for t in config.temperatures:
             gens[(row.name, t)] = SpeculativeGenerator(
-                target=models.targets[draft], draft=models.drafts[draft], method=method,
+                target=models.targets[draft], draft=models.drafts[draft], method=method, options=step,
                 **dict(options[(row.name, t)]),
             )
     return gens
@@ -200,7 +209,8 @@ def run_bench(
         return dict(new_tokens=s.new_tokens, steps=s.steps, emitted=s.emitted,
                     depth_attempted=tuple(s.depth_attempted), depth_accepted=tuple(s.depth_accepted),
                     time_total=s.time_total, time_prefill=s.time_prefill, time_draft=s.time_draft,
-                    time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens))
+                    time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens),
+                    depth_optimum=tuple(s.depth_optimum), optimum_bound=s.optimum_bound)
 
     if config.batch_size > 1:
         return _run_batched(models, config, prompts, gens, eos, on_run, on_start, skip, units)
@@ -254,7 +264,8 @@ def _run_batched(
     the batched call's time (so that summed times give the batch's throughput;
     the time split and the acceptance by depth are not recorded). Every row of
     a chunk uses the unit's seed, so a prompt's tokens are those of its
-    batch-1 run (at T = 0 token for token)."""
+    batch-1 run (at T = 0 token for token). A :class:`BenchConfig` refuses ``optimum`` with
+    ``batch_size`` > 1: a batched call records no per-depth counts, so there would be no gap."""
     for row in config.rows:
         why = batch_refusal(row)
         if why is not None:
@@ -311,6 +322,26 @@ def _stderr(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
+def _gap(rs: Sequence[RunRecord], att: Sequence[int], acc: Sequence[int]) -> dict[str, Any]:
+    """The gap-to-optimum keys of a (row, temperature) record: all None unless some record
+    measured the optimum (``--optimum``). Per depth, ``optimum_by_depth`` = summed optimum /
+    tested nodes and ``gap_by_depth`` = ``optimum_by_depth - acceptance_by_depth``; ``gap`` =
+    (summed optimum - accepted) / tested nodes over all depths; ``optimum_bound``: some summed
+    value was an upper bound (then so are the optimum and the gap)."""
+    if not any(r.depth_optimum for r in rs):
+        return {"optimum_by_depth": None, "gap_by_depth": None, "gap": None, "optimum_bound": None}
+    opt = [sum(r.depth_optimum[d] for r in rs if d < len(r.depth_optimum)) for d in range(len(att))]
+    by_depth = [o / n if n else 0.0 for o, n in zip(opt, att)]
+    accepted = [a / n if n else 0.0 for a, n in zip(acc, att)]
+    tested = sum(att)
+    return {
+        "optimum_by_depth": by_depth,
+        "gap_by_depth": [o - a for o, a in zip(by_depth, accepted)],
+        "gap": (sum(opt) - sum(acc)) / tested if tested else 0.0,
+        "optimum_bound": any(r.optimum_bound for r in rs),
+    }
+
+
 def aggregate(
     runs: Sequence[RunRecord],
     rows: Sequence[RowSpec],
@@ -361,6 +392,7 @@ def aggregate(
             att = [sum(r.depth_attempted[d] for r in rs if d < len(r.depth_attempted)) for d in range(depth)]
             acc = [sum(r.depth_accepted[d] for r in rs if d < len(r.depth_accepted)) for d in range(depth)]
             rate = new / total if total > 0 else float("nan")
+            gap = _gap(rs, att, acc)
 
             def tsum(name: str) -> float | None:
                 vals = [getattr(r, name) for r in rs]
@@ -407,6 +439,7 @@ def aggregate(
                 "budget_depth": depth_bound,
                 "options": (jsonable(dict((options or {}).get((row.name, t), {})))
                             if row.kind == "speculative" else None),
+                **gap,
             }
             out.append(rec)
     return out

@@ -22,6 +22,7 @@ from specdec.bench.models import NAMED_TARGETS, auto_head_path, resolve_device
 from specdec.bench.prompts import BenchPrompt
 from specdec.bench.rows import RowSpec
 from specdec.bench.runlog import prompts_digest
+from specdec.bench.sweep import OPTIMUM_BATCH_REFUSAL
 from specdec.errors import InvalidConfigError
 
 __all__ = ["PRESETS", "Preset", "BenchSettings", "resolve_settings", "available_kinds", "model_source",
@@ -71,7 +72,7 @@ runs the whole prompt set (hours on a CPU)."""
 
 @attrs.frozen
 class BenchSettings:
-    """The validated settings of one run (preset defaults + flags)."""
+    """The validated settings of one run (preset defaults + flags; ``optimum``: ``--optimum``)."""
 
     preset: str
     methods: str
@@ -84,6 +85,7 @@ class BenchSettings:
     profile_steps: int
     batch_size: int = 1
     pilot_tokens: int = 32
+    optimum: bool = False
 
 
 def _list(text: str, flag: str, parse: Callable[[str], _T]) -> tuple[_T, ...]:
@@ -151,10 +153,13 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     batch = getattr(args, "batch_size", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidConfigError(f"--batch-size must be an int >= 1, got {batch!r}")
+    optimum = bool(getattr(args, "optimum", False))
+    if optimum and batch > 1:
+        raise InvalidConfigError(OPTIMUM_BATCH_REFUSAL)
     # `--methods ''` is an error (parse_rows), not "the preset's methods": only an absent flag means those
     methods = pre.methods if args.methods is None else args.methods
     return BenchSettings(args.preset, methods, temps, seeds, max_new, budget, num,
-                         pre.profile_prompts, pre.profile_steps, batch, pre.pilot_tokens)
+                         pre.profile_prompts, pre.profile_steps, batch, pre.pilot_tokens, optimum)
 
 
 def available_kinds(args: argparse.Namespace) -> list[str]:
@@ -204,7 +209,8 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
     Threads, workers, plots and the Ray address are not part of it: they change
     how fast the records come, not what they mean. The device is (its timings
     and float rounding are not a CPU's); it is written only when it is not the
-    CPU, so logs written before ``--device`` existed still resume.
+    CPU, so logs written before ``--device`` existed still resume. So is ``--optimum``
+    (its timings include the measurement's host work), written only when given.
     """
     budget = settings.budget
     device = getattr(args, "device", "cpu") or "cpu"
@@ -222,6 +228,6 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
         "batch_size": settings.batch_size,
         "max_prompt_tokens": args.max_prompt_tokens,
         "prompts": {"count": len(prompts), "sha256": prompts_digest(prompts)},
-    }
+    } | ({"optimum": True} if settings.optimum else {})
 
 

@@ -32,7 +32,18 @@ __all__ = [
     "batch_chunks",
     "unit_order",
     "row_options",
+    "OPTIMUM_NOTE",
+    "OPTIMUM_BATCH_REFUSAL",
 ]
+
+OPTIMUM_NOTE = ("--optimum: the speculative rows measure the best lossless acceptance at every tested node, "
+                "host work done inside each step: their times, tokens/s and speedups include it and are not "
+                "comparable with a run without --optimum (tau, acceptance and the gap are unaffected)")
+"""What the log, the report and ``meta.json`` say of a run with ``--optimum``."""
+
+OPTIMUM_BATCH_REFUSAL = ("--optimum with --batch-size > 1: a batched call records no acceptance by depth, so there "
+                         "is no gap to report; measure the gap with --batch-size 1")
+"""The error of ``--optimum`` with ``--batch-size`` > 1."""
 
 
 def _rows_field(value: Iterable[RowSpec]) -> tuple[RowSpec, ...]:
@@ -84,6 +95,11 @@ class BenchConfig:
         sampled_slots: RheoSampling's ``m`` per temperature (``--budget auto``'s
             choice), given to the rows whose builder is ``rheo`` and that do not
             set ``m`` themselves (:func:`row_options`); empty: the builder's default.
+        optimum: the speculative rows measure, per step, the best lossless acceptance at
+            every node their path tested (``StepOptions(optimum=True)``, ``--optimum``;
+            :attr:`RunRecord.depth_optimum`). Host work per step, inside the timings: the
+            speedups of such a run are not comparable with those of a plain one. Refused
+            with ``batch_size`` > 1 (a batched call records no acceptance by depth).
     """
 
     rows: tuple[RowSpec, ...] = attrs.field(converter=_rows_field)
@@ -95,8 +111,11 @@ class BenchConfig:
     warmup: bool = True
     batch_size: int = 1
     sampled_slots: dict[float, int] = attrs.field(factory=dict, converter=_slots_field)
+    optimum: bool = False
 
     def __attrs_post_init__(self) -> None:
+        if self.optimum and self.batch_size > 1:
+            raise InvalidConfigError(OPTIMUM_BATCH_REFUSAL)
         if isinstance(self.budget, dict):
             missing = [t for t in self.temperatures if float(t) not in self.budget]
             if missing:
@@ -126,6 +145,10 @@ class RunRecord:
         budget_nodes, budget_depth: the tree budget of the unit's temperature
             (speculative rows; None for the baseline, the peer, and records
             logged before the budget was recorded per generation).
+        depth_optimum: per depth, the best lossless acceptance at the tested nodes,
+            summed over the steps (:attr:`~specdec.GenerationStats.depth_optimum`; same
+            indexing as ``depth_attempted``); empty unless the sweep ran with ``--optimum``.
+        optimum_bound: some value summed in ``depth_optimum`` is an upper bound, not the optimum.
     """
 
     sequence: int
@@ -147,11 +170,14 @@ class RunRecord:
     tokens: tuple[int, ...]
     budget_nodes: int | None = None
     budget_depth: int | None = None
+    depth_optimum: tuple[float, ...] = ()
+    optimum_bound: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
         out["depth_attempted"] = list(self.depth_attempted)
         out["depth_accepted"] = list(self.depth_accepted)
+        out["depth_optimum"] = list(self.depth_optimum)
         out["tokens"] = list(self.tokens)
         return out
 

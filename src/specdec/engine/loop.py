@@ -248,7 +248,8 @@ def run_rows(
             keep: list[int] = []
             for b, r in enumerate(active):
                 result = outcome.results[b]
-                tallies[r].record(result, outcome.tree_nodes[b], outcome.time_draft, outcome.time_target, outcome.time_verify)
+                tallies[r].record(result, outcome.tree_nodes[b], outcome.time_draft, outcome.time_target, outcome.time_verify,
+                                 None if outcome.optimum is None else outcome.optimum[b])
                 tokens = list(result.tokens)
                 if max_new_tokens is not None:
                     tokens = tokens[: max_new_tokens - produced[r]]

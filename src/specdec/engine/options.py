@@ -59,8 +59,16 @@ class StepOptions:
         rows: :data:`VERIFY_ROWS`; the same decisions either way, except when a uniform
             falls within float rounding of a threshold.
         clock: :data:`CLOCKS`.
+        optimum: after each step, compute at every node the step's path tested the best
+            acceptance any lossless rule could reach with that node's recorded proposals
+            (:func:`~specdec.verify.optimum.tree_node_optimum`), for
+            :attr:`~specdec.engine.stats.GenerationStats.optimum_by_depth` and
+            :attr:`~specdec.engine.stats.GenerationStats.gap_by_depth`. Costs a host read of
+            the visited rows of ``p`` and host work per step: off by default, and never on
+            for timed runs.
     """
 
     validate: bool = attrs.field(factory=_env_validate, validator=_check_flag)
     rows: str = attrs.field(default="auto", validator=_check_rows)
     clock: str = attrs.field(default="auto", validator=_check_clock)
+    optimum: bool = attrs.field(default=False, validator=_check_flag)

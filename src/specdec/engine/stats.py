@@ -7,11 +7,13 @@ forward and verification (docs/concepts.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from specdec.verify.base import VerifyResult
+from specdec.verify.optimum import NodeOptimum
 
 __all__ = ["GenerationStats", "StepTally"]
 
@@ -38,6 +40,11 @@ class GenerationStats:
         clock: what measured the step path's time split: ``"perf_counter"``
             (host clock) or ``"cuda_events"`` (a target on CUDA;
             :data:`specdec.engine.options.CLOCKS`).
+        depth_optimum: ``[D]`` (with ``StepOptions(optimum=True)``, else empty) the best
+            lossless acceptance at the node tested at depth ``d+1``, summed over the steps
+            that tested one there (:mod:`specdec.verify.optimum`).
+        optimum_bound: some node's value in ``depth_optimum`` is an upper bound (a support
+            too large for the exact min-cut), not the optimum itself.
     """
 
     steps: int
@@ -54,6 +61,20 @@ class GenerationStats:
     time_total: float
     kernel_path: str = "torch"
     clock: str = "perf_counter"
+    depth_optimum: tuple[float, ...] = ()
+    optimum_bound: bool = False
+
+    @property
+    def optimum_by_depth(self) -> tuple[float, ...]:
+        """Per depth: the mean best lossless acceptance at the nodes tested there (empty unless
+        measured; an upper bound where :attr:`optimum_bound`)."""
+        return tuple(o / t if t else 0.0 for o, t in zip(self.depth_optimum, self.depth_attempted))
+
+    @property
+    def gap_by_depth(self) -> tuple[float, ...]:
+        """Per depth: :attr:`optimum_by_depth` minus :attr:`acceptance_by_depth`, the acceptance the
+        rule left on the table at the nodes it tested (an estimate: the acceptance is counted)."""
+        return tuple(o - a for o, a in zip(self.optimum_by_depth, self.acceptance_by_depth))
 
     @property
     def target_forwards(self) -> int:
@@ -83,6 +104,8 @@ class GenerationStats:
             target_forwards=self.target_forwards,
             acceptance_by_depth=list(self.acceptance_by_depth),
             tokens_per_second=self.tokens_per_second,
+            optimum_by_depth=list(self.optimum_by_depth),
+            gap_by_depth=list(self.gap_by_depth),
         )
         return out
 
@@ -103,6 +126,8 @@ class StepTally:
         stop_reason: ``"length"`` or ``"eos"``.
         kernel_path: the verification path of the last step.
         clock: how the times were measured (:data:`specdec.engine.options.CLOCKS`).
+        depth_optimum, optimum_bound: per depth, the summed best lossless acceptance at the
+            tested nodes, and whether one was a bound (``StepOptions(optimum=True)``).
     """
 
     steps: int = 0
@@ -118,9 +143,12 @@ class StepTally:
     stop_reason: str = "length"
     kernel_path: str = "torch"
     clock: str = "perf_counter"
+    depth_optimum: list[float] = attrs.field(factory=list)
+    optimum_bound: bool = False
 
-    def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float) -> None:
-        """Add one step's outcome."""
+    def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float,
+               optimum: Sequence[NodeOptimum] | None = None) -> None:
+        """Add one step's outcome (``optimum``: per tested depth, :func:`~specdec.engine.step.step_optimum`'s row)."""
         self.steps += 1
         self.tree_nodes += tree_nodes
         self.emitted += len(result.tokens)
@@ -134,6 +162,12 @@ class StepTally:
         for d in range(result.attempted_depths):
             self.depth_attempted[d] += 1
             self.depth_accepted[d] += int(d < result.num_accepted)
+        if optimum is not None:
+            while len(self.depth_optimum) < len(self.depth_attempted):
+                self.depth_optimum.append(0.0)
+            for d, node in enumerate(optimum):
+                self.depth_optimum[d] += node.value
+                self.optimum_bound |= not node.exact
 
     def stats(self, new_tokens: int, time_total: float) -> GenerationStats:
         """The :class:`GenerationStats` of these totals."""
@@ -143,4 +177,5 @@ class StepTally:
             tree_nodes=self.tree_nodes, time_prefill=self.time_prefill, time_draft=self.time_draft,
             time_target=self.time_target, time_verify=self.time_verify, time_total=time_total,
             kernel_path=self.kernel_path, clock=self.clock,
+            depth_optimum=tuple(self.depth_optimum), optimum_bound=self.optimum_bound,
         )

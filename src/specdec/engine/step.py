@@ -38,6 +38,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_from_logits
+from specdec.verify.optimum import NodeOptimum, tree_node_optimum
 
 __all__ = ["StepClock", "StepOutcome", "commit_step", "emitted_logprobs", "read_step", "run_step"]
 
@@ -84,6 +85,8 @@ class StepOutcome:
             + the read (``perf_counter``, or CUDA events for a target on CUDA).
         logprobs: ``[B, D + 1]`` float64 log-probability of each emitted token under the law
             it was drawn from (:func:`emitted_logprobs`), on the device; None unless asked.
+        optimum: per row, per tested depth, the best lossless acceptance at the node the path
+            tested there (:func:`step_optimum`); None unless :attr:`StepOptions.optimum`.
     """
 
     tree: TreeBatch
@@ -94,6 +97,7 @@ class StepOutcome:
     time_target: float = 0.0
     time_verify: float = 0.0
     logprobs: torch.Tensor | None = None
+    optimum: tuple[tuple[NodeOptimum, ...], ...] | None = None
 
     @property
     def result(self) -> VerifyResult:
@@ -291,8 +295,26 @@ def run_step(
     timer.mark()
     step_logprobs = emitted_logprobs(logits, decision, sampling) if logprobs else None
     time_draft, time_target, time_verify = timer.splits()
+    optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
-                       logprobs=step_logprobs)
+                       logprobs=step_logprobs, optimum=optimum)
+
+
+def step_optimum(tree: TreeBatch, logits: torch.Tensor, results: Sequence[VerifyResult],
+                 sampling: SamplingConfig) -> tuple[tuple[NodeOptimum, ...], ...]:
+    """Per row, per tested depth ``d`` (0-based), the best lossless acceptance at the node the
+    row's path tested there (:func:`~specdec.verify.optimum.tree_node_optimum`): the root, then
+    each accepted node that has children. Host work: the visited rows of ``p`` are read."""
+    out: list[tuple[NodeOptimum, ...]] = []
+    for b, result in enumerate(results):
+        host = tree.tree(b)
+        path = [0, *result.accepted_nodes][: result.attempted_depths]
+        if not path:
+            out.append(())
+            continue
+        p = process_logits(logits[b, path], sampling, check=False).to("cpu", torch.float64)
+        out.append(tuple(tree_node_optimum(host, node, p[i]) for i, node in enumerate(path)))
+    return tuple(out)
 
 
 def commit_step(

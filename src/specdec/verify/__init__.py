@@ -7,6 +7,9 @@
 - ``mixed``: rule 5 (RheoSampling), sampled children first (rules 3/4 on ``q'``),
   then rule 2 over the deterministic ones; any children.
 - ``kseq``: rule 6, SpecTr K-SEQ; sampled children drawn i.i.d.
+- ``traversal``: rule 7, traversal verification (path-level, leaf to root); sampled
+  children drawn i.i.d. or without replacement (:mod:`specdec.verify.traversal`).
+- ``block``: rule 8, block verification (path-level); chains of sampled children.
 
 The per-node math is in :mod:`specdec.verify.residual`; see ``docs/verifiers.md``.
 """
@@ -17,8 +20,10 @@ from specdec.verify.kseq import KSeqVerifier
 from specdec.verify.match import MatchVerifier
 from specdec.verify.mixed import MixedVerifier
 from specdec.verify.rejection import RejectionIIDVerifier, RejectionWORVerifier
+from specdec.verify.traversal import BlockVerifier, TraversalVerifier
 
 __all__ = [
+    "BlockVerifier",
     "GreedyVerifier",
     "KSeqVerifier",
     "MatchVerifier",
@@ -26,6 +31,7 @@ __all__ = [
     "NodeOutcome",
     "RejectionIIDVerifier",
     "RejectionWORVerifier",
+    "TraversalVerifier",
     "Verifier",
     "VerifyResult",
     "WholeTreeVerifier",
