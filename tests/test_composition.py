@@ -75,8 +75,9 @@ def test_a_tree_without_a_default_verifier_fails_listing_the_fitting_ones(one_dr
     with pytest.raises(InvalidConfigError, match="declares no default_verifier") as info:
         make(tree=one_draw)
     message = str(info.value)
-    assert message.endswith("verifiers that fit: greedy (temperature 0 only), kseq, match, mixed, rejection-iid, "
-                            "rejection-wor"), message
+    # one sampled child per node: every registered rule for sampled children fits (a chain is a tree)
+    assert message.endswith("verifiers that fit: block, greedy (temperature 0 only), kseq, match, mixed, "
+                            "rejection-iid, rejection-wor, traversal"), message
     assert make(tree=one_draw, verifier="kseq").verifier.registry_name == "kseq"  # named: composes
 
 
@@ -127,14 +128,14 @@ def test_a_kind_mismatch_lists_the_fitting_verifiers():
 
 def test_a_mode_mismatch_labels_the_greedy_only_verifier():
     with pytest.raises(UnsupportedTreeError, match=r"verifiers that fit: greedy \(temperature 0 only\), match, "
-                                                   r"mixed, rejection-wor$"):
+                                                   r"mixed, rejection-wor, traversal$"):
         make(method="specinfer", mode="wor")
 
 
 def test_fitting_verifiers_follow_kinds_modes_and_greediness():
     assert fitting_verifiers(EagleTreeBuilder(K=2, B=1, depth=2, N=3)) == ["greedy (temperature 0 only)", "match", "mixed"]
     assert fitting_verifiers(StaticTreeBuilder(expansion=(2, 1), mode="iid")) == [
-        "greedy (temperature 0 only)", "kseq", "match", "mixed", "rejection-iid"]
+        "greedy (temperature 0 only)", "kseq", "match", "mixed", "rejection-iid", "traversal"]
     assert "rejection-wor" in fitting_verifiers(ChainTreeBuilder(depth=2))  # one child per node: any mode fits
     for fit in fitting_verifiers(StaticTreeBuilder(expansion=(2, 1), mode="wor")):
         builder, verifier = compose("static", fit.split(" ")[0], {"expansion": (2, 1), "mode": "wor"})

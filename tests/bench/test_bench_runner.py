@@ -7,6 +7,9 @@ import attrs
 import pytest
 import torch
 
+import specdec
+import specdec.testing
+
 from specdec.bench.budget import Budget
 from specdec.bench.models import BenchModels
 from specdec.bench.rows import AUTOREGRESSIVE, PEER, RowSpec, parse_rows
@@ -197,3 +200,18 @@ def test_aggregate_does_not_depend_on_the_order_of_the_records():
         xs = [r.emitted / r.steps for r in order if r.row == "sd"]
         shuffled_differs |= sum(xs) != sum(r.emitted / r.steps for r in runs if r.row == "sd")
     assert shuffled_differs  # the float sums do depend on the order: sorting is what makes them equal
+
+
+def test_a_row_may_name_another_verifier() -> None:
+    """``method[verifier=NAME]``: the method's tree with another registered rule; unknown names and
+    rules that cannot verify the tree fail before any model loads or any timing."""
+    (row,) = parse_rows("sequoia[verifier=traversal]@lm", ["lm"], add_baseline=False)
+    assert row.options == (("verifier", "traversal"),)
+    with pytest.raises(UnknownNameError, match="traversl"):
+        parse_rows("sequoia[verifier=traversl]@lm", ["lm"], add_baseline=False)
+    target, draft = specdec.testing.markov_pair(5, seed=0, order=2)
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="sequoia", verifier="traversal",
+                                       num_nodes=6, max_depth=3, acceptance=(0.6, 0.2, 0.1))
+    assert gen.verifier.registry_name == "traversal"
+    with pytest.raises(specdec.UnsupportedTreeError, match="fit"):
+        specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", verifier="traversal")
