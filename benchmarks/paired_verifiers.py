@@ -105,7 +105,7 @@ def main() -> None:
     temps = sorted({t for _, t in cells})
     pair_lines = ["", "| A / B | T | units (prompts) | tau ratio | 95 % interval |", "|---|---|---|---|---|"]
     for spec in args.pair:
-        a, _, b = spec.partition("=")
+        a, _, b = spec.rpartition("=")  # the last "=": row names may hold [k=v]
         for t in temps:
             res = paired(records, a, b, t)
             if res is not None:
