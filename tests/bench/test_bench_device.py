@@ -117,6 +117,7 @@ def test_identity_without_device_for_the_cpu(tiny_dirs):
     class S:
         preset, temperatures, seeds, max_new_tokens, batch_size = "quick", (0.0,), (0,), 4, 1
         budget = "auto"
+        optimum = False
 
     assert "device" not in bench_cli.run_identity(A, S, [], [])
     A.device = "cuda:1"
