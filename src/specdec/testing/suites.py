@@ -275,10 +275,11 @@ def _statistical(tree: str, verifier: str, options: Mapping[str, Any], sid: str,
         if not gen.builder.grows_batches(sampling):  # no batch form: one generation per seed (slower)
             samples = [tuple(gen.generate(list(CONTEXT), 3, sampling=sampling, seed=s).tokens)
                        for s in range(settings.samples)]
-        for start in range(0, settings.samples if not samples else 0, 500):  # a batch row = its prompt and seed alone
-            seeds = list(range(start, min(start + 500, settings.samples)))
-            batch = gen.generate_batch([list(CONTEXT)] * len(seeds), 3, sampling=sampling, seeds=seeds)
-            samples += [tuple(row) for row in batch.tokens]
+        else:
+            for start in range(0, settings.samples, 500):  # a batch row = its prompt and seed alone
+                seeds = list(range(start, min(start + 500, settings.samples)))
+                batch = gen.generate_batch([list(CONTEXT)] * len(seeds), 3, sampling=sampling, seeds=seeds)
+                samples += [tuple(row) for row in batch.tokens]
         law: dict[Hashable, float] = {seq: prob for seq, prob in target.joint_law(list(CONTEXT), 3, sampling).items()}
         result = chi_square_test(samples, law)
         if result.p_value >= settings.alpha:
