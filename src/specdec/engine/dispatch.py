@@ -6,7 +6,9 @@ such as a whole-tree rule that overrides :meth:`~specdec.verify.base.Verifier.ve
 :func:`choose_verification` turns that declaration, the ``kernel`` option and the
 target's device into a :class:`Verification`:
 
-- ``"tensor"``: the rule's tensor form (:func:`specdec.verify.fast.decide_from_logits`),
+- ``"tensor"``: the rule's tensor form (:func:`specdec.verify.fast.decide_from_logits`;
+  for a whole-tree rule that declares one, :attr:`~specdec.verify.base.Verifier.path_rule`,
+  its path-level form, :func:`specdec.verify.fast_block.decide_block_from_logits`),
   every row at once, on the device, no host read;
 - ``"triton"``: the same rule in the fused Triton kernel
   (:func:`specdec.kernels.verify_fused.fused_verify_batch`), its tables built on the
@@ -16,8 +18,9 @@ target's device into a :class:`Verification`:
   reads; the path of verifiers without a declared parallel rule.
 
 ``kernel="auto"`` picks ``"triton"`` when Triton is installed, the target is on CUDA and
-the verifier declares a rule; ``"tensor"`` for a declared rule otherwise; ``"walk"`` for
-the rest. ``kernel="triton"`` is never silently replaced: it raises where the kernel
+the verifier declares a rule; ``"tensor"`` for a declared rule (or path rule) otherwise;
+``"walk"`` for the rest. A path rule has no fused kernel: on CUDA ``auto`` runs its tensor
+form in torch, and ``kernel="triton"`` raises. ``kernel="triton"`` is never silently replaced: it raises where the kernel
 cannot run. The path taken is reported (:attr:`Verification.label`,
 ``GenerationStats.kernel_path``).
 """
@@ -30,7 +33,7 @@ import torch
 from specdec.errors import InvalidConfigError
 from specdec.kernels.select import interpreter_enabled, triton_available
 from specdec.sampling import SamplingConfig
-from specdec.verify.base import FusedRule, Verifier
+from specdec.verify.base import FusedRule, PathRule, Verifier
 from specdec.verify.fast import resolve_rows
 
 __all__ = ["KERNEL_CHOICES", "VERIFY_PATHS", "Verification", "choose_verification"]
@@ -50,7 +53,9 @@ class Verification:
 
     Attributes:
         path: one of :data:`VERIFY_PATHS`.
-        rule: the verifier's declared rule (None on the walk).
+        rule: the verifier's declared rule (None on the walk and for a path rule).
+        path_rule: ``"tensor"`` only: the whole-tree rule's declared tensor form
+            (:attr:`Verifier.path_rule <specdec.verify.base.Verifier.path_rule>`), None otherwise.
         fuse_logits: ``"triton"`` only: the kernel also fuses temperature, top-k and
             the softmax (``T > 0`` and ``top_p == 1``); otherwise it verifies the
             processed ``p``.
@@ -64,6 +69,7 @@ class Verification:
     rule: FusedRule | None = None
     fuse_logits: bool = False
     rows: str = "all"
+    path_rule: PathRule | None = None
 
     @property
     def label(self) -> str:
@@ -90,9 +96,14 @@ def choose_verification(
     if kernel not in KERNEL_CHOICES:
         raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
     resolved = resolve_rows(rows, device)
-    rule = verifier.fused
+    rule, path_rule = verifier.fused, verifier.path_rule
     fuse = not sampling.greedy and sampling.top_p >= 1.0
     if kernel == "triton":
+        if rule is None and path_rule is not None:
+            raise InvalidConfigError(
+                f"kernel='triton': verifier {verifier.registry_name!r} is a path-level rule ({path_rule.form}) "
+                "with a tensor form but no fused kernel; use kernel='torch' or 'auto' (its tensor form)"
+            )
         if rule is None:
             raise InvalidConfigError(
                 f"kernel='triton': verifier {verifier.registry_name!r} declares no parallel rule (Verifier.fused), "
@@ -108,8 +119,10 @@ def choose_verification(
                 "set TRITON_INTERPRET=1 to run the kernel on CPU tensors (slow, for tests)"
             )
         return Verification("triton", rule, fuse)
-    if rule is None or not draws_tables:
+    if not draws_tables:
         return Verification("walk")
+    if rule is None:
+        return Verification("tensor", path_rule=path_rule) if path_rule is not None else Verification("walk")
     if kernel == "auto" and device.type == "cuda" and triton_available():
         return Verification("triton", rule, fuse)
     return Verification("tensor", rule, rows=resolved)

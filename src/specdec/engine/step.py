@@ -29,6 +29,7 @@ from specdec.engine.dispatch import Verification
 from specdec.engine.options import StepOptions
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
+from specdec.verify.fast_block import decide_block_from_logits
 from specdec.processors import LogitsProcessorLike, process_batch_row
 from specdec.regions import model_call
 from specdec.rng import RandomSource, RowStreams
@@ -272,6 +273,10 @@ def run_step(
         logits = torch.stack([process_batch_row(logits_processor, logits[b], contexts[b], tree, b) for b in range(B)])
     if verification.path == "walk":
         decision, results, nodes = _walk(verifier, tree, logits, sampling, row_rngs or [rng], rows)
+    elif verification.path_rule is not None:  # a path-level rule's tensor form (rule 8 on chains)
+        u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
+        decision = decide_block_from_logits(tree, logits, u, sampling)
+        results, nodes = read_step(decision, tree, rows)
     else:
         assert verification.rule is not None
         if options.validate:  # every node's row that is not flagged bad (those raise only where visited)

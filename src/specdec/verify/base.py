@@ -36,7 +36,7 @@ from specdec.tree import DraftTree, NodeKind, SampleMode
 if TYPE_CHECKING:
     from specdec.tree_batch import TreeBatch
 
-__all__ = ["FusedRule", "NodeOutcome", "VerifyResult", "Verifier", "WholeTreeVerifier"]
+__all__ = ["FusedRule", "NodeOutcome", "PathRule", "VerifyResult", "Verifier", "WholeTreeVerifier"]
 
 
 @attrs.frozen
@@ -58,6 +58,28 @@ class FusedRule:
     rejection: bool
     without_replacement: bool | None
     match_deterministic: bool
+
+
+@attrs.frozen
+class PathRule:
+    """A path-level rule's tensor form (docs/verifiers.md, "Path-level verification").
+
+    Attributes:
+        name: the verifier's registry name.
+        form: which tensor form runs it: ``"block"`` (rule 8 on chains,
+            :func:`specdec.verify.fast_block.decide_block_batch`).
+    """
+
+    name: str
+    form: str
+
+    def __attrs_post_init__(self) -> None:
+        if self.form not in PATH_FORMS:
+            raise ValueError(f"PathRule.form must be one of {', '.join(PATH_FORMS)}, got {self.form!r}")
+
+
+PATH_FORMS = ("block",)
+"""The path-level tensor forms the engine knows (:class:`PathRule`)."""
 
 
 @attrs.frozen
@@ -133,13 +155,19 @@ class Verifier(ABC):
     :mod:`specdec.verify.fast` and the Triton kernel), or None. Declared by
     each class for itself: a subclass that changes the rule does not inherit it."""
 
+    path_rule: ClassVar[PathRule | None] = None
+    """A whole-tree rule's tensor form (:class:`PathRule`), or None: the engine then runs
+    its walk. Declared by each class for itself, like :attr:`fused`."""
+
     def __init_subclass__(cls, **kwargs: object) -> None:
-        """:attr:`fused` is declared by each class for itself: a subclass whose body does
-        not declare it has none (it may change the rule, as the tests' mutants do), so the
-        engine runs its walk rather than its parent's parallel rule."""
+        """:attr:`fused` and :attr:`path_rule` are declared by each class for itself: a
+        subclass whose body does not declare them has none (it may change the rule, as the
+        tests' mutants do), so the engine runs its walk rather than its parent's tensor form."""
         super().__init_subclass__(**kwargs)
         if "fused" not in cls.__dict__:
             cls.fused = None
+        if "path_rule" not in cls.__dict__:
+            cls.path_rule = None
         if "check_node_mix" in cls.__dict__:  # the batch check then reads the host trees
             cls.host_checks = True
 
@@ -294,7 +322,8 @@ class WholeTreeVerifier(Verifier):
     down, whose tokens are theirs plus exactly one bonus, and whose
     ``attempted_depths`` counts the nodes of the path (the last included) that
     have children. The engine runs it on each row's tree, single and batched
-    (the walk; a whole-tree rule declares no :attr:`~Verifier.fused` rule).
+    (the walk; a whole-tree rule declares no :attr:`~Verifier.fused` rule), unless it
+    declares a tensor form (:attr:`~Verifier.path_rule`).
     """
 
     @abstractmethod

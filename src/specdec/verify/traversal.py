@@ -54,12 +54,14 @@ with ``w = 1``: ``P = q`` at the node) can still be drawn through rounding; ther
 the undefined residual is replaced by the current one and the weight kept, as
 :func:`specdec.verify.residual.normalise` does.
 
-Cost: both rules walk the host tree (:class:`~specdec.verify.base.WholeTreeVerifier`,
-no ``fused`` form): ``traversal`` visits, in the worst case, every node once
-(post-order), with a few scalar reads of ``p`` per visited node and one ``[V]``
-residual per rejection; ``block`` reads the chain's rows once, computes every
-weight and residual mass in one batched operation and then draws from the deepest
-node up.
+Cost: ``traversal`` walks the host tree (:class:`~specdec.verify.base.WholeTreeVerifier`,
+no tensor form): it visits, in the worst case, every node once (post-order), with a
+few scalar reads of ``p`` per visited node and one ``[V]`` residual per rejection, each
+a host read. ``block`` declares its tensor form (:attr:`BlockVerifier.path_rule`,
+:mod:`specdec.verify.fast_block`), which the engine's step runs on every row at once
+with no host read; its walk here (the reference) reads the chain's rows once,
+computes every weight and residual mass in one batched operation and then draws from
+the deepest node up.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import check_distribution
 from specdec.tree import DraftTree, NodeKind, SampleMode
-from specdec.verify.base import VerifyResult, WholeTreeVerifier
+from specdec.verify.base import PathRule, VerifyResult, WholeTreeVerifier
 from specdec.verify.residual import without_replacement_update
 
 __all__ = ["BlockVerifier", "TraversalVerifier", "block_update", "sequence_weight"]
@@ -279,6 +281,7 @@ class BlockVerifier(WholeTreeVerifier):
 
     supported_kinds = frozenset({NodeKind.SAMPLED})
     supported_modes = frozenset[SampleMode]()  # no node with several sampled children: chains
+    path_rule = PathRule("block", "block")  # the engine's tensor form: specdec.verify.fast_block
 
     def verify(self, tree: DraftTree, p: torch.Tensor, rng: RandomSource) -> VerifyResult:
         self.check_inputs(tree, p)
