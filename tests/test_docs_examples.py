@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^(<!-- slow example[^\n]*-->\n)?```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
-PAGES = ["README.md", "docs/index.md", "docs/extending.md"]
+PAGES = ["README.md", "docs/index.md", "docs/extending.md", "docs/serving.md"]
 
 
 def python_blocks(page: str, slow: bool = False) -> list[str]:

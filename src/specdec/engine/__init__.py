@@ -13,13 +13,17 @@ contracts and the kernels through rule descriptors.
   a generation verifies;
 - :mod:`~specdec.engine.options`: :class:`StepOptions`;
 - :mod:`~specdec.engine.stats`: :class:`GenerationStats`, :class:`StepTally`;
-- :mod:`~specdec.engine.compiler`: :class:`StepCompiler` (``compile=``).
+- :mod:`~specdec.engine.compiler`: :class:`StepCompiler` (``compile=``);
+- :mod:`~specdec.engine.layouts`: a tree batch in serving engines' attention and KV forms;
+- :mod:`~specdec.engine.serving`: :func:`verify_for_engine`, verification in one call with
+  per-row sampling (docs/serving.md).
 """
 
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES, VERIFY_PATHS, Verification, choose_verification
 from specdec.engine.loop import StepReport, profile_steps, run_rows
 from specdec.engine.options import CLOCKS, VERIFY_ROWS, StepOptions
+from specdec.engine.serving import EngineVerification, RowSampling, verify_for_engine
 from specdec.engine.stats import GenerationStats, StepTally
 from specdec.engine.step import StepClock, StepOutcome, commit_step, emitted_logprobs, read_step, run_step
 
@@ -28,7 +32,9 @@ __all__ = [
     "KERNEL_CHOICES",
     "VERIFY_PATHS",
     "VERIFY_ROWS",
+    "EngineVerification",
     "GenerationStats",
+    "RowSampling",
     "StepClock",
     "StepCompiler",
     "StepOptions",
@@ -43,4 +49,5 @@ __all__ = [
     "read_step",
     "run_rows",
     "run_step",
+    "verify_for_engine",
 ]
