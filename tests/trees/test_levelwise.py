@@ -24,7 +24,7 @@ import specdec.trees._common as common
 from specdec.trees._common import draft_law, normalised_law, top_tokens_fixed, top_tokens_tensors
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder
 from specdec.trees.levelwise import eagle_level, rheo_level
-from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
 
 
 class RowByRow(TorchRandom):
@@ -89,16 +89,34 @@ RHEO_OPTIONS = [
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="displaced", rank_law="sampling"),
     dict(K=4, m=3, B=2, depth=3, N=7, M=6, proxy="geometric", proxy_scale=0.5),
     dict(K=3, m=2, B=2, depth=3, N=6, M=6, proxy="geometric", rank_law="sampling"),
-    dict(K=3, m=3, B=2, depth=3, N=6, M=5),  # every slot sampled: S empty
-    dict(K=2, m=2, B=2, depth=3, N=5, M=3, proxy="displaced"),
-    dict(K=3, m=3, B=2, depth=2, N=6, M=4, proxy="geometric", proxy_scale=0.5, rank_law="sampling"),
+    # the paper's settings as its summary states them (docs/trees.md, "The paper's settings"), and each alone
+    dict(K=3, m=1, B=2, depth=3, N=5, M=3, proxy="min_top1", truncate=True),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=4, proxy="min_top1", truncate=True, rank_law="sampling"),
+    dict(K=4, m=2, B=2, depth=3, N=7, M=4, proxy="min_top1"),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=4, truncate=True),
+    dict(K=3, m=2, B=2, depth=3, N=6, M=5, proxy="displaced", truncate=True),
+    dict(K=3, m=1, B=2, depth=3, N=5, M=4, proxy="residual", threshold=0.3, truncate=True, rank_law="sampling"),
+    # more children than the vocabulary (V = 5, 6): fewer candidates outside S than sampled slots
+    dict(K=7, m=3, B=2, depth=2, N=6, M=7),
+    dict(K=7, m=3, B=2, depth=2, N=6, M=7, proxy="displaced", rank_law="sampling"),
+]
+# every slot sampled (S empty): the sampled-dynamic builder, RheoSampling's construction with m = K
+SAMPLED_OPTIONS = [
+    dict(K=3, B=2, depth=3, N=6, M=5, proxy="scaled"),
+    dict(K=2, B=2, depth=3, N=5, M=3),
+    dict(K=3, B=2, depth=2, N=6, M=4, proxy="geometric", proxy_scale=0.5, rank_law="sampling"),
+    dict(K=3, B=2, depth=3, N=6, M=4, truncate=True),
+    dict(K=10, B=2, depth=2, N=6, M=1024),  # the defaults' K and M over a vocabulary of 5 or 6
+    dict(K=8, B=2, depth=2, N=6, M=8, rank_law="sampling"),
 ]
 
 
-@pytest.mark.parametrize("options", EAGLE_OPTIONS + RHEO_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("cls,options", [(EagleTreeBuilder, o) for o in EAGLE_OPTIONS]
+                         + [(RheoTreeBuilder, o) for o in RHEO_OPTIONS]
+                         + [(SampledDynamicTreeBuilder, o) for o in SAMPLED_OPTIONS],
+                         ids=lambda o: o.__name__[:-11] if isinstance(o, type) else ",".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-topk4", "T0"])
-def test_tensor_builder_equals_reference(options, sampling):
-    cls = RheoTreeBuilder if "m" in options else EagleTreeBuilder
+def test_tensor_builder_equals_reference(cls, options, sampling):
     builder = cls(**options)
     pruned = 0
     for vocab, seed in itertools.product((5, 6), range(6)):
@@ -261,6 +279,10 @@ STATIC_CASES = [
     ("static", dict(expansion=(3, 2, 2), mode="wor")),
     ("static", dict(expansion=[(0,), (1,), (2,), (0, 0), (0, 1), (2, 0), (0, 0, 0)], mode="wor")),
     ("sequoia", dict(num_nodes=8, max_depth=3, acceptance=(0.6, 0.2, 0.1))),
+    # sparse proposals (proposal_top_k): the law truncated to its top k, ties by the lower id, on both paths
+    ("static", dict(expansion=(3, 2, 2), mode="iid", proposal_top_k=2)),
+    ("static", dict(expansion=(3, 2, 2), mode="wor", proposal_top_k=3)),
+    ("sequoia", dict(num_nodes=8, max_depth=3, acceptance=(0.6, 0.2, 0.1), proposal_top_k=2)),
 ]
 
 

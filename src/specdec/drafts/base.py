@@ -20,11 +20,12 @@ from typing import ClassVar, final
 
 import torch
 
+from specdec.draft_request import DraftRequest
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad
 
-__all__ = ["DraftModel"]
+__all__ = ["DraftModel", "laws_and_flags"]
 
 
 
@@ -278,13 +279,7 @@ class DraftModel(ABC):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """:meth:`root_rows_flagged` under each of ``samplings`` from one draft forward:
         ``([q [B, V] per config], bad [B])``."""
-        with model_call():
-            if self.rows_mode:
-                logits = self._checked(self.root_rows_logits(proposal), 2, proposal)
-            else:
-                logits = self._checked(self.root_proposal_logits() if proposal else self.root_logits(), 1, proposal)
-                logits = logits.unsqueeze(0)  # [1, V]
-        return _laws_and_flags(logits, samplings)
+        return laws_and_flags(self._root_rows(proposal), samplings)
 
     @final
     def expand_rows_laws(
@@ -292,12 +287,32 @@ class DraftModel(ABC):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """:meth:`expand_rows_flagged` under each of ``samplings`` from one draft forward:
         ``([q [B, k, V] per config], bad [B, k])``."""
+        return laws_and_flags(self._tree_rows(parents, tokens, proposal), samplings)
+
+    @final
+    def request_logits(self, request: DraftRequest) -> torch.Tensor:
+        """Answer a builder's :class:`~specdec.draft_request.DraftRequest` (caller-driven
+        building, :func:`specdec.trees.feed.drive`): ``[B, W]`` logits at level 0 (after every
+        row's committed context), ``[B, k, W]`` at the request's new nodes after, checked."""
+        if request.level == 0:
+            return self._root_rows(request.proposal)
+        assert request.parents is not None and request.tokens is not None
+        return self._tree_rows(request.parents, request.tokens, request.proposal)
+
+    def _root_rows(self, proposal: bool) -> torch.Tensor:
+        """``[B, W]`` checked root logits (one row outside rows mode)."""
+        with model_call():
+            if self.rows_mode:
+                return self._checked(self.root_rows_logits(proposal), 2, proposal)
+            logits = self._checked(self.root_proposal_logits() if proposal else self.root_logits(), 1, proposal)
+            return logits.unsqueeze(0)  # [1, W]
+
+    def _tree_rows(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool) -> torch.Tensor:
+        """``[B, k, W]`` checked logits at ``k`` new nodes per row (one row outside rows mode)."""
         if self.rows_mode:
             with model_call():
-                logits = self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
-        else:
-            logits = self._tree_logits_checked(parents[0], tokens[0], proposal).unsqueeze(0)  # [1, k, V]
-        return _laws_and_flags(logits, samplings)
+                return self._checked(self.tree_rows_logits(parents, tokens, proposal), 3, proposal, tuple(parents.shape))
+        return self._tree_logits_checked(parents[0], tokens[0], proposal).unsqueeze(0)  # [1, k, W]
 
     def _tree_logits_checked(
         self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor, proposal: bool = False
@@ -328,7 +343,7 @@ class DraftModel(ABC):
         return logits
 
 
-def _laws_and_flags(logits: torch.Tensor, samplings: Sequence[SamplingConfig]) -> tuple[list[torch.Tensor], torch.Tensor]:
+def laws_and_flags(logits: torch.Tensor, samplings: Sequence[SamplingConfig]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``([q [..., V] per config], bad [...])``: the processed laws of ``logits`` and the rows
     :func:`~specdec.sampling.row_is_bad` flags, read from a sampled law's first column where
     there is one (:func:`~specdec.sampling.law_is_bad`; a pass over the vocabulary otherwise)."""

@@ -98,8 +98,7 @@ def sdpa_mask(tree: TreeBatch, prefix_lens: torch.Tensor | list[int], *, max_pre
     prefix_ok = torch.arange(P, device=tree.device).view(1, 1, P) < lens.view(B, 1, 1)  # [B, 1, P]
     prefix_ok = prefix_ok & _valid(tree).unsqueeze(-1)  # padding queries see no prefix
     allowed = torch.cat([prefix_ok.expand(B, n, P), _allowed(tree)], dim=-1)  # [B, n, P + n]
-    zero = torch.zeros((), dtype=dtype, device=tree.device)
-    return torch.where(allowed, zero, torch.tensor(float("-inf"), dtype=dtype, device=tree.device)).unsqueeze(1)
+    return torch.zeros(allowed.shape, dtype=dtype, device=tree.device).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:

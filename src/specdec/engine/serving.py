@@ -66,14 +66,19 @@ class RowSampling:
     groups: tuple[tuple[SamplingConfig, torch.Tensor], ...]
 
     @classmethod
-    def of(cls, configs: SamplingConfig | Sequence[SamplingConfig], rows: int,
+    def of(cls, configs: "SamplingConfig | Sequence[SamplingConfig] | RowSampling", rows: int,
            device: torch.device | str = "cpu") -> "RowSampling":
-        """The rows' configurations: one for every row, or one per row.
+        """The rows' configurations: one for every row, or one per row (a :class:`RowSampling`
+        of ``rows`` rows is returned as it is: made once, it costs no host-to-device copy per step).
 
         Raises:
             InvalidConfigError: ``configs`` has not ``rows`` entries, or an entry is not a
                 :class:`~specdec.sampling.SamplingConfig`.
         """
+        if isinstance(configs, RowSampling):
+            if len(configs.configs) != rows:
+                raise InvalidConfigError(f"per-row sampling: {len(configs.configs)} configurations for {rows} rows")
+            return configs
         listed = [configs] * rows if isinstance(configs, SamplingConfig) else list(configs)
         if len(listed) != rows:
             raise InvalidConfigError(f"per-row sampling: {len(listed)} configurations for {rows} rows")
@@ -148,7 +153,7 @@ def verify_for_engine(
     tree: TreeBatch,
     logits: torch.Tensor,
     verifier: str | Verifier,
-    sampling: SamplingConfig | Sequence[SamplingConfig],
+    sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling,
     rng: RandomSource,
     *,
     check_trees: bool = True,
@@ -159,7 +164,8 @@ def verify_for_engine(
         tree: ``B`` trees, ``n`` slots each (the builder's :class:`~specdec.tree_batch.TreeBatch`).
         logits: ``[B, n, V]`` the target's raw logits at every slot, on the tree's device.
         verifier: a registry name (``"rejection-wor"``, ``"mixed"``, ...) or a verifier.
-        sampling: one configuration for every row, or one per row.
+        sampling: one configuration for every row, one per row, or a :class:`RowSampling`
+            (made once per batch: no host-to-device copy per step).
         rng: a :class:`~specdec.rng.RowStreams` of one source per row (or, for ``B = 1``, one source).
         check_trees: check that the verifier supports every row's tree (host reads of the trees;
             a caller that drafted with the verifier's own builder may skip it).

@@ -27,6 +27,8 @@ __all__ = [
     "draw_rows",
     "log_weight",
     "log_weights",
+    "MIN_WEIGHT",
+    "min_top1_weight",
     "normalised_law",
     "residual_masses",
     "slot_residual",
@@ -531,6 +533,23 @@ def slot_residual(in_s: torch.Tensor) -> torch.Tensor:
     if in_s.shape[-1] == 0:
         return torch.ones(in_s.shape[0], dtype=torch.float64, device=in_s.device)
     return (1.0 - row_mass(in_s)).clamp_min(0.0)
+
+
+MIN_WEIGHT = float(torch.finfo(torch.float64).tiny)
+"""The least construction weight of RheoSampling's ``"min_top1"`` proxy: ``1 - q(top1)`` rounds to 0
+where the rest of ``q`` lies below an ulp of 1, and a construction weight must be positive."""
+
+
+def min_top1_weight(top1: torch.Tensor) -> torch.Tensor:
+    """RheoSampling's ``"min_top1"`` proxy ``min(q(top1), 1 - q(top1))`` (at least :data:`MIN_WEIGHT`)
+    of ``q(top1)`` (any shape, float64): the per-node and the tensor builders both use it (the same bits).
+
+    Example:
+        >>> import torch
+        >>> min_top1_weight(torch.tensor([0.7, 0.2, 1.0], dtype=torch.float64)).tolist()
+        [0.30000000000000004, 0.2, 2.2250738585072014e-308]
+    """
+    return torch.minimum(top1, 1.0 - top1).clamp_min(MIN_WEIGHT)
 
 
 def masked_outside(q: torch.Tensor, det_ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode
 from specdec.tree_batch import TreeBatch
+from specdec.trees.feed import Build, DraftSpec
 
 __all__ = ["TreeBuilder"]
 
@@ -94,6 +95,27 @@ class TreeBuilder(ABC):
         if isinstance(root_token, torch.Tensor):
             root_token = int(root_token.reshape(-1)[0])
         return TreeBatch.from_trees([self.build(root_token, self._require_draft(draft), sampling, rng)])
+
+    def feed_build(self, roots: torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: Any = None) -> Build:
+        """The caller-driven form of :meth:`build_batch` (:mod:`specdec.trees.feed`): a
+        generator that yields each level's :class:`~specdec.draft_request.DraftRequest` and
+        receives that level's draft logits, then returns the tree batch. The level-wise and
+        shaped builders (every built-in one) define it, and their :meth:`build_batch` drives it
+        with the draft model. The default: a builder with a host :meth:`build` only has no
+        caller-driven form.
+
+        Args:
+            roots: ``[B]`` int64 the rows' last committed tokens.
+            spec: the drafter's vocabulary (:class:`~specdec.trees.feed.DraftSpec`).
+
+        Raises:
+            InvalidConfigError: (the default) the builder has no caller-driven form.
+        """
+        raise InvalidConfigError(
+            f"tree builder {type(self).__name__} has no caller-driven form (it builds host trees from a "
+            "DraftModel in build()); wrap the draft runner as a DraftModel, or give the builder a feed_build"
+        )
 
     def _require_draft(self, draft: DraftModel | None) -> DraftModel:
         """``draft``, or :class:`~specdec.errors.InvalidConfigError` for None (a builder that drafts needs one)."""

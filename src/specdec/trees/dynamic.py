@@ -40,7 +40,8 @@ from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembl
 from specdec.trees._common import MAX_TREE_NODES, check_int, log_weights, normalised_law, top_tokens
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.levelwise import LevelCompiler, LevelFn, eagle_level, grow_levelwise
+from specdec.trees.feed import Build, DraftSpec, drive
+from specdec.trees.levelwise import LevelCompiler, LevelFn, eagle_level, levelwise_build
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -378,7 +379,7 @@ class DynamicTreeBuilder(TreeBuilder):
         *,
         compiler: LevelCompiler | None = None,
     ) -> TreeBatch:
-        """The step path: grow the tree with tensor ops (:func:`~specdec.trees.levelwise.grow_levelwise`),
+        """The step path: grow the tree with tensor ops (:meth:`feed_build`, driven by ``draft``),
         on the draft's device, with no host read; the same tree as :meth:`build_reference`.
 
         ``compiler`` (a :class:`~specdec.engine.compiler.StepCompiler`), if given, compiles
@@ -386,15 +387,30 @@ class DynamicTreeBuilder(TreeBuilder):
         as whole graphs; the level's draws then come from a uniform table drawn
         per level (the same law, another use of the stream)."""
         draft = self._require_draft(draft)
-        config = self.construction(sampling)
-        level = self._level_fn_if_exact(sampling)
-        if level is None:  # (the reference reads the root on the host: int() of a one-element tensor)
+        if self._level_fn_if_exact(sampling) is None:  # (the reference reads the root on the host: int() of a one-element tensor)
             return TreeBatch.from_trees(
                 [self.build_reference(int(root_token), draft, sampling, rng)],
                 max_children=self.children_per_node, max_depth=self.depth,
             )
-        return grow_levelwise(
-            root_token, draft, config, rng, level,
+        return drive(self.feed_build(root_token, DraftSpec.of(draft), sampling, rng, compiler=compiler), draft)
+
+    def feed_build(self, roots: int | torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: LevelCompiler | None = None) -> Build:
+        """The caller-driven build (:func:`~specdec.trees.levelwise.levelwise_build`): the root's
+        draft logits, then one request per level for the beam's ``B`` nodes of every tree.
+
+        Raises:
+            InvalidConfigError: the builder has no tensor level function under ``sampling``
+                (a subclass that redefines the per-node proposal builds host trees only).
+        """
+        level = self._level_fn_if_exact(sampling)
+        if level is None:
+            raise InvalidConfigError(
+                f"tree builder {type(self).__name__} has no caller-driven form under {sampling}: it builds its "
+                "trees node by node (build_reference) from a DraftModel"
+            )
+        return levelwise_build(
+            roots, spec, self.construction(sampling), rng, level,
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
             draws_per_node=self.draws_per_node(sampling),
             compiler=compiler, compile_key=(self, sampling),

@@ -29,24 +29,26 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from specdec._constants import device_constant
-from specdec.drafts.base import DraftModel
+from specdec.draft_request import DraftRequest
+from specdec.drafts.base import DraftModel, laws_and_flags
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees.calibration import CALIBRATION_EDGES, _need_table
+from specdec.trees.feed import Build, DraftSpec, drive
 from specdec.trees._common import (
-    DraftLaw, _as_law, draft_law, draw_rows, row_mass, slot_residual, top_tokens_fixed,
+    DraftLaw, _as_law, draft_law, draw_rows, min_top1_weight, row_mass, slot_residual, top_tokens_fixed,
 )
 
 __all__ = [
     "CompiledLevelFn", "LevelChildren", "LevelCompiler", "LevelFn", "LevelStep", "eagle_level", "grow_levelwise",
-    "level_step", "rheo_level",
+    "level_step", "levelwise_build", "rheo_level",
 ]
 
 
@@ -156,6 +158,7 @@ def rheo_level(
     live: torch.Tensor | None = None,
     draw: torch.Tensor | DraftLaw | None = None,
     calibration: tuple[tuple[float, ...], ...] | None = None,
+    truncate: bool = False,
 ) -> LevelChildren:
     """RheoSampling's children (the tensor form of :func:`~specdec.trees.rheo.rheo_proposal`;
     docs/trees.md, "RheoSampling"): per node, ``m`` sampled children drawn from
@@ -170,30 +173,35 @@ def rheo_level(
     ``M - (K - m)`` entries of ``draw`` outside ``S``, renormalised; the
     residual (slot test, threshold, scaled proxy) is ``draw``'s ``1 - draw(S)``.
     ``calibration``: the ``"calibrated"`` proxy's table (:func:`calibrated_proxy`).
+    ``truncate``: the construction reads each law truncated to its top ``M`` and renormalised
+    (:func:`~specdec.trees.rheo.rheo_proposal`): weights and residual divide by the top-``M`` mass.
     """
     if draw is not None:
-        return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live, calibration)
+        return _rheo_level_split(q, draw, K, m, M, threshold, rng, proxy, proxy_scale, live, calibration, truncate)
     ids, probs = top_tokens_fixed(q, max(K, M))  # [R, max(K, M)] with R = q.shape[0]
     dev = ids.device
     cand_ids, cand_probs = ids[:, K - m : M], probs[:, K - m : M]  # [R, M - (K - m)]
     if cand_ids.shape[-1] == 0:  # V <= K - m: no token is left for a sampled slot anywhere
         return eagle_level(q, K)
-    residual = slot_residual(probs[:, : K - m])  # [R] 1 - q(S), from S's entries (0 padded)
+    weigh = probs if not truncate else probs / row_mass(probs[:, :M]).unsqueeze(-1)  # the construction's law
+    residual = slot_residual(weigh[:, : K - m])  # [R] 1 - q(S), from S's entries (0 padded)
     has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy in ("displaced", "calibrated"):
         n_cand = (cand_ids >= 0).sum(dim=-1)  # [R]
         rank = torch.minimum(torch.arange(m, device=dev), (n_cand - 1).clamp_min(0).unsqueeze(-1))  # [R, m]
-        sampled_w = cand_probs.gather(-1, rank)  # [R, m]
+        sampled_w = weigh[:, K - m : M].gather(-1, rank)  # [R, m]
         if proxy == "calibrated":
             sampled_w = calibrated_proxy(sampled_w, calibration)
+    elif proxy == "min_top1":
+        sampled_w = _min_top1_proxy(weigh[:, 0], was_drawn)
     elif m == 1:  # one draw: c * residual (c = 1 for "residual"), the split's bits
         c = 1.0 if proxy == "residual" else proxy_scale
         sampled_w = torch.clamp(c * residual, max=1.0).unsqueeze(-1)  # [R, 1]
     else:
         sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
-    return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids[:, :K], probs[:, :K],
-                          cand_ids, law_probs, m)
+    return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids[:, :K], weigh[:, :K],
+                          cand_ids, law_probs, m, K - m)
 
 
 def _rheo_level_split(
@@ -208,9 +216,12 @@ def _rheo_level_split(
     proxy_scale: float,
     live: torch.Tensor | None,
     calibration: tuple[tuple[float, ...], ...] | None = None,
+    truncate: bool = False,
 ) -> LevelChildren:
     """:func:`rheo_level` ranking by ``q`` and drawing by ``draw`` (see there)."""
     ids, probs = top_tokens_fixed(q, K)  # [R, K] the ranking law's top K (R = q.shape[0])
+    if truncate:  # the ranking law truncated to its top M: its weights divide by that mass
+        probs = probs / row_mass(top_tokens_fixed(q, M)[1]).unsqueeze(-1)
     dev = ids.device
     det_ids = ids[:, : K - m]  # [R, K - m] S
     # q' ranks the draw law outside S: S's K - m tokens leave the draw law's top M (order kept), the first L stay
@@ -221,7 +232,10 @@ def _rheo_level_split(
     dropped = in_s.gather(-1, keep)  # [R, L] S's tokens, where fewer than L others are ranked (V < M)
     cand_ids = torch.where(dropped, -1, top_ids.gather(-1, keep))  # [R, L]
     cand_probs = torch.where(dropped, 0.0, top_probs.gather(-1, keep))
-    residual = slot_residual(_law_at(draw, det_ids))  # [R] 1 - draw(S), from S's entries
+    in_s = _law_at(draw, det_ids)  # [R, K - m] draw(S), S's entries
+    if truncate:  # the draw law truncated to its top M: its residual divides by that mass
+        in_s = in_s / row_mass(top_probs).unsqueeze(-1)
+    residual = slot_residual(in_s)  # [R] 1 - draw(S), from S's entries
     has_slot = _has_slot(cand_probs, residual, threshold, live)  # [R]
     law_probs, was_drawn, sampled_tok = _draw_slots(cand_ids, cand_probs, has_slot, m, rng)  # [R, L], [R, m] x 2
     if proxy in ("displaced", "calibrated"):  # the ranking law's q at rank K - m + i, or at its last positive rank
@@ -230,10 +244,12 @@ def _rheo_level_split(
         sampled_w = probs.gather(-1, rank)  # [R, m]
         if proxy == "calibrated":
             sampled_w = calibrated_proxy(sampled_w, calibration)
+    elif proxy == "min_top1":
+        sampled_w = _min_top1_proxy(probs[:, 0], was_drawn)
     else:
         sampled_w = _split_proxy(residual, was_drawn, proxy, proxy_scale)  # [R, m]
     return _slot_children(has_slot, sampled_tok, torch.where(was_drawn, sampled_w, 0.0), ids, probs, cand_ids,
-                          law_probs, m)
+                          law_probs, m, K - m)
 
 
 @device_constant()
@@ -254,6 +270,14 @@ def calibrated_proxy(displaced: torch.Tensor, calibration: tuple[tuple[float, ..
     row = torch.arange(m, device=dev).clamp_max(t.shape[0] - 1)  # [m]
     b = torch.bucketize(displaced.to(torch.float64).contiguous(), upper, right=True)  # [R, m] bin per weight
     return t[row.unsqueeze(0).expand_as(b), b]
+
+
+def _min_top1_proxy(top1: torch.Tensor, was_drawn: torch.Tensor) -> torch.Tensor:
+    """``[R, m]`` weights of the ``"min_top1"`` proxy from ``q(top1)`` ``[R]``: ``min(q(top1), 1 - q(top1))``
+    (:func:`~specdec.trees._common.min_top1_weight`) split evenly among the draws made."""
+    R, m = was_drawn.shape
+    n_drawn = was_drawn.sum(dim=-1, keepdim=True).clamp_min(1)  # [R, 1]
+    return torch.clamp(min_top1_weight(top1).unsqueeze(-1) / n_drawn, max=1.0).expand(R, m)
 
 
 def _split_proxy(residual: torch.Tensor, was_drawn: torch.Tensor, proxy: str, proxy_scale: float) -> torch.Tensor:
@@ -291,16 +315,23 @@ def _slot_children(
     cand_ids: torch.Tensor,
     law_probs: torch.Tensor,
     m: int,
+    n_det: int | None = None,
 ) -> LevelChildren:
     """A Rheo level's children: where a node has a slot (``has_slot`` ``[R]``), its ``m``
-    sampled children (``sampled_tok``, ``sampled_w`` ``[R, m]``) then the ``K - m``
-    deterministic ones (the first of ``ids``, ``probs`` ``[R, K]``, the ranking law's top
-    K); else the EAGLE-2 node's top ``K``. Laws: ``cand_ids``, ``law_probs`` ``[R, L]``."""
-    K = ids.shape[-1]
+    sampled children (``sampled_tok``, ``sampled_w`` ``[R, m]``) then the ``n_det = K - m``
+    deterministic ones (the first of ``ids``, ``probs`` ``[R, C]``, the ranking law's top
+    ``C = min(K, V)``); else the EAGLE-2 node's top ``C``. Laws: ``cand_ids``, ``law_probs`` ``[R, L]``.
+
+    Each node has ``C`` child slots. Where the vocabulary is smaller than ``K`` (``C < K``), at most
+    ``C - n_det`` of the ``m`` draws can be made (the candidates outside ``S`` number ``V - n_det``),
+    and draws fill their columns in order, so the first ``C - n_det`` columns hold them all."""
+    C = ids.shape[-1]
+    n_det = C - m if n_det is None else min(n_det, C)
+    kept = C - n_det  # sampled columns that can hold a draw
     use = has_slot.unsqueeze(-1)
-    tokens = torch.where(use, torch.cat([sampled_tok, ids[:, : K - m]], dim=-1), ids)  # [R, K]
-    weights = torch.where(use, torch.cat([sampled_w, probs[:, : K - m]], dim=-1), probs)
-    sampled_slot = use & _first_slots(m, K, ids.device)  # [R, K]
+    tokens = torch.where(use, torch.cat([sampled_tok[:, :kept], ids[:, :n_det]], dim=-1), ids)  # [R, C]
+    weights = torch.where(use, torch.cat([sampled_w[:, :kept], probs[:, :n_det]], dim=-1), probs)
+    sampled_slot = use & _first_slots(kept, C, ids.device)  # [R, C]
     kinds = torch.where(tokens >= 0, torch.where(sampled_slot, int(NodeKind.SAMPLED), int(NodeKind.DETERMINISTIC)), PAD)
     return LevelChildren(
         tokens=tokens,
@@ -379,6 +410,19 @@ def grow_levelwise(
     sampling: SamplingConfig,
     rng: RandomSource,
     level: LevelFn,
+    **options: Any,
+) -> TreeBatch:
+    """:func:`levelwise_build` driven by ``draft`` (:func:`~specdec.trees.feed.drive`): the
+    tree the draft model grows, committed up to ``root_token`` (options as there)."""
+    return drive(levelwise_build(root_token, DraftSpec.of(draft), sampling, rng, level, **options), draft)
+
+
+def levelwise_build(
+    root_token: int | torch.Tensor,
+    spec: DraftSpec,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    level: LevelFn,
     *,
     children: int,
     beam_width: int,
@@ -388,12 +432,14 @@ def grow_levelwise(
     compiler: LevelCompiler | None = None,
     compile_key: object = None,
     draw_sampling: SamplingConfig | None = None,
-) -> TreeBatch:
-    """Grow a dynamic tree level by level with tensor ops, then keep the best ``num_keep`` nodes.
+) -> Build:
+    """Grow a dynamic tree level by level with tensor ops, then keep the best ``num_keep`` nodes:
+    a build (:mod:`specdec.trees.feed`) that asks for the root's draft logits, then for each
+    level's beam (``beam_width`` nodes per tree), and returns the tree batch.
 
     Args:
-        root_token: the last committed token (a Python int or a ``[]``/``[1]`` tensor).
-        draft: the draft model, committed up to ``root_token``.
+        root_token: the last committed token(s): a Python int, or a ``[B]`` tensor (``B`` trees).
+        spec: the drafter's vocabulary (a reduced proposal vocabulary is asked for as ``[.., Vd]``).
         sampling: processing shared with the target (``q`` is processed).
         rng: source of every draw (only ``level`` draws).
         level: the level function (:data:`LevelFn`).
@@ -415,17 +461,20 @@ def grow_levelwise(
             from the same draft forward and ``level`` gets the draw law as its fourth argument.
 
     Returns:
-        A one-tree :class:`~specdec.tree_batch.TreeBatch` of ``min(N, created) + 1``
-        node slots: the kept nodes in creation order, padding past ``num_nodes``.
+        (as the generator's return value) a :class:`~specdec.tree_batch.TreeBatch` of ``B``
+        trees, ``min(N, created) + 1`` node slots each: the kept nodes in creation order,
+        padding past ``num_nodes``.
     """
     # a draft with a reduced proposal vocabulary (EAGLE-3) is ranked and drawn over its Vd columns;
     # the level's ids are mapped to the target's once, right after the level function
-    vocab_ids = draft.proposal_ids  # [Vd] or None
+    vocab_ids = spec.proposal_ids  # [Vd] or None
     reduced = vocab_ids is not None
     configs = (sampling,) if draw_sampling is None else (sampling, draw_sampling)
-    qs, bad = draft.root_rows_laws(configs, proposal=reduced)  # [B, Vd] per config, [B]: one row per tree
+    B = torch.as_tensor(root_token).numel()
+    width_vd = spec.vocab_size if vocab_ids is None else int(vocab_ids.shape[0])
+    logits = yield DraftRequest(0, B, width_vd, reduced)  # [B, Vd]: one row per tree
+    qs, bad = laws_and_flags(logits, configs)  # [B, Vd] per config, [B]
     law, draw = _laws(qs, bad)  # [B * R, Vd], R = 1 row per tree (q = 0 on bad rows); draw law or None
-    B = qs[0].shape[0]
     dev = law.device
     vocab_map = _padded_map(vocab_ids, dev) if vocab_ids is not None else None  # [Vd + 1]: draft -> target id, -1 -> -1
     root = torch.as_tensor(root_token, dtype=torch.int64, device=dev).reshape(B, 1)  # [B, 1]
@@ -437,6 +486,7 @@ def grow_levelwise(
     parent_score = start.score.expand(B, 1)  # [B * R, 1] path scores of the expanded rows
     level_sizes = [1]  # created nodes per level and tree (Python ints: the shapes)
     rows_first_id = 0  # draft id of the expanded rows' first node
+    earlier: list[torch.Tensor] = []  # the parents of each earlier request (the draft tree, for DraftRequest)
     live = start.live.expand(B)  # [B * R] the expanded rows that are real nodes
     for d in range(1, depth + 1):
         R = law.shape[0] // B  # the level function sees B * R rows, tree-major
@@ -458,9 +508,11 @@ def grow_levelwise(
         beam, beam_tokens, beam_live, beam_scores = step.beam, step.beam_tokens, step.beam_live, step.beam_scores
         assert beam is not None and beam_tokens is not None and beam_live is not None and beam_scores is not None
         # a beam slot without a real node (fewer than B real nodes) is expanded with the root's token
-        qs, bad = draft.expand_rows_laws(
-            beam // step.children.tokens.shape[-1] + rows_first_id, beam_tokens, configs, proposal=reduced
-        )  # [B, W, Vd] per config, [B, W]
+        parents = beam // step.children.tokens.shape[-1] + rows_first_id  # [B, W] draft ids of the beam's parents
+        logits = yield DraftRequest(d, B, width_vd, reduced, parents, beam_tokens, beam_live,
+                                    rows_first_id + R, tuple(earlier))  # [B, W, Vd]
+        earlier.append(parents)
+        qs, bad = laws_and_flags(logits, configs)  # [B, W, Vd] per config, [B, W]
         width = beam.shape[1]
         law, draw = _laws([q.reshape(B * width, -1) for q in qs], bad)
         lives.append(beam_live)
@@ -471,7 +523,7 @@ def grow_levelwise(
     finish = finish_levels if compiler is None else compiler.finish
     fields = finish(steps, lives, bads, shape, root, num_keep=num_keep, depth=depth)
     return TreeBatch(
-        **fields, vocab_size=draft.vocab_size, max_children=children, max_depth=depth,
+        **fields, vocab_size=spec.vocab_size, max_children=children, max_depth=depth,
         max_sampled=draws_per_node, host_trees=None,
     )
 

@@ -41,7 +41,7 @@ from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.tree_batch import TreeBatch
 from specdec.trees._common import check_int, check_paths
-from specdec.trees.static import ShapedTreeBuilder, build_static_tree
+from specdec.trees.static import ShapedTreeBuilder, build_static_tree, check_top_k
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -389,6 +389,8 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
             :data:`DEFAULT_ACCEPTANCE`, an unmeasured prior; measure yours with
             :func:`specdec.tune.profile_acceptance`).
         paths: an explicit child-slot shape instead of the DP.
+        proposal_top_k: ``k > 0``: children drawn from, and recorded as, each node's law
+            truncated to its top ``k`` (sparse laws, docs/trees.md "Sparse proposals"); 0 (default): the full law.
 
     Attributes:
         paths: the tree shape used (child-slot paths, breadth first).
@@ -408,6 +410,7 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
     explicit_paths: tuple[tuple[int, ...], ...] | None = attrs.field(
         default=None, alias="paths", converter=_convert_optional_paths
     )
+    proposal_top_k: int = attrs.field(default=0, validator=check_top_k)
     paths: tuple[tuple[int, ...], ...] = attrs.field(init=False)
     expected_tokens: float = attrs.field(init=False)
 
@@ -415,6 +418,7 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
     default_verifier: ClassVar[str] = "rejection-wor"
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
         {"num_nodes": 3, "max_depth": 2, "acceptance": (0.5, 0.2)},
+        {"num_nodes": 3, "max_depth": 2, "acceptance": (0.5, 0.2), "proposal_top_k": 2},
     )
 
     def __attrs_post_init__(self) -> None:
@@ -447,11 +451,15 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
     def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
         return self.paths, SampleMode.WITHOUT_REPLACEMENT
 
+    def law_top_k(self) -> int:
+        return self.proposal_top_k
+
     def build_reference(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference, :func:`~specdec.trees.static.build_static_tree`."""
-        return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng)
+        return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng,
+                                 proposal_top_k=self.proposal_top_k)
 
 
 # the method(s) this builder serves (docs/methods.md)

@@ -29,18 +29,20 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.draft_request import DraftRequest
+from specdec.drafts.base import DraftModel, laws_and_flags
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.tree_batch import PAD, TreeBatch
-from specdec.trees._common import check_mode, check_paths, draw_children, draw_rows, normalised_law
+from specdec.trees._common import check_int, check_mode, check_paths, draw_children, draw_rows, normalised_law
 from specdec.trees.base import TreeBuilder
+from specdec.trees.feed import Build, DraftSpec, drive
 from specdec.methods import Method, register_method
 
-__all__ = ["StaticTreeBuilder", "ShapedTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "MAX_STATIC_NODES"]
+__all__ = ["StaticTreeBuilder", "ShapedTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "static_build", "truncate_proposal", "MAX_STATIC_NODES"]
 
 MAX_STATIC_NODES = 1 << 16
 """Largest static shape accepted (draft nodes); larger shapes raise InvalidConfigError."""
@@ -92,6 +94,44 @@ def expansion_to_paths(expansion: Sequence[int] | Sequence[Sequence[int]]) -> tu
     return paths_t
 
 
+def truncate_proposal(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A proposal law truncated to its ``k`` most likely tokens and renormalised: the sparse
+    law a static tree draws from and records with ``proposal_top_k = k`` (docs/trees.md,
+    "Sparse proposals"). The one definition, for the host reference and the tensor build.
+
+    The kept set is the ``k`` largest entries, ties broken by the lower column (a stable
+    descending sort); the kept columns are returned in ascending order, so that the draws'
+    cumulative sums read them as a full row with zeros elsewhere would be read.
+
+    Args:
+        q: ``[..., W]`` a normalised law over ``W`` columns.
+        k: how many columns to keep, ``1 <= k``; ``k >= W`` keeps every column.
+
+    Returns:
+        ``(cols [..., k'], probs [..., k'])`` with ``k' = min(k, W)``: int64 ascending columns
+        (``-1`` where the kept entry is 0) and float64 probabilities summing to 1 (0 there).
+
+    Example:
+        >>> import torch
+        >>> cols, probs = truncate_proposal(torch.tensor([0.1, 0.4, 0.2, 0.3], dtype=torch.float64), 2)
+        >>> cols.tolist(), [round(p, 4) for p in probs.tolist()]
+        ([1, 3], [0.5714, 0.4286])
+    """
+    k = min(int(k), q.shape[-1])
+    order = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]  # [..., k]
+    cols = torch.sort(order, dim=-1).values  # ascending columns
+    probs = q.gather(-1, cols).to(torch.float64)
+    probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return torch.where(probs > 0, cols, -1), probs
+
+
+def _truncated_sparse(q: torch.Tensor, k: int, mode: SampleMode) -> SparseLaw:
+    """The host reference's :class:`~specdec.tree.SparseLaw` of :func:`truncate_proposal` of a ``[V]`` law."""
+    cols, probs = truncate_proposal(q.unsqueeze(0), k)
+    keep = cols[0] >= 0
+    return SparseLaw(cols[0][keep], probs[0][keep], mode)
+
+
 def build_static_tree(
     paths: Sequence[tuple[int, ...]],
     mode: SampleMode,
@@ -99,6 +139,8 @@ def build_static_tree(
     draft: DraftModel,
     sampling: SamplingConfig,
     rng: RandomSource,
+    *,
+    proposal_top_k: int = 0,
 ) -> DraftTree:
     """Draft a static tree of the given shape, one draft call per level.
 
@@ -111,6 +153,8 @@ def build_static_tree(
             law processed by :func:`~specdec.sampling.construction_config`
             (the same processing at ``T > 0``, the untempered draft law at ``T = 0``).
         rng: the source of every draw.
+        proposal_top_k: ``k > 0``: each node's children are drawn from, and record, its law
+            truncated to its top ``k`` (:func:`truncate_proposal`); 0: the full law.
 
     Returns:
         The tree; node ``i``'s children are its slot draws in draw order.
@@ -128,7 +172,8 @@ def build_static_tree(
     parents: list[tuple[int, ...]] = [()]
     next_draft_id = 1
     while parents:
-        laws = {parent: SparseLaw.from_dense(q_of.pop(parent), mode) for parent in parents}
+        laws = {parent: (_truncated_sparse(q_of.pop(parent), proposal_top_k, mode) if proposal_top_k
+                         else SparseLaw.from_dense(q_of.pop(parent), mode)) for parent in parents}
         drawn: dict[tuple[int, ...], list[int]] = {parent: [] for parent in parents}
         for slot in range(max(slots[parent] for parent in parents)):  # slot j of every node before slot j + 1 of any
             for parent in parents:
@@ -230,8 +275,26 @@ def grow_static(
     *,
     construction: bool = True,
 ) -> TreeBatch:
-    """The tensor form of :func:`build_static_tree`: the same tree (for the same
-    draws), as a :class:`~specdec.tree_batch.TreeBatch` on the draft's device,
+    """:func:`static_build` driven by ``draft`` (:func:`~specdec.trees.feed.drive`)."""
+    return drive(static_build(layout, mode, root_token, DraftSpec.of(draft), sampling, rng, construction=construction),
+                 draft)
+
+
+def static_build(
+    layout: StaticLayout,
+    mode: SampleMode,
+    root_token: int | torch.Tensor,
+    spec: DraftSpec,
+    sampling: SamplingConfig,
+    rng: RandomSource,
+    *,
+    construction: bool = True,
+    proposal_top_k: int = 0,
+) -> Build:
+    """The tensor form of :func:`build_static_tree`, as a build (:mod:`specdec.trees.feed`:
+    it asks for the root's draft logits, then for each level's expanded nodes, ``[B, V]``
+    columns): the same tree (for the same draws), as a :class:`~specdec.tree_batch.TreeBatch`
+    on the logits' device,
     with no host read: one tree, or, for a draft in rows mode and ``root_token``
     ``[B]`` (batched generation), ``B`` trees of the shape grown together (one
     draft call per level for every row; row ``b`` draws from its own stream of a
@@ -250,7 +313,9 @@ def grow_static(
     :func:`build_static_tree` does.
     """
     config = construction_config(sampling) if construction else sampling
-    q, bad = draft.root_rows_flagged(config)  # [B, V], [B]: one row per tree (B = 1 outside rows mode)
+    rows = torch.as_tensor(root_token).numel()
+    logits = yield DraftRequest(0, rows, spec.vocab_size, False)  # [B, V]: one row per tree
+    (q,), bad = laws_and_flags(logits, (config,))  # [B, V], [B]
     q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [B, V]
     dev, (B, vocab), n = q.device, q.shape, layout.num_nodes
     lay = layout if layout.parents.device == dev else static_layout(layout.paths, str(dev))
@@ -267,15 +332,20 @@ def grow_static(
     # trees are those of the full-width law, draw for draw: the Vd columns are ascending and every other column
     # is 0, so the left-to-right cumulative sums the draws read (row_mass, inverse_cdf_rows) are the same bits.
     # A law with mass outside the declared vocabulary is flagged like a bad draft row: never silently cut.
-    cols = draft.proposal_ids  # [Vd] ascending target ids, or None (all V)
+    cols = spec.proposal_ids  # [Vd] ascending target ids, or None (all V)
     inside: torch.Tensor | None = None  # [V] bool, True in the proposal vocabulary
     if cols is not None:
         cols = cols.to(dev)
         inside = torch.zeros(vocab, dtype=torch.bool, device=dev).index_fill_(0, cols, True)
     law_width = vocab if cols is None else int(cols.shape[0])
+    law_tokens: torch.Tensor | None = None  # [B, n, L] the kept tokens of each node's law (proposal_top_k only)
+    if proposal_top_k:  # sparse laws: each node keeps its law's top k (truncate_proposal): [B, n, k], not [B, n, V]
+        law_width = min(int(proposal_top_k), law_width)
+        law_tokens = torch.full((B, n, law_width), -1, dtype=torch.int64, device=dev)
     law_probs = torch.zeros(B, n, law_width, dtype=torch.float64, device=dev)  # [B, n, L] q of each node's children
     draft_id = torch.zeros(n, dtype=torch.int64, device=dev)  # draft-model node id of each expanded node (every row alike)
     next_id = 1
+    earlier: list[torch.Tensor] = []  # the parents of each earlier request (the draft tree, for DraftRequest)
     q = q.unsqueeze(1)  # [B, 1, V]: the root is the one node expanded at depth 1
     for d, ((expanded, counts, nodes, child_rows, child_slots), width) in enumerate(
         zip(lay.levels, lay.max_counts), start=1
@@ -284,7 +354,11 @@ def grow_static(
         alive = valid[:, expanded]  # [B, R]
         if d > 1:  # one draft call for the whole level of every row (dead rows carry the root token; their q is unused)
             ids_in = draft_id[lay.parents[expanded]].expand(B, R)
-            q, bad = draft.expand_rows_flagged(ids_in, torch.where(alive, tokens[:, expanded], root.unsqueeze(1)), config)
+            logits = yield DraftRequest(d - 1, B, vocab, False, ids_in,
+                                        torch.where(alive, tokens[:, expanded], root.unsqueeze(1)), alive,
+                                        next_id, tuple(earlier))  # [B, R, V]
+            earlier.append(ids_in)
+            (q,), bad = laws_and_flags(logits, (config,))
             q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(q, on_device=True))  # [B, R, V]
             draft_bad = draft_bad | (bad & alive).any(dim=1)
             draft_id[expanded] = torch.arange(next_id, next_id + R, device=dev)
@@ -295,12 +369,20 @@ def grow_static(
             q_law = q.index_select(-1, cols)  # [B, R, L] with L = Vd
             leak = (q.masked_fill(inside, 0.0) > 0).any(dim=-1)  # [B, R] mass outside the proposal vocabulary
             draft_bad = draft_bad | (leak & alive).any(dim=1)
+        level_tokens: torch.Tensor | None = None  # [B, R, L] token of each law column (proposal_top_k only)
+        if law_tokens is not None:
+            kept, q_law = truncate_proposal(q_law, law_width)  # [B, R, k] ascending columns of the W-wide law
+            level_tokens = kept if cols is None else torch.where(kept >= 0, cols[kept.clamp_min(0)], -1)
+            law_tokens[:, expanded] = level_tokens
         law_probs[:, expanded] = q_law
         # R consecutive rows per tree: a RowStreams source draws its tree's rows, as the tree would alone
         drawn = draw_rows(q_law.reshape(B * R, law_width), width, mode, rng, alive.reshape(B * R),
                           counts=counts.repeat(B)).reshape(B, R, width)  # law columns, -1 = none
         col = drawn[:, child_rows, child_slots]  # [B, k] law column of each child, -1 = none
-        tok = col if cols is None else torch.where(col >= 0, cols[col.clamp_min(0)], -1)  # [B, k] token ids
+        if level_tokens is not None:
+            tok = torch.where(col >= 0, level_tokens[:, child_rows].gather(-1, col.clamp_min(0).unsqueeze(-1)).squeeze(-1), -1)
+        else:
+            tok = col if cols is None else torch.where(col >= 0, cols[col.clamp_min(0)], -1)  # [B, k] token ids
         valid[:, nodes] = col >= 0
         tokens[:, nodes] = torch.where(col >= 0, tok, root.unsqueeze(1))
         q_child = q_law[:, child_rows].gather(-1, col.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, k]
@@ -318,7 +400,10 @@ def grow_static(
     kids = torch.zeros(B, n, dtype=torch.int64, device=dev).scatter_add(1, parents.clamp_min(0), (parents >= 0).long())
     has_kids = kids > 0  # [B, n] the node's law is recorded only where it has children
     probs = torch.where(has_kids.unsqueeze(-1), law_probs.gather(1, order.unsqueeze(-1).expand(B, n, law_width)), 0.0)
-    ids = torch.where(probs > 0, torch.arange(vocab, device=dev) if cols is None else cols, -1)  # [B, n, L]
+    if law_tokens is not None:
+        ids = torch.where(probs > 0, law_tokens.gather(1, order.unsqueeze(-1).expand(B, n, law_width)), -1)  # [B, n, k]
+    else:
+        ids = torch.where(probs > 0, torch.arange(vocab, device=dev) if cols is None else cols, -1)  # [B, n, L]
     eye = torch.eye(n, dtype=torch.bool, device=dev)
     anc = eye.expand(B, n, n)
     up = parents.clamp_min(0).unsqueeze(-1).expand(B, n, n)
@@ -392,8 +477,39 @@ class ShapedTreeBuilder(TreeBuilder):
         return self._grow(root_token, draft, sampling, rng).tree(0)
 
     def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
+        return drive(self._shaped_build(root_token, DraftSpec.of(draft), sampling, rng), draft)
+
+    def _shaped_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource) -> Build:
+        """:func:`static_build` of :meth:`shape` (what :meth:`build` and :meth:`feed_build` grow)."""
         paths, mode = self.shape()
-        return grow_static(static_layout(paths), mode, root_token, draft, sampling, rng, construction=self.construction)
+        return static_build(static_layout(paths), mode, roots, spec, sampling, rng, construction=self.construction,
+                            proposal_top_k=self.law_top_k())
+
+    def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: Any = None) -> Build:
+        """The caller-driven build (:func:`static_build`): the root's draft logits, then one
+        request per level for that level's expanded nodes (``compiler`` is not used).
+
+        Raises:
+            InvalidConfigError: a subclass that redefines :meth:`build` (host trees only).
+        """
+        if self._host_build:
+            raise InvalidConfigError(
+                f"tree builder {type(self).__name__} redefines build(): it builds host trees from a DraftModel "
+                "and has no caller-driven form"
+            )
+        return self._shaped_build(roots, spec, sampling, rng)
+
+    def law_top_k(self) -> int:
+        """``k > 0``: each node's children are drawn from, and record, its law truncated to its
+        top ``k`` (:func:`truncate_proposal`; sparse laws, docs/trees.md "Sparse proposals");
+        0 (the default): the full law."""
+        return 0
+
+
+def check_top_k(_inst: object, _attr: object, value: object) -> None:
+    """``proposal_top_k``: an int, 0 (the full law) or at least 1."""
+    check_int("proposal_top_k", value, 0, 1 << 31)
 
 
 def _convert_expansion(value: object) -> tuple:
@@ -414,6 +530,9 @@ class StaticTreeBuilder(ShapedTreeBuilder):
             paths. Default ``(4, 2, 2, 1)`` (the ``specinfer`` method's default).
         mode: ``"iid"`` (verify with ``"rejection-iid"``, SpecInfer's MSS) or
             ``"wor"`` (without replacement, verify with ``"rejection-wor"``).
+        proposal_top_k: ``k > 0``: children drawn from, and recorded as, each node's law
+            truncated to its top ``k`` (:func:`truncate_proposal`; sparse laws: ``[n, k]``
+            per tree instead of ``[n, V]``); 0 (default): the full law.
 
     Example:
         >>> import torch
@@ -430,6 +549,7 @@ class StaticTreeBuilder(ShapedTreeBuilder):
 
     expansion: tuple = attrs.field(default=(4, 2, 2, 1), converter=_convert_expansion)
     mode: SampleMode = attrs.field(default=SampleMode.IID, converter=check_mode)
+    proposal_top_k: int = attrs.field(default=0, validator=check_top_k)
     paths: tuple[tuple[int, ...], ...] = attrs.field(init=False)
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})
@@ -437,6 +557,7 @@ class StaticTreeBuilder(ShapedTreeBuilder):
         {"expansion": (2, 1), "mode": "iid"},
         {"expansion": (2, 1), "mode": "wor"},
         {"expansion": ((0,), (1,), (0, 0)), "mode": "wor"},
+        {"expansion": (2, 1), "mode": "wor", "proposal_top_k": 2},
     )
 
     def __attrs_post_init__(self) -> None:
@@ -458,11 +579,15 @@ class StaticTreeBuilder(ShapedTreeBuilder):
     def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
         return self.paths, self.mode
 
+    def law_top_k(self) -> int:
+        return self.proposal_top_k
+
     def build_reference(
         self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference, :func:`build_static_tree`."""
-        return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng)
+        return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng,
+                                 proposal_top_k=self.proposal_top_k)
 
 
 # the method(s) this builder serves (docs/methods.md); the defaults typed as Method.defaults (its ``dict``
