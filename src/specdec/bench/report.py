@@ -17,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specdec.bench.bound import bound_lines
 from specdec.bench.budget import Budget
+from specdec.bench.hashes import HASH_KEY
 from specdec.bench.plots import PLOT_FILES, write_plots, write_temperature_plot
 from specdec.bench.rows import RowSpec, kind_rank
 from specdec.bench.runlog import RUNS_FILE, RunLog, identity_differences, logged_budget, read_runlog, strict_json
@@ -246,6 +248,9 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
       (a fresh ``runs.jsonl`` replaces the old one once measuring starts).
     - The folder holds a ``runs.jsonl`` of the same identity (the same
       command): it is returned, to be resumed. A cut last line is dropped.
+      A log written before run logs recorded the drafts' hashes
+      (:data:`~specdec.bench.hashes.HASH_KEY`) is compared without them and
+      resumed as it is (its header keeps no hash: nothing checks its drafts).
     - It holds a ``runs.jsonl`` of another identity, a corrupt or foreign
       one: refused, naming what differs; nothing is touched.
     - It holds other result files but no ``runs.jsonl`` (an earlier
@@ -258,6 +263,8 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
     if overwrite or not (p / RUNS_FILE).exists():
         return check_out_dir(p, overwrite=overwrite), None
     log = read_runlog(p / RUNS_FILE)
+    if HASH_KEY not in log.config:  # logged before the drafts' hashes were recorded: compare the rest
+        identity = {k: v for k, v in identity.items() if k != HASH_KEY}
     diffs = identity_differences(log.config, identity)
     if diffs:
         raise InvalidConfigError(
@@ -329,6 +336,8 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
         say(OPTIMUM_NOTE)
     goals = goal_summary(records)
     for line in goal_lines(goals):
+        say(line)
+    for line in bound_lines(records, (res.get("auto_budget") or {}).get("forward_time_s")):  # issue 48
         say(line)
     files: list[Path] = []
     if out is not None:

@@ -200,6 +200,7 @@ def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The median of ``repeats`` consecutive timed calls of ``fn`` after one untimed call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -207,6 +208,26 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def _interleaved_min_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """The fastest of ``repeats`` timed calls of each run, the runs interleaved (A, B, C, A, B, C, ...).
+
+    Why not a median of consecutive calls: on a shared machine another process takes the
+    cores for whole scheduler slices (milliseconds, longer than a small product), so a
+    median of three consecutive calls could crown whichever method was not preempted
+    (plans measured so picked ``rows`` for 2-16 rows of a 576 x 1536 weight, 5-50x slower).
+    Interference only adds time, so each method's minimum is its cost on a quiet core, and
+    interleaving exposes every method to the same spells of load.
+    """
+    # the first round: each run warmed up (allocator, oneDNN primitive cache) and timed once
+    best = {m: _median_seconds(fn, 1) for m, fn in runs.items()}
+    for _ in range(repeats - 1):
+        for m, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            best[m] = min(best[m], time.perf_counter() - start)
+    return best
 
 
 _PLANS: dict[tuple[Any, ...], LinearPlan] = {}
@@ -243,8 +264,13 @@ def _machine() -> str:
     return f"{model} | {isa} | torch {torch.__version__} | onednn {onednn_available()} | cpus {os.cpu_count()}"
 
 
+PLAN_TIMING = "interleaved-min"
+"""How plans are timed (:func:`_interleaved_min_seconds`); part of the plan file's keys, so plans
+timed otherwise (medians of consecutive calls, before issue 48) are measured again, not reused."""
+
+
 def _file_key(key: tuple[Any, ...], repeats: int) -> str:
-    return json.dumps([_machine(), repr(key), repeats])
+    return json.dumps([_machine(), repr(key), repeats, PLAN_TIMING])
 
 
 def _load_plan(key: tuple[Any, ...], repeats: int) -> LinearPlan | None:
@@ -291,7 +317,7 @@ def tune_linear(
     *,
     max_rows: int = 16,
     methods: Sequence[str] = LINEAR_METHODS,
-    repeats: int = 3,
+    repeats: int = 5,
     cold_bytes: int = 32 * 2**20,
     cache: bool = True,
     large_rows: Sequence[int] = LARGE_ROWS,
@@ -315,7 +341,8 @@ def tune_linear(
             its count. ``()``: larger inputs take ``"rows"``.
         methods: candidates (must include ``"rows"``; ``"onednn"`` is dropped
             where oneDNN is missing).
-        repeats: timed calls per (rows, method); the median counts.
+        repeats: timed calls per (rows, method), the methods interleaved; the fastest counts
+            (robust to other processes on the machine: :func:`_interleaved_min_seconds`).
         cold_bytes: total bytes of weight copies cycled through.
         cache: reuse and store the plan in the process-wide cache and the
             plan file (``SPECDEC_LINEAR_PLANS=0``: the process cache only).
@@ -354,7 +381,8 @@ def tune_linear(
             "columns": lambda: [linear_columns(x, w) for w in weights],
             "onednn": lambda: [linear_onednn(x, p) for p in packed],
         }
-        timing = {m: _median_seconds(runs[m], repeats) / copies for m in cands}
+        timing = _interleaved_min_seconds({m: runs[m] for m in cands}, repeats)
+        timing = {m: t / copies for m, t in timing.items()}
         return min(cands, key=lambda m: (timing[m], m != "rows")), timing
 
     with torch.no_grad():
@@ -394,6 +422,14 @@ class RowDispatchLinear:
         self.plan = plan
         self._packed: torch.Tensor | None = None
         self._packed_version = -1
+        if "onednn" in plan.methods or any(m == "onednn" for _, m in plan.buckets):
+            # packed now, not at the first forward of a row count that takes oneDNN: packing an LM head
+            # (113 MB for SmolLM2-135M) costs tens of milliseconds, and a model's layers about a second in
+            # all, which used to land inside a timed generation (issue 48's step profile)
+            weight = module.weight
+            if weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available():
+                with torch.no_grad():
+                    self._onednn_weight()
 
     def _onednn_weight(self) -> torch.Tensor:
         weight = self.module.weight
@@ -442,7 +478,7 @@ def accelerate_linears(
     *,
     max_rows: int = 16,
     methods: Sequence[str] = LINEAR_METHODS,
-    repeats: int = 3,
+    repeats: int = 5,
     min_numel: int = 1 << 16,
     large_numel: int = 1 << 25,
 ) -> dict[tuple[int, int], LinearPlan]:
