@@ -1,10 +1,12 @@
 """specdec: lossless tree-based speculative decoding for causal LMs."""
 
+from specdec._version import __version__
 from specdec.errors import (
     ContextOverflowError,
     InvalidConfigError,
     InvalidDistributionError,
     MalformedTreeError,
+    MissingExtraError,
     ModelBusyError,
     PluginError,
     RegistryConflictError,
@@ -19,8 +21,6 @@ from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig, check_distribution, process_logits
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 
-__version__ = "0.1.0"
-
 __all__ = [
     "ContextOverflowError",
     "DraftTree",
@@ -29,6 +29,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidDistributionError",
     "MalformedTreeError",
+    "MissingExtraError",
     "ModelBusyError",
     "NodeKind",
     "PluginError",

@@ -25,6 +25,10 @@ Subcommands:
   training draft heads, distilled draft LMs and self-distillation data,
   defined in :mod:`specdec.train.cli` (they keep their own parsers).
 
+``list`` and ``demo`` run on the core install. ``bench`` needs the ``[bench]`` extra and the
+training commands the ``[train]`` extra: without it they exit with status 2 and one line naming
+``pip install 'specdec-trees[EXTRA]'`` (their ``--help`` needs no extra).
+
 Plug-ins: ``list``, ``demo`` and ``bench`` load every installed plug-in (the
 entry-point group ``specdec.plugins``) and each module given with
 ``--plugin MODULE`` (repeatable; a dotted module name or a ``.py`` file) before
@@ -55,6 +59,7 @@ from typing import Any
 import torch
 
 import specdec
+from specdec._extras import require_extra
 from specdec.demo import (
     DEFAULT_ALPHA,
     POWER,
@@ -66,7 +71,7 @@ from specdec.demo import (
     run_method_demo,
     toy_models,
 )
-from specdec.errors import SpecDecError
+from specdec.errors import MissingExtraError, SpecDecError
 from specdec.methods import Method
 from specdec.plugins import add_plugin_argument, load_plugins
 from specdec.registry import ROLES, get, list_registered, origin
@@ -178,10 +183,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from specdec.train.cli import regen_data_main, train_draft_main, train_eagle_main
 
         entry = {"train-eagle": train_eagle_main, "train-draft": train_draft_main, "regen-data": regen_data_main}
+        if not {"-h", "--help"} & set(argv[1:]):  # the help needs no extra
+            try:
+                require_extra("train", f"specdec {argv[0]}")
+            except MissingExtraError as exc:
+                print(f"specdec {argv[0]}: error: {exc}", file=sys.stderr)
+                return 2
         return int(entry[argv[0]](argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "bench":  # after parsing: `specdec bench --help` needs no extra
+            require_extra("bench", "specdec bench")
         return int(args.func(args))
     except SpecDecError as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)

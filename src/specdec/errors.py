@@ -76,3 +76,19 @@ class PluginError(InvalidConfigError):
 class ContextOverflowError(InvalidConfigError):
     """Prompt, new tokens and draft tree do not fit in the model's context (a bad
     configuration: raised before any forward)."""
+
+
+class MissingExtraError(SpecDecError, ImportError):
+    """A feature needs an optional extra of ``specdec-trees`` that is not installed
+    (Hugging Face models, GGUF conversion, the bench, training, plots, Ray, the shipped
+    heads). The one-line message names the feature, the missing modules and the command
+    that installs them, ``pip install 'specdec-trees[EXTRA]'``.
+
+    Attributes:
+        extra: the extra to install.
+        missing: the modules that could not be imported.
+    """
+
+    def __init__(self, message: str, *, extra: str = "", missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.extra, self.missing = extra, missing

@@ -32,7 +32,7 @@ def declared_transformers() -> SpecifierSet:
         import tomllib
     else:  # pragma: no cover
         tomllib = pytest.importorskip("tomli")
-    deps = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    deps = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["hf"]
     (req,) = [Requirement(d) for d in deps if Requirement(d).name == "transformers"]
     return req.specifier
 

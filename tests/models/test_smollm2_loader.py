@@ -31,7 +31,7 @@ def test_missing_package_says_what_to_install():
 def test_missing_conversion_dependencies_say_what_to_install(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
-    with pytest.raises(ImportError, match="pip install gguf"):
+    with pytest.raises(ImportError, match=r"\(gguf not installed\): pip install 'specdec-trees\[gguf\]'"):
         smollm2._convert(tmp_path / "model.gguf", tmp_path / "out")
 
 

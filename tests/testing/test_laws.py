@@ -8,7 +8,7 @@ import specdec
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import process_logits
-from specdec.testing import SHAPES, ExactLaws, Mix, ShapeBuilder, compare_laws, exact_law, markov_pair, random_tables
+from specdec.testing import SHAPES, ExactLaws, Mix, ShapeBuilder, compare_laws, exact_law, markov_pair, sparse_markov_pair
 from specdec.tree import SampleMode
 
 from .mutants import DeepBonusFromP
@@ -39,7 +39,7 @@ def literal_law(builder, verifier, target, draft, sampling, context, num_tokens)
 @pytest.mark.parametrize("label, num_tokens", [("iid-2x1", 2), ("rheo-1s1d", 3), ("chain-3", 2)])
 def test_composed_law_equals_the_literal_program(label: str, num_tokens: int) -> None:
     shape = next(s for s in SHAPES if s.label == label)
-    target, draft = random_tables(3, 1, ties=True)
+    target, draft = sparse_markov_pair(3, 1, ties=True)
     verifier = specdec.get("verifier", "mixed")()
     laws = ExactLaws(shape.builder(), verifier, target, draft, T1)
     composed = laws.token_law([0, 1], num_tokens)
@@ -51,7 +51,7 @@ def test_composed_law_equals_the_literal_program(label: str, num_tokens: int) ->
 
 
 def test_completed_and_chained_laws_catch_a_deep_bonus_from_p_at_token_two() -> None:
-    target, draft = random_tables(4, 0)
+    target, draft = sparse_markov_pair(4, 0)
     builder = ShapeBuilder((Mix(2, IID, 0), Mix(1, IID, 0)))
     for chained in (False, True):
         gap = ExactLaws(builder, DeepBonusFromP(), target, draft, T1).check([0, 1], 3, chained=chained)
@@ -102,7 +102,7 @@ def test_bad_inputs_are_refused() -> None:
 def test_shape_builder_builds_its_shape(shape) -> None:
     """Every node of depth d has levels[d]'s children: top-K deterministic (S, by (-q, token)),
     sampled ones recording q' = norm(q restricted to the complement of S)."""
-    target, draft = random_tables(shape.vocab_size, 3)
+    target, draft = sparse_markov_pair(shape.vocab_size, 3)
     builder = shape.builder()
     assert builder.max_depth == len(shape.levels)
     trees = []

@@ -32,6 +32,7 @@ from typing import Any, TypedDict
 import attrs
 import torch
 
+from specdec._extras import install_command, needs_extra
 from specdec.bench.prompts import render_prompt
 from specdec.drafts.base import DraftModel
 from specdec.drafts.eagle import hf_feature_fn, load_shipped, make_draft
@@ -270,7 +271,8 @@ def load_bench_models(
         InvalidConfigError, VocabMismatchError, ImportError: unloadable or
             mismatched models (clear messages).
     """
-    from transformers import PreTrainedModel  # heavy: imported when models are loaded
+    with needs_extra("bench", "load_bench_models"):
+        from transformers import PreTrainedModel  # heavy: imported when models are loaded
 
     device = resolve_device(device)  # before any load: a missing GPU is an error, never a CPU run
     eagle_heads = dict(eagle_heads or {})
@@ -315,7 +317,7 @@ def load_bench_models(
         else:
             k = default_truncation(int(hf_target.config.num_hidden_layers))
             hf_draft = truncated_copy(hf_target, k)
-            why = ("no shipped draft LM installed" if is_smollm2 else
+            why = (f"no shipped draft LM installed: {install_command('heads')}" if is_smollm2 else
                    "no draft LM in the user cache: python -m specdec.train.recipes --target gemma3 --students draft_lm"
                    if target == "gemma3" else "no shipped draft LM for this target")
             descriptions["lm"] = f"truncated copy of the target ({k} of {hf_target.config.num_hidden_layers} layers; {why})"

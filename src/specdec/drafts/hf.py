@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.kernels.kv_compact import compact_kv_inplace
@@ -129,7 +130,8 @@ class HFDraft(DraftModel):
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa", **kwargs: Any) -> "HFDraft":
         """Load a local HF model folder (no download) and wrap it; ``kwargs`` go to :class:`HFDraft`."""
-        from transformers import AutoModelForCausalLM
+        with needs_extra("hf", "HFDraft.from_pretrained"):
+            from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation, local_files_only=True)
         # transformers wraps PreTrainedModel.to with functools.wraps: mypy sees an unbound _Wrapped (stub gap)

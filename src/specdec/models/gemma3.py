@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra, require_extra
 from specdec.errors import InvalidConfigError
 from specdec.models.smollm2 import cache_root, write_dequantized
 
@@ -132,7 +133,8 @@ def cached_draft_lm_path() -> Path | None:
 
 
 def _marker() -> dict[str, Any]:
-    import transformers
+    with needs_extra("gguf", "load_gemma3"):
+        import transformers
 
     return {"gguf": GGUF_NAME, "sha256": GGUF_SHA256, "transformers": transformers.__version__}
 
@@ -176,9 +178,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         InvalidConfigError: transformers cannot load the GGUF's architecture
             (names it and the installed transformers version).
     """
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ImportError(f"converting a GGUF file needs {', '.join(missing)}: pip install {' '.join(missing)}")
+    require_extra("gguf", "converting a GGUF file")
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -210,7 +210,8 @@ def load_gemma3(dtype: torch.dtype = torch.float32, attn_implementation: str = "
         >>> model.config.num_hidden_layers, model.config.sliding_window  # doctest: +SKIP
         (18, 512)
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with needs_extra("gguf", "load_gemma3"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = converted_path()
     if not _is_converted(path):

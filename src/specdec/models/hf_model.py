@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.errors import InvalidConfigError
 
 __all__ = [
@@ -38,10 +39,12 @@ specifier). Tested on 4.46.3, 4.57.1 and 5.24.0."""
 def check_transformers_version(version: str | None = None) -> None:
     """Raise ``ImportError`` unless ``version`` (default: the installed
     ``transformers``) is in :data:`SUPPORTED_TRANSFORMERS`."""
-    from packaging.specifiers import SpecifierSet
+    with needs_extra("hf", "specdec's Hugging Face wrappers"):
+        from packaging.specifiers import SpecifierSet
 
     if version is None:
-        import transformers
+        with needs_extra("hf", "specdec's Hugging Face wrappers"):
+            import transformers
 
         version = transformers.__version__
     if version not in SpecifierSet(SUPPORTED_TRANSFORMERS):

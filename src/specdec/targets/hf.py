@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.errors import VocabMismatchError
 from specdec.kernels.kv_compact import compact_kv_inplace, kv_keep_index
 from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
@@ -180,7 +181,8 @@ class HFTarget(TargetModel):
 
         ``kwargs`` go to :class:`HFTarget`.
         """
-        from transformers import AutoModelForCausalLM
+        with needs_extra("hf", "HFTarget.from_pretrained"):
+            from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation=attn_implementation, local_files_only=True)
         # transformers wraps PreTrainedModel.to with functools.wraps: mypy sees an unbound _Wrapped (stub gap)

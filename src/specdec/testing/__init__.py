@@ -9,9 +9,13 @@ builder can check it exactly, the way specdec's own tests do: in one command,
 :mod:`specdec.testing.shapes`.
 """
 
+from typing import TYPE_CHECKING
+
+from specdec._deprecation import deprecated_aliases
 from specdec.testing.cases import Mix, draw_children, make_node_case, run_node_case
 from specdec.testing.enumerate import EnumeratingRandom, TooManyBranchesError, exact_law
-from specdec.testing.laws import ExactLaws, LawGap, compare_laws, random_tables
+from specdec.testing.laws import RENAMED as _RENAMED
+from specdec.testing.laws import ExactLaws, LawGap, compare_laws, sparse_markov_pair
 from specdec.testing.markov import MarkovLM, markov_pair, random_markov_logits
 from specdec.testing.proposal import ProposalLM
 from specdec.testing.shapes import SHAPES, ShapeBuilder
@@ -35,7 +39,10 @@ __all__ = [
     "make_node_case",
     "markov_pair",
     "random_markov_logits",
-    "random_tables",
     "run_node_case",
+    "sparse_markov_pair",
     "total_variation",
 ]
+
+if not TYPE_CHECKING:  # random_tables -> sparse_markov_pair (0.1.0; removed in 0.2.0), warns
+    __getattr__ = deprecated_aliases(__name__, globals(), _RENAMED)

@@ -38,10 +38,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
+from specdec._deprecation import Renamed, deprecated_aliases
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
@@ -51,7 +53,12 @@ from specdec.tree import DraftTree
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
-__all__ = ["ExactLaws", "LawGap", "compare_laws", "random_tables", "tree_key"]
+__all__ = ["ExactLaws", "LawGap", "compare_laws", "sparse_markov_pair", "tree_key"]
+
+RENAMED = (Renamed("random_tables", "sparse_markov_pair", since="0.1.0", removed_in="0.2.0"),)
+"""Names of this module kept as deprecated aliases (:mod:`specdec._deprecation`)."""
+if not TYPE_CHECKING:  # type checkers see the new names only
+    __getattr__ = deprecated_aliases(__name__, globals(), RENAMED)
 
 Law = dict[tuple[int, ...], float]
 
@@ -260,10 +267,13 @@ class ExactLaws:
         return compare_laws(measured, self.target_law(context, num_tokens), self.vocab_size)
 
 
-def random_tables(vocab_size: int, seed: int, *, ties: bool = False) -> tuple[MarkovLM, MarkovLM]:
+def sparse_markov_pair(vocab_size: int, seed: int, *, ties: bool = False) -> tuple[MarkovLM, MarkovLM]:
     """An order-2 target and draft pair over ``vocab_size`` tokens with exact zeros in some rows;
     ``ties``: the draft's rows include one-hot rows, rows with ``q(top1) = 1/2`` and equal top pairs
-    (where deterministic top-K selection and sampled slots meet)."""
+    (where deterministic top-K selection and sampled slots meet).
+
+    Called ``random_tables`` before 0.1.0 (it returns models, not tables, like :func:`markov_pair`);
+    that name is a deprecated alias until 0.2.0."""
     g = torch.Generator().manual_seed(seed)
     tables = []
     for _ in range(2):

@@ -42,7 +42,7 @@ from specdec.methods import Method
 from specdec.registry import get, list_registered
 from specdec.sampling import SamplingConfig
 from specdec.testing.cases import ALL_MIXES, feasible, make_node_case, run_node_case, supports
-from specdec.testing.laws import ExactLaws, random_tables
+from specdec.testing.laws import ExactLaws, sparse_markov_pair
 from specdec.testing.markov import MarkovLM, random_markov_logits
 from specdec.testing.shapes import SHAPES, shape_supported
 from specdec.testing.statistical import chi_square_test
@@ -155,7 +155,7 @@ def _per_node(name: str, cls: type[Verifier], mix: Any, V: int, seed: int) -> Ca
 def _exact(builder: Callable[[], TreeBuilder], verifier: Callable[[], Verifier], sampling: SamplingConfig,
            V: int, seed: int, num_tokens: int, chained: bool, what: str) -> Callable[[], Failure | None]:
     def check() -> Failure | None:
-        target, draft = random_tables(V, seed, ties=seed % 2 == 1)
+        target, draft = sparse_markov_pair(V, seed, ties=seed % 2 == 1)
         gap = ExactLaws(builder(), verifier(), target, draft, sampling).check(CONTEXT, num_tokens, chained=chained)
         if gap.error <= EXACT_TOL and abs(gap.mass - 1.0) <= EXACT_TOL:
             return None

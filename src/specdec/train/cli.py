@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdec._extras import needs_extra
 from specdec.errors import SpecDecError
 from specdec.models import smollm2
 from specdec.train.api import train_draft_lm, train_eagle
@@ -31,7 +32,8 @@ def load_target(spec: str) -> tuple[Any, Any]:
     model), a local Hugging Face folder, or a hub name (needs a network)."""
     if spec in SMOLLM2_NAMES:
         return smollm2.load_smollm2()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with needs_extra("train", "load_target"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(spec)
     tok = AutoTokenizer.from_pretrained(spec)

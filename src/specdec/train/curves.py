@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from specdec._extras import needs_extra
+
 __all__ = ["chained_metrics", "plot_losses"]
 
 
@@ -74,10 +76,11 @@ def plot_losses(run: Path, png: Path, before: Sequence[Path] = ()) -> Path:
     ``before``: earlier phases of the same models (the runs ``run`` was ``--init-from``-ed from,
     earliest first), drawn first on one step axis with a dotted line where each phase ends.
     """
-    import matplotlib
+    with needs_extra("plots", "plot_losses"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     curves, boundaries = chained_metrics([*before, run])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.checkpoints import PROPOSAL_IDS_FILE, export_draft_lm, save_head
 from specdec.models import gemma3, smollm2
 from specdec.train.models import make_draft_lm, new_head
@@ -62,7 +63,8 @@ def _refuse_assets(dest: Path) -> None:
 def students_from_checkpoint(run: Path, model: Any) -> dict[str, Any]:
     """Rebuild the run's models from its latest ``checkpoint/`` (while training
     still runs): ``{"eagle2": EagleHead, "eagle3": EagleHead, "draft_lm": LlamaForCausalLM}``."""
-    from safetensors.torch import load_file
+    with needs_extra("train", "students_from_checkpoint"):
+        from safetensors.torch import load_file
 
     ck = run / "checkpoint"
     out: dict[str, Any] = {}
@@ -112,7 +114,8 @@ def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> li
 
 def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
     """Copy the run's exported models into ``assets`` in float16; returns file sizes."""
-    from safetensors.torch import load_file, save_file
+    with needs_extra("train", "export_assets"):
+        from safetensors.torch import load_file, save_file
 
     sizes = {}
     for version in (2, 3):
@@ -140,7 +143,8 @@ def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
     ``NOTICE``; never into ``specdec/assets`` (raises ``ValueError``). A draft LM distilled
     over the draft vocabulary (``--restrict-vocab``) gets it as its proposal vocabulary
     (``proposal_ids.json``). Returns file sizes."""
-    from safetensors.torch import load_file, save_file
+    with needs_extra("train", "export_gemma3_heads"):
+        from safetensors.torch import load_file, save_file
 
     dest = gemma3.heads_root() if dest is None else Path(dest)
     _refuse_assets(dest)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.head import EagleConfig, EagleHead, target_embeddings
 from specdec.errors import InvalidConfigError
 
@@ -62,7 +63,8 @@ def make_draft_lm(target_model: Any, num_layers: int = 2, init_from_target: bool
     tc = target_model.config
     if getattr(tc, "model_type", None) != "llama":
         return _same_class_draft_lm(target_model, num_layers, init_from_target)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    with needs_extra("train", "make_draft_lm"):
+        from transformers import LlamaConfig, LlamaForCausalLM
 
     heads = int(tc.num_attention_heads)
     cfg = LlamaConfig(

@@ -68,6 +68,8 @@ from pathlib import Path
 
 import torch
 
+from specdec._extras import require_extra
+
 # the data loaders and the assets folder are read through their modules, where the tests replace them
 from specdec.train import data as train_data
 from specdec.train import export
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                          "drawn before RUN on one step axis")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    require_extra("train", "python -m specdec.train.recipes")
     gemma = args.target == "gemma3"
     if args.students is None:
         args.students = "eagle3" if gemma else "eagle3,eagle2,draft_lm"

@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 import torch
 
+from specdec._extras import needs_extra
 from specdec.errors import InvalidConfigError
 from specdec.train.data import Record, is_heldout
 
@@ -154,7 +155,8 @@ def regenerate(model: Any, tokenizer: Any, records: Sequence[Record], out_path: 
     device = next(model.parameters()).device
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        with needs_extra("train", "regenerate"):
+            from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="regenerate", unit="rec", dynamic_ncols=True)
     n_rec = n_tok = n_fin = 0

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdec._extras import needs_extra
 from specdec.errors import InvalidConfigError
 from specdec.train.models import count_tokens, draft_vocab_from_counts, make_draft_lm, new_head
 from specdec.train.students import (
@@ -67,7 +68,8 @@ def _lr_at(step: int, total: int, warmup: int, time_progress: float = 0.0) -> fl
 
 def _save_checkpoint(out: Path, students: Sequence[Student], opts: Sequence[torch.optim.Optimizer], step: int,
                      extra: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
+    with needs_extra("train", "train_students"):
+        from safetensors.torch import save_file
 
     ck = out / "checkpoint"
     tmp = out / "checkpoint.tmp"
@@ -112,7 +114,8 @@ def load_student_weights(checkpoint: str | os.PathLike, students: Sequence[Stude
     Raises:
         InvalidConfigError: a student has no file there, or its keys differ.
     """
-    from safetensors.torch import load_file
+    with needs_extra("train", "load_student_weights"):
+        from safetensors.torch import load_file
 
     ck = Path(checkpoint)
     for s in students:
@@ -206,7 +209,8 @@ def train_students(
     logs = {s.name: (out / f"{s.name}.metrics.jsonl").open("a") for s in students}
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        with needs_extra("train", "train_students"):
+            from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, initial=start, desc="train " + "+".join(names), dynamic_ncols=True)
     t_start = time.time()

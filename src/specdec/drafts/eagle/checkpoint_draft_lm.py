@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.checkpoint_config import CheckpointError
 from specdec.drafts.eagle.checkpoint_weights import _targets_tensors, read_state_dict
 from specdec.errors import VocabMismatchError
@@ -29,7 +30,8 @@ def export_draft_lm(src: str | os.PathLike, dst: str | os.PathLike) -> dict[str,
     :func:`specdec.train.train_draft_lm`) compactly: its own layers and norm in
     float16, *without* the embedding / LM head it shares with its target
     (:func:`load_draft_lm` puts the target's back). Returns file sizes."""
-    from safetensors.torch import save_file
+    with needs_extra("hf", "export_draft_lm"):
+        from safetensors.torch import save_file
 
     s, d = Path(src), Path(dst)
     sd = read_state_dict(s)
@@ -48,7 +50,8 @@ def load_draft_lm(path: str | os.PathLike, target: Any, *, dtype: torch.dtype | 
     embedding (and LM head), as a ``transformers`` ``LlamaForCausalLM`` in eval
     mode, in ``dtype`` (default: the target embedding's). ``model.save_pretrained(folder)``
     then writes a normal HF model folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    with needs_extra("hf", "load_draft_lm"):
+        from transformers import AutoConfig, AutoModelForCausalLM
 
     p = Path(path)
     config = AutoConfig.from_pretrained(str(p), local_files_only=True)

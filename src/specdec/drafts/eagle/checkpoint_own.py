@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.checkpoint_config import (
     _MISSING, CheckpointError, _check_layers, _depth, _field, _raise_position_limit, _read_config, _target_depth,
 )
@@ -43,7 +44,8 @@ def save_head(head: EagleHead, path: str | os.PathLike, *, meta: dict[str, Any] 
             for (:func:`~specdec.train.train_students` passes it); recorded so
             that :func:`load_head` refuses a target of another depth.
     """
-    from safetensors.torch import save_file
+    with needs_extra("hf", "save_head"):
+        from safetensors.torch import save_file
 
     if target_num_layers is not None:
         target_num_layers = _depth(target_num_layers, "target_num_layers")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.checkpoint_config import CheckpointError, _field
 from specdec.drafts.eagle.checkpoint_weights import _renamed
 from specdec.drafts.eagle.head import EagleHead
@@ -114,7 +115,8 @@ def save_speculators_head(head: EagleHead, path: str | os.PathLike, *, verifier_
         speculative_tokens: the proposal length recorded for vLLM.
         dtype: store floating tensors in this dtype.
     """
-    from safetensors.torch import save_file
+    with needs_extra("hf", "save_speculators_head"):
+        from safetensors.torch import save_file
 
     c = head.config
     if c.version != 3:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specdec._extras import needs_extra
 from specdec.drafts.eagle.checkpoint_config import CheckpointError
 from specdec.drafts.eagle.head import EagleConfig, EagleHead, target_embeddings
 
@@ -30,8 +31,9 @@ def _targets_tensors(target: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _load_safetensors(f: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    with needs_extra("hf", "reading an EAGLE checkpoint"):
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
 
     try:
         return load_file(str(f))
