@@ -1,0 +1,141 @@
+"""Content hashes of the drafts a ``specdec bench`` run uses, for its run log (docs/bench.md, "Run logs").
+
+Every ``runs.jsonl`` header records, under ``config.draft_sha256``, one entry per draft kind its rows
+use (:func:`draft_hashes`): the file or folder the draft was loaded from and its SHA-256, so that
+two runs of "the EAGLE-3 head" can be told apart when the head was retrained in between. The hash
+is computed from the files alone, before any model loads, and is part of the run's identity: a
+sweep is resumed only with the same files. A folder's hash is :func:`folder_sha256`, reproducible
+with standard tools::
+
+    (cd DIR && find . -type f -printf '%P\\n' | LC_ALL=C sort | xargs sha256sum) | sha256sum
+
+A draft with no file (a truncated copy of the target, made at load time; the model-free ``ngram``
+draft) is recorded with ``sha256`` None and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import InvalidConfigError
+
+__all__ = ["HASH_KEY", "draft_hashes", "draft_source", "file_sha256", "folder_sha256", "path_sha256"]
+
+HASH_KEY = "draft_sha256"
+"""The key of the drafts' hashes in a run log header's ``config``."""
+
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of one file's bytes, as ``sha256sum`` prints it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def folder_sha256(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
+    """``(hash, {relative path: file hash})`` of every file under ``path`` (followed in sorted
+    order of their ``/``-separated relative paths): the hash is the SHA-256 of the lines
+    ``"<file hash>  <relative path>\\n"``, i.e. of ``sha256sum``'s output over the sorted files.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "b.txt").write_text("b\\n"); _ = (d / "a.txt").write_text("a\\n")
+        >>> digest, files = folder_sha256(d)
+        >>> sorted(files) == ["a.txt", "b.txt"] and len(digest) == 64
+        True
+    """
+    root = Path(path)
+    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file())
+    if not files:
+        raise InvalidConfigError(f"{root} holds no file to hash")
+    per = {rel: file_sha256(p) for rel, p in files}
+    listing = "".join(f"{digest}  {rel}\n" for rel, digest in per.items())
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest(), per
+
+
+def path_sha256(path: str | os.PathLike) -> dict[str, Any]:
+    """The log entry of a draft loaded from ``path`` (a file or a folder): ``{"source", "sha256"}``,
+    and ``"files"`` (each file's hash) for a folder."""
+    p = Path(path).expanduser().resolve()
+    if p.is_dir():
+        digest, files = folder_sha256(p)
+        return {"source": str(p), "sha256": digest, "files": files}
+    if p.is_file():
+        return {"source": str(p), "sha256": file_sha256(p)}
+    raise InvalidConfigError(f"cannot hash {p}: no such file or folder")
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    """The local snapshot folder of hub model ``name`` (no download), or None."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - no local copy (or no huggingface_hub): nothing to hash
+        return None
+
+
+def draft_source(target: str, draft: str, heads: Mapping[int, str], kind: str) -> Path | str:
+    """Where draft ``kind`` of a bench run comes from: the file or folder it loads (a
+    :class:`~pathlib.Path`), or a sentence saying why there is none (a truncated copy of the target, the
+    model-free ``ngram`` draft, a head ``auto`` finds none of). Follows
+    :func:`~specdec.bench.models.load_bench_models`'s choices without loading anything.
+
+    Args:
+        target: ``--target`` (as :func:`~specdec.bench.settings.model_source` records it).
+        draft: ``--draft`` (likewise).
+        heads: ``{2: --eagle2-head, 3: --eagle3-head}``.
+        kind: ``"lm"``, ``"eagle2"``, ``"eagle3"`` or ``"ngram"``.
+    """
+    from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_available
+    from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
+    from specdec.models import gemma3
+
+    if kind == "ngram":
+        return "model-free prompt lookup: no weights"
+    if kind == "lm":
+        if draft == "auto":
+            if target == "gemma3" and gemma3.cached_draft_lm_path() is not None:
+                return Path(str(gemma3.cached_draft_lm_path()))
+            if target == DEFAULT_TARGET and shipped_draft_available():
+                return Path(shipped_draft_lm_path())
+            return "a truncated copy of the target, made at load time: no file of its own"
+        if draft.startswith("truncated:"):
+            return "a truncated copy of the target, made at load time: no file of its own"
+        local = Path(draft).expanduser()
+        if local.exists():
+            return local
+        snapshot = _hub_snapshot(draft)
+        return snapshot if snapshot is not None else f"hub model {draft!r} with no local copy to hash"
+    version = int(kind[-1])
+    spec = heads.get(version, "auto")
+    if spec == "none":
+        return "no head (--eagle{}-head none)".format(version)
+    if spec == "auto":
+        found = auto_head_path(target, version)
+        return Path(found) if found is not None else f"no EAGLE-{version} head found for {target!r}"
+    return Path(spec).expanduser()
+
+
+def draft_hashes(target: str, draft: str, heads: Mapping[int, str], kinds: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{kind: entry}`` for every draft kind in ``kinds``: :func:`path_sha256` of its
+    :func:`draft_source`, or ``{"source": why, "sha256": None}`` for a draft with no file.
+
+    Example:
+        >>> draft_hashes("smollm2", "truncated:2", {}, ["lm", "ngram"])["lm"]["sha256"] is None
+        True
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for kind in sorted(set(kinds)):
+        source = draft_source(target, draft, heads, kind)
+        out[kind] = path_sha256(source) if isinstance(source, Path) else {"source": source, "sha256": None}
+    return out
