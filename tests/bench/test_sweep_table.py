@@ -84,11 +84,19 @@ def test_eagle_row_refuses_what_it_cannot_do(tmp_path, logs_present, capsys, spe
     assert message in capsys.readouterr().err
 
 
-def write_log(folder: Path, temperature: float, seeds: list[int], run_seeds: list[int]) -> Path:
-    """A two-prompt run log of eagle3 and rheo at one temperature, as ``specdec bench`` writes it."""
+def write_log(folder: Path, temperature: float, seeds: list[int], run_seeds: list[int], **config_changes) -> Path:
+    """A two-prompt run log of eagle3 and rheo at one temperature, as ``specdec bench`` writes it
+    (``config_changes`` replace or, when None, remove keys of its header's ``config``)."""
     folder.mkdir()
     config = {"target": "smollm2", "max_new_tokens": 8, "budget": {"nodes": 4, "depth": 2},
-              "prompts": {"count": 2}, "temperatures": [temperature], "seeds": seeds}
+              "prompts": {"count": 2, "sha256": "p" * 64}, "temperatures": [temperature], "seeds": seeds,
+              "draft_sha256": {"eagle3": {"source": "/heads/eagle3", "sha256": "a" * 64},
+                               "lm": {"source": "/lm", "sha256": "b" * 64}}}
+    for key, value in config_changes.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
     records = [{"row": row, "temperature": temperature, "prompt_index": p, "seed": s, "emitted": 8, "steps": steps}
                for row, steps in (("eagle3", 4), ("rheo", 4 if temperature == 0 else 2))
                for p in (0, 1) for s in run_seeds]
@@ -124,3 +132,64 @@ def test_sampled_runs_of_other_seeds_are_refused_behind_a_greedy_run(tmp_path):
             write_log(tmp_path / "t1", 1.0, [0, 1, 2], [0, 1, 2])]
     with pytest.raises(SystemExit, match="t1 is not part of the same sweep as .*t03: seeds differ"):
         table_module().main(list(map(str, dirs)))
+
+
+HEAD = {"source": "/heads/eagle3", "sha256": "a" * 64}
+
+
+@pytest.mark.parametrize("change,message", [
+    # another head: the hash of the one draft kind both logs use differs, named with both values
+    (dict(draft_sha256={"eagle3": dict(HEAD, sha256="c" * 64)}),
+     "draft_sha256.eagle3: " + "a" * 64 + " in .*a, " + "c" * 64 + " in .*b"),
+    # other prompts (the same count)
+    (dict(prompts={"count": 2, "sha256": "q" * 64}), 'prompts: .*"p{10}.* in .*a, .*"q{10}.* in .*b'),
+    # other settings
+    (dict(max_new_tokens=16), "max_new_tokens: 8 in .*a, 16 in .*b"),
+    (dict(budget={"nodes": 60, "depth": 6}), "budget: "),
+    # a log written before the hashes were recorded cannot be checked against one with them
+    (dict(draft_sha256=None), "draft_sha256: recorded in one log only"),
+])
+def test_runs_of_other_heads_prompts_or_settings_are_refused_naming_the_field(tmp_path, change, message):
+    dirs = [write_log(tmp_path / "a", 1.0, [0], [0]), write_log(tmp_path / "b", 1.0, [0], [0], **change)]
+    with pytest.raises(SystemExit, match="not part of the same sweep as .*: " + message):
+        table_module().main(list(map(str, dirs)))
+
+
+def test_the_hashes_of_a_draft_only_one_log_uses_do_not_matter(tmp_path):
+    # a folder whose rows use only the EAGLE-3 head merges with one that also used the draft LM: same head
+    dirs = [write_log(tmp_path / "a", 0.0, [0], [0]),
+            write_log(tmp_path / "b", 1.0, [0], [0], draft_sha256={"eagle3": HEAD})]
+    assert table_module().main(list(map(str, dirs))) == 0
+    # two logs that both predate the hashes still merge (nothing to check)
+    old = [write_log(tmp_path / "c", 0.0, [0], [0], draft_sha256=None),
+           write_log(tmp_path / "d", 1.0, [0], [0], draft_sha256=None)]
+    assert table_module().main(list(map(str, old))) == 0
+
+
+def test_rename_shows_an_old_row_under_its_method_and_gives_it_ratios(tmp_path):
+    folder = write_log(tmp_path / "a", 1.0, [0], [0])
+    out = tmp_path / "out.json"
+    assert table_module().main([str(folder), "--rename", "rheo=sampled-dynamic[proxy=displaced]",
+                                "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert {c["row"] for c in got["cells"]} == {"eagle3", "sampled-dynamic[proxy=displaced]"}
+    (ratio,) = got["ratios"]
+    assert ratio["row"] == "sampled-dynamic[proxy=displaced]" and ratio["eagle_row"] == "eagle3"
+    assert ratio["rheo_over_eagle3"][0] == 2.0
+    with pytest.raises(SystemExit):
+        table_module().main([str(folder), "--rename", "rheo=eagle3"])  # a row of that name exists
+
+
+def test_cells_of_rheo_with_every_slot_sampled_are_shown_as_sampled_dynamic(tmp_path, capsys):
+    """A row logged as rheo with m = K (before issue 47) is the sampled-dynamic method: never shown as rheo's."""
+    folder = write_log(tmp_path / "a", 1.0, [0], [0])
+    lines = (folder / "runs.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["resolved"]["options"] = [["eagle3", 1.0, {"K": 10}], ["rheo", 1.0, {"K": 10, "m": 10}]]
+    (folder / "runs.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    out = tmp_path / "out.json"
+    assert table_module().main([str(folder), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert {c["row"] for c in got["cells"]} == {"eagle3", "sampled-dynamic[proxy=scaled]"}
+    assert [r["row"] for r in got["ratios"]] == ["sampled-dynamic[proxy=scaled]"]
+    assert "rheo at T=1 shown as sampled-dynamic[proxy=scaled]" in capsys.readouterr().out

@@ -28,6 +28,7 @@ OPTIONS = {
     "eagle2": {"K": 3, "depth": 3, "N": 8},
     "eagle3": {"K": 3, "depth": 3, "N": 8},
     "rheo": {"K": 3, "m": 1, "M": 8, "depth": 3, "N": 8},
+    "sampled-dynamic": {"K": 3, "M": 8, "depth": 3, "N": 8},
 }
 # methods whose tree at T=0 with a perfect draft contains the greedy path of full depth: the chain
 # drafts greedily. The other builders rank or draw by the draft's untempered law at T=0

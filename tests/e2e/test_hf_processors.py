@@ -40,6 +40,7 @@ OPTIONS = {
     "eagle2": {"K": 3, "depth": 3, "N": 8},
     "eagle3": {"K": 3, "depth": 3, "N": 8},
     "rheo": {"K": 3, "m": 1, "M": 8, "depth": 3, "N": 8},
+    "sampled-dynamic": {"K": 3, "M": 8, "depth": 3, "N": 8},
 }
 
 

@@ -24,6 +24,7 @@ SMALL = {
     "eagle2": {"K": 4, "depth": 4, "N": 12},
     "eagle3": {"K": 4, "depth": 4, "N": 12},
     "rheo": {"K": 4, "depth": 4, "N": 12},
+    "sampled-dynamic": {"K": 4, "depth": 4, "N": 12},
 }
 
 

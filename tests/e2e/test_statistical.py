@@ -34,6 +34,7 @@ SMALL_OPTIONS = {
     "eagle2": {"K": 3, "depth": 3, "N": 5},
     "eagle3": {"K": 3, "depth": 3, "N": 5},
     "rheo": {"K": 2, "m": 1, "M": 4, "depth": 3, "N": 5},  # 1 top-1 slot + 1 sampled slot
+    "sampled-dynamic": {"K": 2, "M": 4, "depth": 3, "N": 5},  # 2 sampled slots (wor)
 }
 
 SAMPLINGS = {
@@ -86,13 +87,13 @@ def test_method_is_lossless(method: str, sampling_id: str) -> None:
     assert result.p_value > ALPHA, f"{method} at {sampling_id}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
 
 
-# RheoSampling with every slot sampled (m = K, docs/rheo_results.md "Every slot sampled"): the
-# settings measured there, through the same loop (the whole-tree enumeration is in tests/trees)
+# every slot sampled (the sampled-dynamic method: RheoSampling's construction with m = K, docs/trees.md): the
+# settings measured in docs/rheo_results.md, through the same loop (the whole-tree enumeration is in tests/trees)
 EVERY_SLOT = {
-    "displaced": {"K": 3, "m": 3, "M": 4, "depth": 3, "N": 8, "proxy": "displaced"},  # siblings kept: wor matters
-    "geometric": {"K": 2, "m": 2, "M": 4, "depth": 3, "N": 5, "proxy": "geometric", "proxy_scale": 0.5},
+    "displaced": {"K": 3, "M": 4, "depth": 3, "N": 8, "proxy": "displaced"},  # siblings kept: wor matters
+    "geometric": {"K": 2, "M": 4, "depth": 3, "N": 5, "proxy": "geometric", "proxy_scale": 0.5},
     # a measured-looking table (docs/trees.md, "Proxies"): weak draws lifted far above their displaced weight
-    "calibrated": {"K": 3, "m": 3, "M": 4, "depth": 3, "N": 8, "proxy": "calibrated",
+    "calibrated": {"K": 3, "M": 4, "depth": 3, "N": 8, "proxy": "calibrated",
                    "calibration": ((0.02, 0.05, 0.1, 0.3, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9),)},  # every draw: one row
 }
 
@@ -100,14 +101,14 @@ EVERY_SLOT = {
 @pytest.mark.parametrize("sampling_id", [pytest.param("T1"),
                                          pytest.param("T0.6-topk3-topp0.9", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("proxy", sorted(EVERY_SLOT))
-def test_rheo_with_every_slot_sampled_is_lossless(proxy: str, sampling_id: str) -> None:
+def test_every_slot_sampled_is_lossless(proxy: str, sampling_id: str) -> None:
     sampling = SAMPLINGS[sampling_id]
     target, draft = make_models()
     law = target.joint_law(PROMPT, NUM_TOKENS, sampling)
-    gen = SpeculativeGenerator(target=target, draft=draft, method="rheo", **EVERY_SLOT[proxy])
+    gen = SpeculativeGenerator(target=target, draft=draft, method="sampled-dynamic", **EVERY_SLOT[proxy])
     result = chi_square_test(sample_first_tokens(gen, sampling), law)
     assert result.unexpected == 0
-    assert result.p_value > ALPHA, f"rheo m=K {proxy} at {sampling_id}: chi2={result.statistic:.1f} p={result.p_value:.2e}"
+    assert result.p_value > ALPHA, f"sampled-dynamic {proxy} at {sampling_id}: chi2={result.statistic:.1f} p={result.p_value:.2e}"
 
 
 def test_autoregressive_baseline_is_the_reference() -> None:
@@ -175,8 +176,8 @@ class IidRuleOnWorVerifier(get("verifier", "rejection-iid")):
 
 
 def _mutant_generator(name: str, target: MarkovLM, draft: MarkovLM) -> SpeculativeGenerator:
-    if name.startswith("iid-rule-on-wor-"):  # rheo with every slot sampled (EVERY_SLOT), the wrong rule
-        gen = SpeculativeGenerator(target=target, draft=draft, method="rheo",
+    if name.startswith("iid-rule-on-wor-"):  # every slot sampled (sampled-dynamic, EVERY_SLOT), the wrong rule
+        gen = SpeculativeGenerator(target=target, draft=draft, method="sampled-dynamic",
                                    **EVERY_SLOT[name.removeprefix("iid-rule-on-wor-")])
         gen.verifier = IidRuleOnWorVerifier()
     elif name == "ratio-on-topk":

@@ -516,13 +516,13 @@ def test_rheo_calibration_table_is_checked(bad, message):
 
 def test_rheo_calibrated_proxy_without_a_table_fails_at_t_above_0_only():
     draft = table_draft({(): [0.5, 0.3, 0.2]}, 3, default=[0.5, 0.3, 0.2])
-    builder = RheoTreeBuilder(K=2, m=2, depth=1, N=2, M=3, proxy="calibrated")
+    builder = RheoTreeBuilder(K=3, m=2, depth=1, N=3, M=3, proxy="calibrated")
     with pytest.raises(InvalidConfigError, match="calibration table"):
         build(builder, draft)
     with pytest.raises(InvalidConfigError, match="calibration table"):
         builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
     greedy = build(builder, draft, sampling=SamplingConfig(temperature=0.0))  # T = 0: EAGLE-2's tree, no proxy
-    assert greedy.num_nodes == 3
+    assert greedy.num_nodes == 4
 
 
 def test_profile_calibration_measures_acceptance_per_draw_and_bin():
@@ -548,3 +548,94 @@ def test_profile_calibration_measures_acceptance_per_draw_and_bin():
         profile_calibration(same, same, [[0]], SamplingConfig(temperature=0.0))
     with pytest.raises(InvalidConfigError, match="prompt"):
         profile_calibration(same, same, [], T1)
+
+
+# ------------------------------------------------------------------ issue 47: names and the paper's settings
+def test_rheo_refuses_every_slot_sampled_naming_the_method_that_is():
+    with pytest.raises(InvalidConfigError, match="at least one deterministic slot .* 'sampled-dynamic'"):
+        specdec.trees.RheoTreeBuilder(K=10, m=10)
+    with pytest.raises(InvalidConfigError, match="'sampled-dynamic'"):
+        specdec.SpeculativeGenerator(target=CallableLM(lambda p: torch.zeros(len(p), 3), 3),
+                                     draft=CallableLM(lambda p: torch.zeros(len(p), 3), 3), method="rheo", K=3, m=3)
+    assert specdec.get("method", "sampled-dynamic").tree == "sampled-dynamic"
+
+
+@pytest.mark.parametrize("proxy", ["displaced", "calibrated", "geometric"])
+@pytest.mark.parametrize("sampling", [T1, SamplingConfig(temperature=0.7, top_k=3)], ids=["T1", "T0.7-topk3"])
+def test_sampled_dynamic_is_rheo_s_construction_with_every_slot_sampled(proxy, sampling):
+    """The sampled-dynamic tree is the tree that rheo[m=K] built before issue 47 (rheo_proposal with m = K), draw for
+    draw: results logged as rheo[m=10,...] are sampled-dynamic[...]'s."""
+    from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
+
+    table = ((0.05, 0.1, 0.15, 0.2, 0.3, 0.6, 0.6, 0.6, 0.75, 0.8, 0.9),)
+    options = dict(K=3, B=2, depth=3, N=6, M=4, proxy=proxy, proxy_scale=0.5, calibration=table)
+    new = SampledDynamicTreeBuilder(**options)
+    old = RheoTreeBuilder(**dict(options, K=4, m=1))
+    object.__setattr__(old, "K", 3)  # rheo with m = K = 3, past today's check
+    object.__setattr__(old, "B", 2)
+    object.__setattr__(old, "m", 3)
+    draft = table_draft({}, 5, default=[0.4, 0.25, 0.2, 0.1, 0.05])
+    for seed in range(4):
+        a, b = build(new, draft, sampling, seed), build(old, draft, sampling, seed)
+        for name in ("tokens", "parents", "kinds", "draw_order", "weights"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert all(k == int(NodeKind.SAMPLED) for k in a.kinds.tolist()[1:])
+
+
+def test_min_top1_proxy_and_truncation_read_the_law_as_stated():
+    """proxy="min_top1" weighs the sampled child min(q(top1), 1 - q(top1)); truncate=True reads every weight
+    from the top-M law renormalised (here M = 3 of q = (0.5, 0.2, 0.15, 0.1, 0.05): mass 0.85)."""
+    from specdec.trees.rheo import RheoTreeBuilder
+
+    q = [0.5, 0.2, 0.15, 0.1, 0.05]
+    draft = table_draft({}, 5, default=q)
+    plain = build(RheoTreeBuilder(K=3, m=1, depth=1, N=3, M=3, proxy="min_top1"), draft)
+    trunc = build(RheoTreeBuilder(K=3, m=1, depth=1, N=3, M=3, proxy="min_top1", truncate=True), draft)
+    for tree, mass in ((plain, 1.0), (trunc, 0.85)):
+        kinds = tree.kinds.tolist()
+        sampled = kinds.index(int(NodeKind.SAMPLED))
+        top1 = 0.5 / mass
+        assert float(tree.weights[sampled]) == pytest.approx(min(top1, 1 - top1))
+        det = [float(tree.weights[i]) for i, k in enumerate(kinds) if k == int(NodeKind.DETERMINISTIC)]
+        assert det == pytest.approx([0.5 / mass, 0.2 / mass])
+        law = tree.law_of(sampled)  # q' is the same either way: the top M outside S, renormalised
+        assert law.indices.tolist() == [2] and law.probs.tolist() == [1.0]
+    # the residual of the scaled proxy is read from the truncated law too: 1 - (0.5 + 0.2) / 0.85
+    scaled = build(RheoTreeBuilder(K=3, m=1, depth=1, N=3, M=3, truncate=True), draft)
+    sampled = scaled.kinds.tolist().index(int(NodeKind.SAMPLED))
+    assert float(scaled.weights[sampled]) == pytest.approx(0.25 * (1 - 0.7 / 0.85))
+    with pytest.raises(InvalidConfigError, match="truncate must be True or False"):
+        RheoTreeBuilder(truncate="yes")
+
+
+def test_sampled_dynamic_takes_the_default_policy_s_sparse_draft_per_temperature():
+    """M = None: 8192 at T = 0.6 (the policy, docs/trees.md "Default policy"), 1024 elsewhere; the tree is the one
+    of the explicit M, on both the tensor and the per-node path."""
+    from specdec.trees.rheo import DEFAULT_POLICY, STANDING_M, SampledDynamicTreeBuilder
+
+    assert DEFAULT_POLICY["sampled-dynamic"][0.6] == {"M": 8192} and DEFAULT_POLICY["rheo"] == {0.6: {}, 1.0: {}}
+    policy = SampledDynamicTreeBuilder(K=3, depth=2, N=5)
+    t06, t1 = SamplingConfig(temperature=0.6), SamplingConfig(temperature=1.0)
+    assert (policy.sparse_size(t06), policy.sparse_size(t1), STANDING_M) == (8192, 1024, 1024)
+    assert SampledDynamicTreeBuilder(K=3, M=64).sparse_size(t06) == 64
+    V = 3000  # a law spread over more than 1024 tokens, so that M changes q'
+    logits = torch.linspace(0.0, -3.0, V, dtype=torch.float64)
+    draft = CallableLM(lambda p: logits.expand(len(p), V).clone(), vocab_size=V)
+
+    def trees(builder, sampling, seed):
+        draft.begin([0])
+        fast = builder.build(0, draft, sampling, TorchRandom.seeded(seed))
+        draft.begin([0])
+        return fast, builder.build_reference(0, draft, sampling, TorchRandom.seeded(seed))
+
+    differ = 0
+    for seed in range(3):
+        for sampling, size in ((t06, 8192), (t1, 1024)):
+            got = trees(policy, sampling, seed)
+            want = trees(SampledDynamicTreeBuilder(K=3, depth=2, N=5, M=size), sampling, seed)
+            for a, b in zip(got, want):
+                assert torch.equal(a.tokens, b.tokens) and len(a.laws) == len(b.laws)
+                assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.laws, b.laws))
+        other = trees(SampledDynamicTreeBuilder(K=3, depth=2, N=5, M=1024), t06, seed)[0]
+        differ += other.laws[0].indices.numel() != trees(policy, t06, seed)[0].laws[0].indices.numel()
+    assert differ  # at T = 0.6 the policy's M is not the standing one

@@ -27,6 +27,7 @@ from specdec.trees import (
     ChainTreeBuilder,
     EagleTreeBuilder,
     RheoTreeBuilder,
+    SampledDynamicTreeBuilder,
     SequoiaTreeBuilder,
     StaticTreeBuilder,
 )
@@ -117,15 +118,16 @@ CASES = [
         (1, 2),
         True,
     ),
-    # every slot sampled (m = K: no deterministic child, S empty, residual 1), with the proxies measured in
-    # docs/rheo_results.md ("Every slot sampled"): displaced keeps the draft's ranks, geometric a fixed shape
-    ("rheo-every-slot-displaced", RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="displaced"), "mixed", 3,
+    # every slot sampled (sampled-dynamic: RheoSampling's construction with m = K, no deterministic child, S empty,
+    # residual 1), with the proxies measured in docs/rheo_results.md: displaced keeps the draft's ranks, geometric a
+    # fixed shape
+    ("rheo-every-slot-displaced", SampledDynamicTreeBuilder(K=2, B=1, depth=3, N=3, M=3, proxy="displaced"), "mixed", 3,
      (1, 2), True),
-    ("rheo-every-slot-displaced-V4", RheoTreeBuilder(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="displaced"), "mixed", 4,
+    ("rheo-every-slot-displaced-V4", SampledDynamicTreeBuilder(K=3, B=1, depth=2, N=3, M=4, proxy="displaced"), "mixed", 4,
      (3, 4), True),
     (
         "rheo-every-slot-geometric",
-        RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="geometric", proxy_scale=0.5),
+        SampledDynamicTreeBuilder(K=2, B=1, depth=3, N=3, M=3, proxy="geometric", proxy_scale=0.5),
         "mixed",
         3,
         (5, 6),
@@ -133,12 +135,23 @@ CASES = [
     ),
     # the calibrated proxy (docs/trees.md, "Proxies"): a measured table read at the displaced weight's bin;
     # CALIBRATED is not monotone, so the tree's shape differs from the displaced one's
-    ("rheo-every-slot-calibrated", RheoTreeBuilder(K=2, m=2, B=1, depth=3, N=3, M=3, proxy="calibrated",
+    ("rheo-every-slot-calibrated", SampledDynamicTreeBuilder(K=2, B=1, depth=3, N=3, M=3, proxy="calibrated",
                                                    calibration=CALIBRATED), "mixed", 3, (3, 4), True),
     ("rheo-calibrated-m2-V4", RheoTreeBuilder(K=3, m=2, B=2, depth=2, N=4, M=4, proxy="calibrated",
                                               calibration=CALIBRATED), "mixed", 4, (3, 4), True),
-    ("rheo-every-slot-calibrated-V4", RheoTreeBuilder(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="calibrated",
+    ("rheo-every-slot-calibrated-V4", SampledDynamicTreeBuilder(K=3, B=1, depth=2, N=3, M=4, proxy="calibrated",
                                                       calibration=CALIBRATED), "mixed", 4, (5, 6), True),
+    # the paper's settings as its summary states them (docs/trees.md, "The paper's settings"): the min(q(top1),
+    # 1 - q(top1)) proxy and the sparse draft truncated before the softmax, together and apart
+    ("rheo-paper", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="min_top1", truncate=True), "mixed", 4,
+     (1, 2), True),
+    ("rheo-min-top1-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="min_top1"), "mixed", 4, (3, 4),
+     True),
+    ("rheo-truncated", RheoTreeBuilder(K=3, m=1, B=2, depth=2, N=4, M=3, truncate=True), "mixed", 4, (5, 6), True),
+    ("every-slot-truncated", SampledDynamicTreeBuilder(K=3, B=1, depth=2, N=3, M=3, truncate=True), "mixed", 4,
+     (1, 2), True),
+    # more children per node than the vocabulary (K = 6 > V = 4, the defaults' M): every token drawn
+    ("every-slot-K-above-V", SampledDynamicTreeBuilder(K=6, B=1, depth=2, N=3, M=1024), "mixed", 4, (3, 4), True),
     # the residual-mass proxy (the reconstruction's first choice, docs/trees.md)
     ("rheo-residual", RheoTreeBuilder(K=2, m=1, B=1, depth=3, N=3, M=3, proxy="residual"), "mixed", 3, (1, 2), True),
     ("rheo-residual-m2", RheoTreeBuilder(K=3, m=2, B=1, depth=2, N=3, M=4, proxy="residual"), "mixed", 4, (3, 4), True),
@@ -298,7 +311,7 @@ class ProxyIsDraftProb(RheoTreeBuilder):
 
 
 @attrs.frozen
-class CalibratedAtDrawnToken(RheoTreeBuilder):
+class CalibratedAtDrawnToken(SampledDynamicTreeBuilder):
     """Mutant: the calibrated proxy read at the drawn token's q(y) instead of the displaced weight."""
 
     def propose(self, q, rng):
@@ -418,7 +431,7 @@ class DeterministicFirstVerifier(Verifier):
 
 
 SMALL = dict(K=2, m=1, B=1, depth=3, N=3, M=3)
-EVERY_SLOT_CALIBRATED = dict(K=3, m=3, B=1, depth=2, N=3, M=4, proxy="calibrated", calibration=CALIBRATED)
+EVERY_SLOT_CALIBRATED = dict(K=3, B=1, depth=2, N=3, M=4, proxy="calibrated", calibration=CALIBRATED)
 # name, mutant class, verifier (None = "mixed"), kwargs, V, seeds; settings found by search
 RHEO_MUTANTS = [
     ("proxy-q'(y)", ProxyIsTrueLaw, None, SMALL, 3, (3, 4)),
@@ -461,7 +474,8 @@ RHEO_MUTANTS = [
     "name,mutant,mutant_verifier,kwargs,vocab,seeds", RHEO_MUTANTS, ids=[m[0] for m in RHEO_MUTANTS]
 )
 def test_rheo_mutant_is_caught(name, mutant, mutant_verifier, kwargs, vocab, seeds):
-    correct = run_case(RheoTreeBuilder(**kwargs), "mixed", vocab, seeds, T1)
+    base = SampledDynamicTreeBuilder if issubclass(mutant, SampledDynamicTreeBuilder) else RheoTreeBuilder
+    correct = run_case(base(**kwargs), "mixed", vocab, seeds, T1)
     ver = mutant_verifier() if mutant_verifier is not None else None
     broken = run_case(mutant(**kwargs), "mixed", vocab, seeds, T1, ver=ver)
     assert correct < EXACT
@@ -542,8 +556,8 @@ def test_unordered_calibration_is_refused_and_would_break_the_law():
     """Why check_calibration orders the table: with UNORDERED a later draw can outweigh an earlier one, the
     global top-N keeps it without the earlier draw, and rule 4 no longer gives the target's law."""
     with pytest.raises(InvalidConfigError, match="must not"):
-        RheoTreeBuilder(**dict(EVERY_SLOT_CALIBRATED, calibration=UNORDERED))
-    unchecked = RheoTreeBuilder(**EVERY_SLOT_CALIBRATED)
+        SampledDynamicTreeBuilder(**dict(EVERY_SLOT_CALIBRATED, calibration=UNORDERED))
+    unchecked = SampledDynamicTreeBuilder(**EVERY_SLOT_CALIBRATED)
     object.__setattr__(unchecked, "calibration", UNORDERED)  # past the check
-    assert run_case(RheoTreeBuilder(**EVERY_SLOT_CALIBRATED), "mixed", 4, (5, 6), T1) < EXACT
+    assert run_case(SampledDynamicTreeBuilder(**EVERY_SLOT_CALIBRATED), "mixed", 4, (5, 6), T1) < EXACT
     assert run_case(unchecked, "mixed", 4, (5, 6), T1) > BROKEN

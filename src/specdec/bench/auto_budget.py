@@ -27,8 +27,9 @@ measurement (:func:`choose_sampled_slots`): at ``T = 0`` rheo builds
 EAGLE-2's tree and ``m`` stays 1; at each ``T > 0``, short seeded pilot
 generations of the rheo rows at ``T``'s budget (:func:`pilot_tau`) measure the
 tokens per step ``tau`` for every ``m`` in :data:`SLOT_CANDIDATES` with
-``m <= K`` and for ``m = K`` (every slot sampled, no deterministic child),
-and the largest ``tau`` wins (ties go to the smaller ``m``). A row's
+``m < K`` (rheo keeps a deterministic slot: ``m = K``, every slot sampled, is the
+``sampled-dynamic`` method, a row of its own), and the largest ``tau`` wins (ties go to
+the smaller ``m``; with ``K = 2`` only ``m = 1`` is left and nothing is piloted). A row's
 own ``m`` (``rheo[m=2]``) overrides the choice, as every row option overrides
 the budget's mapping.
 """
@@ -78,7 +79,7 @@ AUTO_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
 
 
 SLOT_CANDIDATES: tuple[int, ...] = (1, 2, 3)
-"""Sampled slots ``m`` of RheoSampling that ``--budget auto`` tries at ``T > 0`` (those with ``m <= K``, and ``m = K``)."""
+"""Sampled slots ``m`` of RheoSampling that ``--budget auto`` tries at ``T > 0`` (those with ``m < K``)."""
 
 @attrs.frozen
 class BudgetChoice:
@@ -210,7 +211,7 @@ class SlotsChoice:
 
     Attributes:
         m: the chosen sampled slots.
-        candidates: the ``m`` tried (those of the candidates with ``m <= K``, and ``K``).
+        candidates: the ``m`` tried (those of the candidates with ``m < K``).
         tau: measured tokens per step per ``m`` (empty when one candidate
             was left: nothing to measure).
     """
@@ -222,28 +223,29 @@ class SlotsChoice:
 
 def choose_sampled_slots(pilot: Callable[[int], float], width: int,
                          candidates: Sequence[int] = SLOT_CANDIDATES) -> SlotsChoice:
-    """RheoSampling's ``m``: the candidate with ``m <= width`` (``width`` itself, every slot sampled,
+    """RheoSampling's ``m``: the candidate with ``m < width`` (at least one deterministic slot; ``m = 1``
     always among them) whose pilot measures the most tokens per step.
 
     Args:
         pilot: ``m -> tau``, the measured tokens per step with ``m`` sampled
             slots (:func:`pilot_tau`); called once per candidate, never when a
             single candidate is left.
-        width: ``K``, the children per node (``m <= K`` is required).
+        width: ``K``, the children per node (``m < K`` is required: ``m = K`` is the
+            ``sampled-dynamic`` method, not rheo).
         candidates: the ``m`` to try.
 
     Returns:
         the :class:`SlotsChoice`; ties go to the smaller ``m``.
 
     Example:
-        >>> choose_sampled_slots({1: 2.0, 2: 2.3, 3: 2.3, 10: 2.1}.__getitem__, 10).m
+        >>> choose_sampled_slots({1: 2.0, 2: 2.3, 3: 2.3}.__getitem__, 10).m
         2
-        >>> choose_sampled_slots({1: 1.2, 2: 1.4}.__getitem__, 2)  # K = 2: m = 1 or every slot sampled
-        SlotsChoice(m=2, candidates=(1, 2), tau={1: 1.2, 2: 1.4})
+        >>> choose_sampled_slots({1: 1.2, 2: 1.4}.__getitem__, 2)  # K = 2: m = 1 is all rheo has
+        SlotsChoice(m=1, candidates=(1,), tau={})
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 2:
         raise InvalidConfigError(f"the width K must be an int >= 2, got {width!r}")
-    tried = tuple(sorted({int(m) for m in candidates if 1 <= int(m) <= width} | {width}))
+    tried = tuple(sorted({int(m) for m in candidates if 1 <= int(m) < width} | {1}))
     if len(tried) == 1:
         return SlotsChoice(tried[0], tried, {})
     tau = {m: float(pilot(m)) for m in tried}

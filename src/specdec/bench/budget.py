@@ -11,6 +11,7 @@ tree builder (methods)  parameters for budget ``(N, d)``
 ======================  ==========================================================
 ``eagle`` (eagle2/3)    ``N = N``, ``depth = d``, ``K = B = clamp(round(N / d), 2, 10)``
 ``rheo`` (rheo)         as ``eagle`` (``m = 1`` sampled slot unless ``auto`` chose one)
+``sampled-dynamic``     as ``eagle`` (every one of the ``K`` children sampled)
 ``sequoia`` (sequoia)   ``num_nodes = N``, ``max_depth = d``, ``acceptance`` profiled
 ``static`` (specinfer)  ``expansion`` = :func:`specinfer_expansion` ``(N, d)``
 ``chain`` (sd)          ``depth = min(N, d)``
@@ -172,7 +173,7 @@ def specinfer_expansion(budget: Budget) -> tuple[int, ...]:
     return tuple(widths)
 
 
-_BUDGET_TREES = ("chain", "static", "sequoia", "eagle", "rheo")
+_BUDGET_TREES = ("chain", "static", "sequoia", "eagle", "rheo", "sampled-dynamic")
 
 
 def method_tree(method: str) -> str:

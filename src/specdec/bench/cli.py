@@ -29,7 +29,8 @@ import attrs
 
 from specdec.bench import models as bench_models
 from specdec.bench import runner
-from specdec.bench.budget import Budget, budget_text
+from specdec.bench.budget import Budget, budget_at, budget_text, dynamic_width, method_tree
+from specdec.bench.hashes import HASH_KEY
 from specdec.bench.prepare import prepare_sweep
 from specdec.bench.prompts import load_prompts, select_prompts
 from specdec.bench.report import open_out_dir, remove_stale_outputs, write_meta, write_report
@@ -89,7 +90,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a question.jsonl file (MT-bench / Spec-Bench layout: one JSON object per line with "
                         "question_id, category, turns), a .json file (one JSON list of prompt strings, or of "
                         "objects in the question.jsonl layout), a text file (one prompt per line, or blank-line "
-                        "separated blocks), 'shipped' (default) or 'sharegpt' (held-out slice)")
+                        "separated blocks), 'shipped' (default), 'sharegpt' (held-out slice) or 'sharegpt-confirm' "
+                        "(the RheoSampling confirmation's fresh held-out first turns)")
     p.add_argument("--num-prompts", type=int, metavar="N", help="prompts used, spread over categories (0 = all)")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens per generation")
     p.add_argument("--seeds", metavar="S1,S2", help="seeds of the sampled runs (T > 0); T = 0 uses the first")
@@ -209,6 +211,9 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
     if out_dir is not None and not args.no_plots and not bench_models.matplotlib_available():
         raise InvalidConfigError("the plots need matplotlib: pip install matplotlib (or pip install "
                                  "'specdec-trees[bench]'), or pass --no-plots")
+    if resume is not None and HASH_KEY not in resume.config:
+        log(f"{resume.path} was written before run logs recorded the drafts' content hashes ({HASH_KEY}): "
+            "resumed without checking its drafts, and its header records none")
     if resume is not None and resume.complete:
         log(f"{resume.path} holds all {resume.expected()} generations of this sweep: rebuilding the report")
         return _finish(args, out_dir, resume.header, [record_from_dict(r) for r in resume.records], started,
@@ -261,6 +266,7 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
         # temperature: it is reused at every temperature (never re-resolved), with rheo's default m
         res = resume.resolved
         budget, slots = logged_budget(res)
+        _refuse_every_slot_rheo(resume.path, budget, slots, rows)
         auto_info = res.get("auto_budget")
         sequoia_acc = {(k, float(t)): tuple(v) for k, t, v in res.get("sequoia_acceptance", [])}
         rheo_cal = {(k, float(t)): tuple(tuple(r) for r in v) for k, t, v in res.get("rheo_calibration", [])}
@@ -328,6 +334,21 @@ def _bench(args: argparse.Namespace, pools: list[Any]) -> int:
             pool.shutdown()
     runs = kept + [attrs.evolve(r, sequence=len(kept) + i) for i, r in enumerate(fresh)]
     return _finish(args, out_dir, header, runs, started, resumed=len(kept))
+
+
+def _refuse_every_slot_rheo(path: Path, budget: Budget | Mapping[float, Budget], slots: Mapping[float, int],
+                            rows: Sequence[Any]) -> None:
+    """A log whose ``--budget auto`` gave rheo ``m = K`` (every slot sampled, before that became the
+    ``sampled-dynamic`` method) cannot be resumed: rheo refuses ``m = K`` now."""
+    free = [r for r in rows if r.kind == "speculative" and method_tree(r.method) == "rheo" and "m" not in dict(r.options)]
+    for t, m in slots.items():
+        k = dynamic_width(budget_at(budget, t))
+        if free and m >= k:
+            raise InvalidConfigError(
+                f"{path}: its --budget auto chose rheo m={m} = K={k} at T={t:g} (every slot sampled), which is the "
+                "'sampled-dynamic' method now: rheo refuses m = K, so this sweep cannot be resumed (its finished "
+                "generations stay readable with `specdec bench report`); run it again with --overwrite or in "
+                "another folder")
 
 
 def _consoles() -> tuple[Any, Any]:

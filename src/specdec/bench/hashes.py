@@ -21,7 +21,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_available
+from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
 from specdec.errors import InvalidConfigError
+from specdec.models import gemma3
 
 __all__ = ["HASH_KEY", "draft_hashes", "draft_source", "file_sha256", "folder_sha256", "path_sha256"]
 
@@ -96,10 +99,6 @@ def draft_source(target: str, draft: str, heads: Mapping[int, str], kind: str) -
         heads: ``{2: --eagle2-head, 3: --eagle3-head}``.
         kind: ``"lm"``, ``"eagle2"``, ``"eagle3"`` or ``"ngram"``.
     """
-    from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_available
-    from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
-    from specdec.models import gemma3
-
     if kind == "ngram":
         return "model-free prompt lookup: no weights"
     if kind == "lm":

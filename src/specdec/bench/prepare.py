@@ -25,6 +25,7 @@ from specdec.bench.sweep import BenchConfig
 from specdec.errors import InvalidConfigError
 from specdec.sampling import SamplingConfig
 from specdec import tune
+from specdec.trees.rheo import policy_options
 from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
 
 __all__ = ["CALIBRATION_STEPS_FACTOR", "prepare_sweep"]
@@ -99,20 +100,24 @@ def prepare_sweep(models: BenchModels, args: argparse.Namespace, settings: Bench
                 children="wor", steps_per_prompt=settings.profile_steps)
             out["sequoia_acc"][(kind, t)] = auto_budget.smooth_acceptance(
                 rates, len(profile_prompts) * settings.profile_steps)
-    for row in rows:  # rheo rows with the calibrated proxy and no table of their own: one table per T > 0
+    for row in rows:  # rheo / sampled-dynamic rows with the calibrated proxy and no table of their own: one per T > 0
         own = dict(row.options)
         if row.kind != "speculative" or own.get("proxy") != "calibrated" or "calibration" in own:
             continue
         method, draft = row.method_and_draft()
-        if method_tree(method) != "rheo":
+        tree = method_tree(method)
+        if tree not in ("rheo", "sampled-dynamic"):
             continue
+        width = dynamic_width(fixed) if fixed is not None else 10
+        draws = int(own.get("m", 10)) if tree == "rheo" else int(own.get("K", width))  # rows of the table
         for t in settings.temperatures:
             if t == 0:
                 continue  # no node is sampled at T = 0: the tree is EAGLE-2's, no proxy is read
             log(f"profiling the calibrated proxy: {row.name}, T={t:g}")
             out["rheo_cal"][(row.name, float(t))] = tune.profile_calibration(
                 models.targets[draft], models.drafts[draft], profile_prompts, SamplingConfig(temperature=t),
-                draws=int(own.get("m", 10)), M=int(own.get("M", 1024)), rank_law=str(own.get("rank_law", "untempered")),
+                draws=draws, M=int(own.get("M", policy_options(tree, t).get("M", 1024))),
+                rank_law=str(own.get("rank_law", "untempered")),
                 steps_per_prompt=CALIBRATION_STEPS_FACTOR * settings.profile_steps)
     if fixed is None:
         out["budget"], out["sampled_slots"], out["auto_info"] = _auto_budget(

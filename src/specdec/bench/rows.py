@@ -38,7 +38,7 @@ AUTOREGRESSIVE = "autoregressive"
 PEER = "hf-assisted"
 """Name of the peer row: transformers' ``generate(assistant_model=...)``."""
 
-DEFAULT_DRAFT: Mapping[str, str] = {"eagle2": "eagle2", "eagle3": "eagle3", "rheo": "eagle3"}
+DEFAULT_DRAFT: Mapping[str, str] = {"eagle2": "eagle2", "eagle3": "eagle3", "rheo": "eagle3", "sampled-dynamic": "eagle3"}
 """Draft kind of a method written without ``@draft``; other methods use ``"lm"``.
 A head that is not available falls back to ``"lm"`` (the output says so)."""
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from specdec.bench.budget import Budget, parse_budget
+from specdec.bench.hashes import HASH_KEY, draft_hashes
 from specdec.bench.models import NAMED_TARGETS, auto_head_path, resolve_device
 from specdec.bench.prompts import BenchPrompt
 from specdec.bench.rows import RowSpec
@@ -210,7 +211,10 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
     how fast the records come, not what they mean. The device is (its timings
     and float rounding are not a CPU's); it is written only when it is not the
     CPU, so logs written before ``--device`` existed still resume. So is ``--optimum``
-    (its timings include the measurement's host work), written only when given.
+    (its timings include the measurement's host work), written only when given. The drafts'
+    content hashes (``draft_sha256``, :func:`~specdec.bench.hashes.draft_hashes`: one per draft
+    kind the rows use) are part of it: a retrained head is another run. A log written before
+    they were recorded resumes without them (:func:`~specdec.bench.report.open_out_dir`).
     """
     budget = settings.budget
     device = getattr(args, "device", "cpu") or "cpu"
@@ -228,6 +232,9 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
         "batch_size": settings.batch_size,
         "max_prompt_tokens": args.max_prompt_tokens,
         "prompts": {"count": len(prompts), "sha256": prompts_digest(prompts)},
+        HASH_KEY: draft_hashes(model_source(args.target), model_source(args.draft),
+                               {2: model_source(args.eagle2_head), 3: model_source(args.eagle3_head)},
+                               {r.draft for r in rows if r.draft}),
     } | ({"optimum": True} if settings.optimum else {})
 
 

@@ -24,6 +24,7 @@ from specdec.bench.budget import Budget, budget_at, method_options, method_tree
 from specdec.bench.rows import RowSpec
 from specdec.errors import InvalidConfigError
 from specdec.methods import resolve_method
+from specdec.trees.rheo import policy_options
 
 __all__ = [
     "BenchConfig",
@@ -238,9 +239,13 @@ def row_options(
     slots ``m`` that ``config.sampled_slots`` gives the temperature (lowered to
     ``K - 1`` where a row's own ``K`` leaves no room for it); the row's own
     options override all of it key by key (a row's own ``m`` that the
-    budget's ``K`` has no room for raises ``K`` to ``m``; ``N`` and ``d`` stay).
+    budget's ``K`` has no room for raises ``K`` to ``m + 1``, as rheo keeps a deterministic slot; ``N``
+    and ``d`` stay; a row whose own ``K`` has no room for the budget's ``m`` gets ``m = K - 1``).
     A row whose builder has no budget mapping (:attr:`RowSpec.budgeted
     <specdec.bench.rows.RowSpec.budgeted>` False) gets its method's defaults and its own options.
+    The default policy's options at ``T`` (:func:`specdec.trees.rheo.policy_options`: ``M = 8192`` for
+    ``sampled-dynamic`` at ``T = 0.6``) are written out where the row does not set them, so that the log
+    records the tree that ran.
     ``calibration`` maps ``(row name, T)`` to the table of a rheo row with ``proxy=calibrated``
     (:func:`~specdec.tune.profile_calibration`), given to it as ``calibration``.
 
@@ -256,7 +261,7 @@ def row_options(
         (1, {'depth': 3})
         >>> row_options(attrs.evolve(config, rows=parse_rows("rheo[m=3]@lm", ["lm"], add_baseline=False)))[
         ...     ("rheo[m=3]@lm", 0.0)]
-        {'N': 8, 'depth': 4, 'K': 3, 'B': 2, 'm': 3}
+        {'N': 8, 'depth': 4, 'K': 4, 'B': 2, 'm': 3}
     """
     out = {}
     for row in config.rows:
@@ -274,10 +279,12 @@ def row_options(
             m = config.sampled_slots.get(float(t))
             if m is not None and "m" not in own and rheo:
                 k = opts.get("K")
-                opts["m"] = max(1, min(m, int(k))) if isinstance(k, int) else m
+                opts["m"] = max(1, min(m, int(k) - 1)) if isinstance(k, int) else m  # rheo keeps a deterministic slot
             elif rheo and isinstance(own.get("m"), int) and "K" not in own and isinstance(opts.get("K"), int) \
-                    and own["m"] > opts["K"]:
-                opts["K"] = own["m"]  # the row's m needs m <= K: widen the nodes' children (N and d stay)
+                    and own["m"] >= opts["K"]:
+                opts["K"] = own["m"] + 1  # the row's m needs m < K: widen the nodes' children (N and d stay)
+            for key, value in policy_options(method_tree(method), t).items():  # the default policy, written out
+                opts.setdefault(key, value)
             table = (calibration or {}).get((row.name, float(t)))
             if table is not None and "calibration" not in own:
                 opts["calibration"] = table

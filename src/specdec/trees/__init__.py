@@ -8,6 +8,8 @@ static     :class:`StaticTreeBuilder`            rejection-iid/-wor
 sequoia    :class:`SequoiaTreeBuilder`           rejection-wor
 eagle      :class:`EagleTreeBuilder`             match (greedy at T=0)
 rheo       :class:`RheoTreeBuilder`              mixed (greedy at T=0)
+sampled-   :class:`SampledDynamicTreeBuilder`    mixed (greedy at T=0)
+dynamic
 ========== ===================================== ==================
 
 :func:`normalised_law` (a draft law in float64, divided by its sum: the law a
@@ -19,7 +21,7 @@ from specdec.trees._common import normalised_law
 from specdec.trees.base import TreeBuilder
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
-from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
 from specdec.trees.sequoia import (
     SequoiaChoice,
     SequoiaTreeBuilder,
@@ -35,6 +37,7 @@ __all__ = [
     "DynamicTreeBuilder",
     "EagleTreeBuilder",
     "RheoTreeBuilder",
+    "SampledDynamicTreeBuilder",
     "SequoiaChoice",
     "SequoiaTreeBuilder",
     "StaticTreeBuilder",

@@ -24,7 +24,7 @@ from specdec.targets.base import TargetModel
 from specdec.tree import SampleMode
 from specdec.trees._common import check_int
 from specdec.trees.calibration import CALIBRATION_EDGES, Calibration, _bin, check_calibration
-from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.rheo import SampledDynamicTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
 
 __all__ = ["profile_acceptance", "profile_calibration"]
@@ -97,7 +97,7 @@ def profile_calibration(
 ) -> Calibration:
     """Measure the ``"calibrated"`` proxy's table (docs/trees.md, "Proxies") on real prompts.
 
-    Each step drafts a one-level Rheo tree with every slot sampled (``K = m = draws``, the
+    Each step drafts a one-level tree with every slot sampled (``sampled-dynamic``, ``K = draws``, the
     displaced proxy, ``M`` and ``rank_law`` as the tree that will use the table), the target
     scores it, rule 5 (the ``"mixed"`` verifier; rule 4 here, since every child is sampled)
     picks the accepted child or none, and the emitted tokens are committed, so later steps
@@ -145,8 +145,8 @@ def profile_calibration(
         raise InvalidConfigError(f"prior must be a number > 0, got {prior!r}")
     if not prompts:
         raise InvalidConfigError("profile_calibration needs at least one prompt")
-    builder = RheoTreeBuilder(K=max(2, draws), m=max(2, draws), B=1, depth=1, N=max(2, draws), M=max(M, draws),
-                              proxy="displaced", rank_law=rank_law)
+    builder = SampledDynamicTreeBuilder(K=max(2, draws), B=1, depth=1, N=max(2, draws), M=max(M, draws, 2),
+                                        proxy="displaced", rank_law=rank_law)
     check = get("verifier", "mixed")()
     rng = TorchRandom.seeded(seed)
     bins = len(CALIBRATION_EDGES)
