@@ -238,8 +238,10 @@ def analyse(dirs: Sequence[Path], roles: dict[str, Any] | None = None, *, regist
         recs = records[t]
         names = {role: row_of(roles, role, t) for role in roles}
         by_role = {role: units_of(recs, row) for role, row in names.items()}
+        planned = len(ids[t]) * len(configs[t]["seeds"])  # units of each row
         entry: dict[str, Any] = {"temperature": t, "conversations": len(set(conv.values())), "rows": {}, "ratios": [],
-                                 "speedups": []}
+                                 "speedups": [], "planned_units": planned,
+                                 "complete": all(len(u) >= planned for u in by_role.values())}
         for role, units in by_role.items():
             if role == "baseline":
                 continue
@@ -266,7 +268,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(f"Logs: {', '.join(result['dirs'])}. 95% intervals: bootstrap over conversations "
                  f"({boot['resamples']} resamples, seed {boot['seed']}).")
     for e in result["temperatures"]:
-        lines += ["", f"### T = {e['temperature']:g} ({e['conversations']} conversations)", "",
+        partial = "" if e["complete"] else f"; **partial**: fewer than {e['planned_units']} units in some row"
+        lines += ["", f"### T = {e['temperature']:g} ({e['conversations']} conversations{partial})", "",
                   "| row | tau | generations |", "|---|---|---|"]
         lines += [f"| {row} | {v['tau']:.3f} | {v['generations']} |" for row, v in e["rows"].items()]
         lines += ["", "| ratio of tau | paired [95% CI] | units | |", "|---|---|---|---|"]

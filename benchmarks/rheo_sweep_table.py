@@ -31,8 +31,9 @@ row with options is compared with the ``eagle3`` row of the same options where t
 Cells logged as rheo with every slot sampled (``m = K`` in the header's options: rows such as
 ``rheo[m=10,proxy=displaced]``, or a ``--budget auto`` rheo row whose pilot chose ``m = K``, logged
 before issue 47) are the ``sampled-dynamic`` method's and are shown under its name, the options
-spelled for it (``sampled-dynamic[proxy=displaced]``; rheo's default proxy, ``scaled``, written
-out), never as rheo's (:func:`every_slot_names`; the output lists them).
+spelled for it (``sampled-dynamic[proxy=displaced,M=1024]``; rheo's default proxy, ``scaled``, and
+its default ``M`` then, 1024, written out: ``sampled-dynamic``'s ``M`` now depends on the temperature),
+never as rheo's (:func:`every_slot_names`; the output lists them).
 ``--rename OLD=NEW`` shows row ``OLD`` as ``NEW``.
 """
 
@@ -130,13 +131,13 @@ def config_differences(a: dict[str, Any], b: dict[str, Any], names: tuple[str, s
 
 def every_slot_names(headers: list[dict[str, Any]]) -> dict[tuple[str, float], str]:
     """``{(row, T): name}`` of the cells whose logged options are rheo's with ``m = K`` (every slot sampled):
-    the ``sampled-dynamic`` method, named with the row's own options less ``m`` (and ``proxy=scaled``,
-    rheo's default, where the row set no proxy), its ``@draft`` kept.
+    the ``sampled-dynamic`` method, named with the row's own options less ``m`` (and ``proxy=scaled`` and
+    ``M=1024``, rheo's defaults, where the row set none), its ``@draft`` kept.
 
     Example:
         >>> every_slot_names([{"resolved": {"options": [["rheo[m=10,proxy=displaced]", 1.0, {"K": 10, "m": 10}],
         ...     ["rheo", 0.6, {"K": 2, "m": 2}], ["rheo", 1.0, {"K": 2, "m": 1}]]}}])
-        {('rheo[m=10,proxy=displaced]', 1.0): 'sampled-dynamic[proxy=displaced]', ('rheo', 0.6): 'sampled-dynamic[proxy=scaled]'}
+        {('rheo[m=10,proxy=displaced]', 1.0): 'sampled-dynamic[proxy=displaced,M=1024]', ('rheo', 0.6): 'sampled-dynamic[proxy=scaled,M=1024]'}
     """
     out: dict[tuple[str, float], str] = {}
     for header in headers:
@@ -149,6 +150,8 @@ def every_slot_names(headers: list[dict[str, Any]]) -> dict[tuple[str, float], s
             items = [i for i in items if i.partition("=")[0].strip() != "m"]
             if not any(i.partition("=")[0].strip() == "proxy" for i in items):
                 items.insert(0, "proxy=scaled")
+            if not any(i.partition("=")[0].strip() == "M" for i in items):
+                items.append("M=1024")
             out[(row, float(t))] = f"sampled-dynamic[{','.join(items)}]" + (f"@{draft}" if at else "")
     return out
 

