@@ -102,8 +102,10 @@ def test_host_syncs_per_step_outside_the_models(method):
 # StepOptions(rows="all"). The CPU's default, the walk over the visited nodes (decide_tree_walk), issues the rules'
 # ops once per depth (D + 1 = 7 times) on one row each: 800.3 and 1528.7 per step in the same run (twelfth session),
 # for a third of the verification's time at V = 128256.
-OPS_PER_STEP = {"eagle2": 452, "rheo": 873}
-OPS_PER_STEP_WALK = {"eagle2": 806, "rheo": 1535}
+# Issue 47's Rheo level (the default policy's options, the K > V layout fix) measured 877.0 and 1536.0 for rheo
+# (+4 and +1 ops per step); the budgets follow.
+OPS_PER_STEP = {"eagle2": 452, "rheo": 877}
+OPS_PER_STEP_WALK = {"eagle2": 806, "rheo": 1536}
 
 
 @pytest.mark.parametrize("rows", ["all", "path"])
