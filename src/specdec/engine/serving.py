@@ -34,12 +34,13 @@ import attrs
 import torch
 
 from specdec.engine.dispatch import choose_verification
+from specdec.engine.step import walk_decision
 from specdec.errors import InvalidConfigError, InvalidDistributionError, UnsupportedTreeError
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.tree_batch import TreeBatch
-from specdec.verify.base import Verifier
+from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, verify_tree_batch
 from specdec.verify.fast_block import decide_block_batch
 
@@ -228,29 +229,15 @@ def _walk(verifier: Verifier, tree: TreeBatch, p: torch.Tensor, bad_rows: torch.
           rng: RandomSource) -> TreeDecision:
     """The verifier's own walk on each row's host tree, each row with its own source; a row whose
     visited logits are bad is flagged (its outputs -1), the others verified."""
-    B, D = tree.batch_size, tree.max_depth
     sources = rng.sources if isinstance(rng, RowStreams) else [rng]
-    accepted = torch.full((B, D), -1, dtype=torch.int64)
-    tokens = torch.full((B, D + 1), -1, dtype=torch.int64)
-    num = torch.zeros(B, dtype=torch.int64)
-    attempted = torch.zeros(B, dtype=torch.int64)
-    stop = torch.zeros(B, dtype=torch.int64)
-    bad = torch.zeros(B, dtype=torch.bool)
     flags = bad_rows.cpu()
-    for b in range(B):
+    results: list[VerifyResult | None] = []
+    for b in range(tree.batch_size):
         host = tree.tree(b)
         row_p = p[b, : host.num_nodes].clone()
         row_p[flags[b, : host.num_nodes]] = float("nan")  # a bad row raises where the walk reads it
         try:
-            result = verifier.verify(host, row_p, sources[b])
+            results.append(verifier.verify(host, row_p, sources[b]))
         except InvalidDistributionError:
-            bad[b] = True
-            continue
-        k = result.num_accepted
-        accepted[b, :k] = torch.tensor(result.accepted_nodes, dtype=torch.int64)
-        tokens[b, : k + 1] = torch.tensor(result.tokens, dtype=torch.int64)
-        num[b], attempted[b] = k, result.attempted_depths
-        stop[b] = result.accepted_nodes[-1] if k else 0
-    dev = p.device
-    return TreeDecision(accepted.to(dev), num.to(dev), tokens.to(dev), tokens.gather(1, num.view(B, 1)).view(B).to(dev),
-                        attempted.to(dev), bad.to(dev), stop.to(dev))
+            results.append(None)
+    return walk_decision(results, tree.max_depth, p.device)

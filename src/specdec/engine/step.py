@@ -193,18 +193,29 @@ def _walk(
                 raise
             raise InvalidDistributionError(f"{_prefix(rows, b)}{exc}") from exc
         nodes.append(host.num_nodes)
-    dev = logits.device
+    return walk_decision(results, D, logits.device), results, nodes
+
+
+def walk_decision(results: Sequence[VerifyResult | None], max_depth: int, device: torch.device) -> TreeDecision:
+    """The walks' :class:`~specdec.verify.fast.TreeDecision` (``B = len(results)``, ``D = max_depth``) on
+    ``device``; a None result is a row flagged bad (``bad_visited``; its outputs ``-1``, nothing accepted)."""
+    B, D = len(results), max_depth
     accepted = torch.full((B, D), -1, dtype=torch.int64)
     tokens = torch.full((B, D + 1), -1, dtype=torch.int64)
+    num = torch.zeros(B, dtype=torch.int64)
+    attempted = torch.zeros(B, dtype=torch.int64)
+    stop = torch.zeros(B, dtype=torch.int64)
     for b, r in enumerate(results):
+        if r is None:
+            continue
         accepted[b, : r.num_accepted] = torch.tensor(r.accepted_nodes, dtype=torch.int64)
         tokens[b, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.int64)
-    num = torch.tensor([r.num_accepted for r in results], dtype=torch.int64)
-    stop = torch.tensor([r.accepted_nodes[-1] if r.accepted_nodes else 0 for r in results], dtype=torch.int64)
-    attempted = torch.tensor([r.attempted_depths for r in results], dtype=torch.int64)
-    decision = TreeDecision(accepted.to(dev), num.to(dev), tokens.to(dev), tokens.gather(1, num.view(B, 1)).view(B).to(dev),
-                            attempted.to(dev), torch.zeros(B, dtype=torch.bool, device=dev), stop.to(dev))
-    return decision, results, nodes
+        num[b], attempted[b] = r.num_accepted, r.attempted_depths
+        stop[b] = r.accepted_nodes[-1] if r.accepted_nodes else 0
+    bad = torch.tensor([r is None for r in results], dtype=torch.bool)
+    return TreeDecision(accepted.to(device), num.to(device), tokens.to(device),
+                        tokens.gather(1, num.view(B, 1)).view(B).to(device), attempted.to(device), bad.to(device),
+                        stop.to(device))
 
 
 def run_step(
