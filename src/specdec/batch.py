@@ -108,7 +108,7 @@ def speculative_stream_batch(
     verifier: Verifier,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
-    sampling: SamplingConfig,
+    sampling: SamplingConfig | Sequence[SamplingConfig],
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     *,
@@ -129,7 +129,9 @@ def speculative_stream_batch(
     draws from ``seeded_sources(random, seeds)[b]`` exactly what its batch-1 generation
     draws (the kernel from ``CounterRandom.seeded(seeds[b])``), so its tokens equal its
     batch-1 output wherever the models' logits agree across batch sizes (at T = 0, token
-    for token).
+    for token). ``sampling`` may give each row its own configuration (a sequence of ``B``):
+    each row is then drafted and verified under its own, with the same guarantee
+    (:mod:`specdec.engine.row_sampling`).
 
     Needs, for several rows: a target with a batch mode (``HFTarget``, ``CallableLM``), a
     draft with a rows mode (:attr:`DraftModel.supports_rows
@@ -151,7 +153,7 @@ def autoregressive_stream_batch(
     target: TargetModel,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
-    sampling: SamplingConfig | None = None,
+    sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     *,
@@ -165,7 +167,7 @@ def autoregressive_stream_batch(
         target: a target with a batch mode (``HFTarget``, ``CallableLM``).
         prompts: ``B`` non-empty sequences of token ids (lists or 1-D tensors), of any lengths.
         max_new_tokens: per row.
-        sampling: shared by the rows (default: temperature 1).
+        sampling: shared by the rows (default: temperature 1), or one per row.
         seeds: one int per row (default ``0 .. B - 1``).
         eos_token_id: an id or ids that stop a row (kept as its last token).
 
@@ -186,7 +188,7 @@ def autoregressive_generate_batch(
     target: TargetModel,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
-    sampling: SamplingConfig | None = None,
+    sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> BatchOutput:

@@ -372,7 +372,7 @@ class SpeculativeGenerator:
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
-        sampling: SamplingConfig | None = None,
+        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
@@ -391,7 +391,7 @@ class SpeculativeGenerator:
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
-        sampling: SamplingConfig | None = None,
+        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
@@ -407,7 +407,14 @@ class SpeculativeGenerator:
         across batch sizes (at T = 0: token for token). ``kernel`` and
         ``random`` apply as in :meth:`generate`, per row: with the kernel, one
         launch verifies every row's tree, each row on its own counter stream
-        (docs/generation.md, "Batched decoding"); ``compile=`` is refused."""
+        (docs/generation.md, "Batched decoding"); ``compile=`` is refused.
+
+        ``sampling`` may be one :class:`~specdec.sampling.SamplingConfig` per row (temperature,
+        top-k and top-p of each request): row ``b`` is drafted and verified under
+        ``sampling[b]``, its law is that configuration's, and it emits what its batch-1
+        :meth:`generate` with ``sampling[b]`` and ``seeds[b]`` emits wherever the models'
+        logits agree across batch sizes (docs/generation.md, "Per-request sampling"; verified
+        on the torch path, ``kernel="triton"`` is refused for such a batch)."""
         self._check_batch_options(logits_processor, sampling)
         check_prompts(prompts)
         return collect_batch(

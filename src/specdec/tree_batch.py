@@ -152,6 +152,82 @@ class TreeBatch:
             if n < self.node_slots and bool((self.kinds[b, n:] != PAD).any()):
                 raise MalformedTreeError(f"tree {b}: slots past num_nodes must be padding")
 
+    # ------------------------------------------------------------ row groups
+    def select_rows(self, index: torch.Tensor) -> "TreeBatch":
+        """The trees of rows ``index`` (``[k]`` int64 on the batch's device), in that order, with
+        the same node slots and bounds (one ``index_select`` per field; no host read)."""
+        pick = lambda t: t.index_select(0, index)  # noqa: E731
+        hosts = None if self.host_trees is None else tuple(self.host_trees[int(i)] for i in index.tolist())
+        return attrs.evolve(
+            self, tokens=pick(self.tokens), parents=pick(self.parents), depths=pick(self.depths), kinds=pick(self.kinds),
+            draw_order=pick(self.draw_order), weights=pick(self.weights), num_nodes=pick(self.num_nodes),
+            law_ids=pick(self.law_ids), law_probs=pick(self.law_probs), law_wor=pick(self.law_wor),
+            ancestors=pick(self.ancestors), draft_bad=None if self.draft_bad is None else pick(self.draft_bad),
+            host_trees=hosts,
+        )
+
+    @classmethod
+    def scatter_rows(cls, parts: "list[tuple[torch.Tensor, TreeBatch]]", rows: int) -> "TreeBatch":
+        """One batch of ``rows`` trees from groups of rows (per-row sampling: one group per
+        configuration): ``parts`` pairs each group's row indices (``[k]`` int64, on the groups'
+        device; the groups partition ``0 .. rows - 1``) with its tree batch. Node slots and law
+        slots are padded to the largest group's (padding as :meth:`from_trees` lays it out); the
+        bounds are the groups' largest. No host read.
+
+        Raises:
+            ValueError: no groups, groups over different vocabularies or devices.
+        """
+        if not parts:
+            raise ValueError("scatter_rows needs at least one group")
+        first = parts[0][1]
+        if any(t.vocab_size != first.vocab_size or t.device != first.device for _, t in parts):
+            raise ValueError("scatter_rows: the groups' trees are over different vocabularies or devices")
+        n = max(t.node_slots for _, t in parts)
+        L = max(int(t.law_ids.shape[-1]) for _, t in parts)
+        dev = first.device
+        eye = torch.eye(n, dtype=torch.bool, device=dev)
+
+        def slots(t: torch.Tensor, fill: float | int | bool, width: int) -> torch.Tensor:  # [k, n_g, ...] -> [k, n, ...]
+            pad = width - t.shape[1]
+            return t if pad == 0 else torch.cat([t, t.new_full((t.shape[0], pad, *t.shape[2:]), fill)], dim=1)
+
+        out: dict[str, torch.Tensor] = {}
+        for name, fill in (("tokens", 0), ("parents", -1), ("depths", 0), ("kinds", PAD), ("draw_order", 0),
+                           ("weights", 0.0), ("law_wor", False)):
+            ref = getattr(first, name)
+            out[name] = ref.new_full((rows, n), fill)
+        out["law_ids"] = first.law_ids.new_full((rows, n, L), -1)
+        out["law_probs"] = first.law_probs.new_zeros((rows, n, L))
+        out["ancestors"] = eye.expand(rows, n, n).clone()
+        out["num_nodes"] = first.num_nodes.new_zeros(rows)
+        bad = None if all(t.draft_bad is None for _, t in parts) else torch.zeros(rows, dtype=torch.bool, device=dev)
+        for index, t in parts:
+            k, m = t.batch_size, t.node_slots
+            out["tokens"].index_copy_(0, index, torch.cat([t.tokens, t.tokens[:, :1].expand(k, n - m)], dim=1))
+            for name, fill in (("parents", -1), ("depths", 0), ("kinds", PAD), ("draw_order", 0),
+                               ("weights", 0.0), ("law_wor", False)):
+                out[name].index_copy_(0, index, slots(getattr(t, name), fill, n))
+            ids = t.law_ids if t.law_ids.shape[-1] == L else torch.cat(
+                [t.law_ids, t.law_ids.new_full((k, m, L - t.law_ids.shape[-1]), -1)], dim=-1)
+            probs = t.law_probs if t.law_probs.shape[-1] == L else torch.cat(
+                [t.law_probs, t.law_probs.new_zeros((k, m, L - t.law_probs.shape[-1]))], dim=-1)
+            out["law_ids"].index_copy_(0, index, slots(ids, -1, n))
+            out["law_probs"].index_copy_(0, index, slots(probs, 0.0, n))
+            anc = eye.expand(k, n, n).clone()
+            anc[:, :m, :m] = t.ancestors
+            out["ancestors"].index_copy_(0, index, anc)
+            out["num_nodes"].index_copy_(0, index, t.num_nodes)
+            if bad is not None and t.draft_bad is not None:
+                bad.index_copy_(0, index, t.draft_bad.to(dev))
+        sampled = [t.max_sampled if t.max_sampled is not None else t.max_children for _, t in parts]
+        return cls(
+            tokens=out["tokens"], parents=out["parents"], depths=out["depths"], kinds=out["kinds"],
+            draw_order=out["draw_order"], weights=out["weights"], num_nodes=out["num_nodes"], law_ids=out["law_ids"],
+            law_probs=out["law_probs"], law_wor=out["law_wor"], ancestors=out["ancestors"],
+            vocab_size=first.vocab_size, max_children=max(t.max_children for _, t in parts),
+            max_depth=max(t.max_depth for _, t in parts), draft_bad=bad, max_sampled=max(sampled),
+        )
+
     # ---------------------------------------------------------- constructor
     @classmethod
     def from_trees(

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specdec.engine.serving import RowSampling, verify_for_engine
+from tests.engine._two_tokens import first_two, gap, target_law
 from specdec.errors import InvalidConfigError, UnknownNameError, UnsupportedTreeError
 from specdec.models import CallableLM
 from specdec.rng import RowStreams, TorchRandom
@@ -65,12 +66,6 @@ def _logits(batch: TreeBatch) -> torch.Tensor:
     return TARGET[batch.tokens]  # [B, n, V]: each node's row is the target's after its token
 
 
-def _target_law(root: int, config: SamplingConfig) -> dict[tuple[int, int], float]:
-    p1 = process_logits(TARGET[root], config)
-    return {(a, b): float(p1[a] * process_logits(TARGET[a], config)[b]) for a in range(V) for b in range(V)
-            if float(p1[a]) > 0 and float(process_logits(TARGET[a], config)[b]) > 0}
-
-
 def _row_law(case: str, row: int, configs, process_as=None) -> dict[tuple[int, int], float]:
     """Exact law of row ``row``'s first two tokens: its builder and verifier draws enumerated, the
     other rows built and verified from fixed seeds; one emitted token is completed with the
@@ -93,33 +88,20 @@ def _row_law(case: str, row: int, configs, process_as=None) -> dict[tuple[int, i
         k = int(out.num_emitted[row])
         return tuple(out.tokens[row, :k].tolist())
 
-    law: dict[tuple[int, int], float] = {}
-    for tokens, prob in exact_law(program).items():
-        if len(tokens) >= 2:
-            law[tokens[:2]] = law.get(tokens[:2], 0.0) + prob
-        else:
-            after = process_logits(TARGET[tokens[0]], configs[row])
-            for x in range(V):
-                if float(after[x]) > 0:
-                    law[(tokens[0], x)] = law.get((tokens[0], x), 0.0) + prob * float(after[x])
-    return law
-
-
-def _gap(a: dict, b: dict) -> float:
-    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+    return first_two(exact_law(program), TARGET, configs[row])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_row_is_exact_for_its_own_sampling(case):
     for row in range(len(CONFIGS)):
         got = _row_law(case, row, CONFIGS)
-        assert _gap(got, _target_law(row % V, CONFIGS[row])) < 1e-9, (case, row, CONFIGS[row])
+        assert gap(got, target_law(TARGET, row % V, CONFIGS[row])) < 1e-9, (case, row, CONFIGS[row])
 
 
 def test_processing_every_row_with_one_configuration_is_caught():
     """Power: rows processed with row 0's (greedy) configuration depart from their own laws."""
     got = _row_law("static-wor", 1, CONFIGS, process_as=CONFIGS[0])
-    assert _gap(got, _target_law(1, CONFIGS[1])) > 0.05
+    assert gap(got, target_law(TARGET, 1, CONFIGS[1])) > 0.05
 
 
 @pytest.mark.parametrize("case", sorted(CASES) + ["rheo-mixed"])

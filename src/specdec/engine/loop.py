@@ -21,6 +21,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification, choose_verification
 from specdec.engine.options import StepOptions
+from specdec.engine.row_sampling import RowSampling
 from specdec.engine.stats import StepTally
 from specdec.engine.step import StepOutcome, commit_step, run_step
 from specdec.errors import ContextOverflowError, InvalidConfigError, VocabMismatchError
@@ -106,7 +107,7 @@ def run_rows(
     builder: TreeBuilder,
     verifier: Verifier,
     prompts: Sequence[Sequence[int]],
-    sampling: SamplingConfig,
+    sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling,
     sources: Sequence[RandomSource],
     *,
     max_new_tokens: int | None,
@@ -126,6 +127,9 @@ def run_rows(
 
     Args:
         prompts: ``B`` prompts (checked: :func:`check_rows`).
+        sampling: one configuration for every row, or one per row (a sequence of ``B``, or a
+            :class:`~specdec.engine.row_sampling.RowSampling`): each row is then built and verified
+            under its own (:mod:`specdec.engine.row_sampling`; verified on the torch path).
         sources: one random source per row; row ``b`` draws only from ``sources[b]``
             (a :class:`~specdec.rng.RowStreams` of them for ``B > 1``), so it emits what
             its one-row generation with the same source emits wherever the models' logits
@@ -155,8 +159,11 @@ def run_rows(
         raise InvalidConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens is None and max_steps is None:
         raise InvalidConfigError("give max_new_tokens or max_steps")
-    if not isinstance(sampling, SamplingConfig):
-        raise InvalidConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    if not isinstance(sampling, (SamplingConfig, RowSampling)) and (
+        isinstance(sampling, (str, bytes)) or not isinstance(sampling, Sequence)
+    ):
+        raise InvalidConfigError(
+            f"sampling must be a SamplingConfig or one SamplingConfig per row, got {type(sampling).__name__}")
     if not isinstance(target, TargetModel):
         raise InvalidConfigError(f"target must be a TargetModel, got {type(target).__name__}")
     if draft is not None and not isinstance(draft, DraftModel):
@@ -166,6 +173,13 @@ def run_rows(
         raise VocabMismatchError(f"the draft's vocabulary ({draft.vocab_size}) differs from the target's ({vocab})")
     rows = check_rows(prompts, vocab, named)
     B = len(rows)
+    per_row: RowSampling | None = None  # several configurations (specdec.engine.row_sampling)
+    if not isinstance(sampling, SamplingConfig):
+        per_row = RowSampling.of(sampling, B, target.device)
+        if per_row.uniform:
+            sampling, per_row = per_row.configs[0], None
+        else:
+            sampling = per_row.configs[0]
     if len(sources) != B:
         raise InvalidConfigError(f"{len(sources)} random sources for {B} rows")
     if B > 1 and not target.supports_batch:
@@ -178,7 +192,8 @@ def run_rows(
             f"batched speculative generation needs a draft with a rows mode (the EAGLE heads, HFDraft, CallableLM, "
             f"NgramDraft; DraftModel.supports_rows); {type(draft).__name__} has none"
         )
-    if B > 1 and not builder.grows_batches(sampling):
+    configs = [sampling] if per_row is None else [c for c, _ in per_row.groups]
+    if B > 1 and not all(builder.grows_batches(c) for c in configs):
         raise InvalidConfigError(
             f"batched generation needs builders that grow B trees in one set of tensor ops (TreeBuilder.grows_batches: "
                 f"the level-wise "
@@ -198,15 +213,24 @@ def run_rows(
         if draft is not None:
             _check_context(rows, max_new_tokens, depth, draft.max_length, "draft", named)
     eos_ids = set(eos)
-    verifier.check_sampling(sampling)  # temperature-dependent compatibility, before any forward
+    for config in configs:
+        verifier.check_sampling(config)  # temperature-dependent compatibility, before any forward
     device = target.device
     options = StepOptions() if options is None else options
-    verification: Verification = choose_verification(verifier, sampling, kernel, device, rows=options.rows,
-                                                     draws_tables=all(s.draws_tables for s in sources))
+    if per_row is not None and kernel == "triton":
+        raise InvalidConfigError(
+            "kernel='triton' fuses one sampling configuration per launch; rows with their own configurations "
+            "are verified group by group on the torch path: use kernel='torch' or 'auto'")
+    # per-row sampling: one path per configuration group, on the torch path ("auto" resolves there)
+    paths = {config: choose_verification(verifier, config, kernel if per_row is None else "torch", device,
+                                         rows=options.rows, draws_tables=all(s.draws_tables for s in sources))
+             for config in configs}
+    verification: Verification = paths[sampling]
     clock = options.clock if options.clock != "auto" else ("cuda_events" if device.type == "cuda" else "perf_counter")
     tallies = [StepTally() for _ in rows] if tallies is None else tallies
+    label = " + ".join(dict.fromkeys(v.label for v in paths.values()))
     for tally in tallies:
-        tally.clock, tally.kernel_path = clock, verification.label
+        tally.clock, tally.kernel_path = clock, label
     rng: RandomSource = sources[0] if B == 1 else RowStreams(sources)
     verify_rng = None
     if verification.path == "triton":  # the kernel's streams: the rows' own counter streams, or one per row seeded alike
@@ -237,7 +261,9 @@ def run_rows(
         while active:
             with torch.inference_mode():  # per step, never across a yield (the caller's code runs between yields)
                 outcome = run_step(
-                    target, draft, builder, verifier, verification, sampling, rng, roots,
+                    target, draft, builder, verifier,
+                    verification if per_row is None else tuple(paths[c] for c, _ in per_row.groups),
+                    sampling if per_row is None else per_row, rng, roots,
                     row_rngs=[sources[r] for r in active], verify_rng=verify_rng, options=options, clock=clock,
                     check_tree=steps == 0, compiler=compiler, logits_processor=logits_processor, contexts=contexts,
                     logprobs=logprobs, rows=active if named else None,
@@ -284,6 +310,11 @@ def run_rows(
                         draft.keep_rows(keep)
                     if isinstance(rng, RowStreams):
                         rng.keep(keep, index)
+                    if per_row is not None:  # the configurations of the rows that stay
+                        per_row = per_row.keep(keep)
+                        if per_row.uniform:
+                            sampling, per_row = per_row.configs[0], None
+                            verification = paths[sampling]
                     if verify_rng is not None and verify_rng is not rng:
                         verify_rng.keep(keep, index)
                     roots = roots.index_select(0, index)

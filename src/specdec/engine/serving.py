@@ -34,6 +34,7 @@ import attrs
 import torch
 
 from specdec.engine.dispatch import choose_verification
+from specdec.engine.row_sampling import RowSampling
 from specdec.engine.step import walk_decision
 from specdec.errors import InvalidConfigError, InvalidDistributionError, UnsupportedTreeError
 from specdec.registry import get
@@ -45,77 +46,6 @@ from specdec.verify.fast import TreeDecision, verify_tree_batch
 from specdec.verify.fast_block import decide_block_batch
 
 __all__ = ["EngineVerification", "RowSampling", "verify_for_engine"]
-
-
-@attrs.frozen(eq=False)
-class RowSampling:
-    """One sampling configuration per row, with its parameters as ``[B]`` tensors.
-
-    Attributes:
-        configs: ``B`` configurations, row order.
-        temperature: ``[B]`` float64.
-        top_k: ``[B]`` int64 (``0``: off).
-        top_p: ``[B]`` float64 (``1``: off).
-        groups: the distinct configurations and their rows (``[k]`` int64 row indices on the
-            device), in order of first appearance.
-    """
-
-    configs: tuple[SamplingConfig, ...]
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    groups: tuple[tuple[SamplingConfig, torch.Tensor], ...]
-
-    @classmethod
-    def of(cls, configs: "SamplingConfig | Sequence[SamplingConfig] | RowSampling", rows: int,
-           device: torch.device | str = "cpu") -> "RowSampling":
-        """The rows' configurations: one for every row, or one per row (a :class:`RowSampling`
-        of ``rows`` rows is returned as it is: made once, it costs no host-to-device copy per step).
-
-        Raises:
-            InvalidConfigError: ``configs`` has not ``rows`` entries, or an entry is not a
-                :class:`~specdec.sampling.SamplingConfig`.
-        """
-        if isinstance(configs, RowSampling):
-            if len(configs.configs) != rows:
-                raise InvalidConfigError(f"per-row sampling: {len(configs.configs)} configurations for {rows} rows")
-            return configs
-        listed = [configs] * rows if isinstance(configs, SamplingConfig) else list(configs)
-        if len(listed) != rows:
-            raise InvalidConfigError(f"per-row sampling: {len(listed)} configurations for {rows} rows")
-        for b, c in enumerate(listed):
-            if not isinstance(c, SamplingConfig):
-                raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
-        order: dict[SamplingConfig, list[int]] = {}
-        for b, c in enumerate(listed):
-            order.setdefault(c, []).append(b)
-        groups = tuple((c, torch.tensor(ix, dtype=torch.int64, device=device)) for c, ix in order.items())
-        return cls(
-            tuple(listed),
-            torch.tensor([c.temperature for c in listed], dtype=torch.float64, device=device),
-            torch.tensor([c.top_k for c in listed], dtype=torch.int64, device=device),
-            torch.tensor([c.top_p for c in listed], dtype=torch.float64, device=device),
-            groups,
-        )
-
-    @property
-    def uniform(self) -> bool:
-        """Every row has the same configuration."""
-        return len(self.groups) == 1
-
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[B, ..., V]`` logits -> each row's ``p`` under its own configuration
-        (:func:`~specdec.sampling.process_logits`, ``check=False``: bad rows are flagged by the caller).
-        Rows of one configuration are processed together; every operation is row-wise, so each
-        row's ``p`` has the bits it has alone."""
-        if self.uniform:
-            return process_logits(logits, self.configs[0], check=False)
-        out = torch.empty(logits.shape, dtype=torch.float32 if logits.dtype in (torch.float16, torch.bfloat16)
-                          else logits.dtype, device=logits.device)
-        for config, rows in self.groups:
-            rows = rows.to(logits.device)
-            out.index_copy_(0, rows, process_logits(logits.index_select(0, rows), config, check=False))
-        return out
 
 
 @attrs.frozen(eq=False)

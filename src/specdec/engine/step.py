@@ -27,6 +27,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification
 from specdec.engine.options import StepOptions
+from specdec.engine.row_sampling import RowSampling, build_groups, group_sources, group_streams, scatter_decisions
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
 from specdec.verify.fast_block import decide_block_from_logits
@@ -223,8 +224,8 @@ def run_step(
     draft: DraftModel | None,
     builder: TreeBuilder,
     verifier: Verifier,
-    verification: Verification,
-    sampling: SamplingConfig,
+    verification: Verification | Sequence[Verification],
+    sampling: SamplingConfig | RowSampling,
     rng: RandomSource,
     roots: torch.Tensor,
     *,
@@ -242,7 +243,11 @@ def run_step(
     """One speculative step of ``B`` rows (module docstring).
 
     Args:
-        verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`).
+        verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`);
+            with per-row sampling, one per configuration group, in :attr:`RowSampling.groups` order.
+        sampling: the rows' configuration, or a :class:`~specdec.engine.row_sampling.RowSampling`
+            of one per row (several: each group built and verified under its own,
+            :mod:`specdec.engine.row_sampling`).
         rng: the builder's source (a :class:`~specdec.rng.RowStreams` of one source per row
             for ``B > 1``); the tensor rule draws its ``[B, n, C + 1]`` uniform table from it.
         roots: ``[B]`` int64 the rows' last committed tokens, on the device.
@@ -266,7 +271,15 @@ def run_step(
     """
     timer = StepClock(clock)
     timer.mark()
-    tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
+    if isinstance(sampling, RowSampling) and sampling.uniform:
+        sampling = sampling.configs[0]
+    group_rngs: list[RandomSource] = []
+    if isinstance(sampling, RowSampling):  # several configurations: one build per group, one draft call per level
+        group_rows = sampling.group_rows()
+        group_rngs = group_streams(rng, group_rows)
+        tree = build_groups(builder, roots, draft, sampling, group_rngs)
+    else:
+        tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
     timer.mark()
     with model_call():
         logits = target.score_batch(tree)  # [B, n, V]
@@ -282,38 +295,85 @@ def run_step(
         if contexts is None or len(contexts) != B:
             raise InvalidConfigError("a logits processor needs the committed context of every row")
         logits = torch.stack([process_batch_row(logits_processor, logits[b], contexts[b], tree, b) for b in range(B)])
-    if verification.path == "walk":
-        decision, results, nodes = _walk(verifier, tree, logits, sampling, row_rngs or [rng], rows)
-    elif verification.path_rule is not None:  # a path-level rule's tensor form (rule 8 on chains)
-        u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
-        decision = decide_block_from_logits(tree, logits, u, sampling)
+    step_logprobs: torch.Tensor | None = None
+    if not isinstance(sampling, RowSampling):
+        single = verification if isinstance(verification, Verification) else verification[0]
+        decision, walked = _decide(single, verifier, tree, logits, sampling, rng, row_rngs or [rng], verify_rng,
+                                   options, compiler, rows)
+        results, nodes = walked if walked is not None else read_step(decision, tree, rows)
+        timer.mark()
+        if logprobs:
+            step_logprobs = emitted_logprobs(logits, decision, sampling)
+        optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
+    else:  # each group by its configuration's path, on its rows, from its rows' sources
+        if isinstance(verification, Verification) or len(verification) != len(sampling.groups):
+            raise InvalidConfigError("per-row sampling needs one Verification per configuration group")
+        parts: list[tuple[torch.Tensor, TreeDecision]] = []
+        lp_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        sub_results: list[tuple[list[int], list[VerifyResult]]] = []
+        sources = list(row_rngs) if row_rngs is not None else group_sources(rng)
+        for (config, index), verif, g_rows, g_rng in zip(sampling.groups, verification, group_rows, group_rngs):
+            index = index.to(logits.device)
+            sub_tree, sub_logits = tree.select_rows(index), logits.index_select(0, index)
+            g_names = [g_rows[i] if rows is None else rows[g_rows[i]] for i in range(len(g_rows))]
+            decision_g, _ = _decide(verif, verifier, sub_tree, sub_logits, config, g_rng,
+                                    [sources[r] for r in g_rows], None, options, None, g_names)
+            parts.append((index, decision_g))
+            if logprobs:
+                lp_parts.append((index, emitted_logprobs(sub_logits, decision_g, config)))
+            if options.optimum:
+                sub_results.append((g_rows, read_step(decision_g, sub_tree, g_names)[0]))
+        decision = scatter_decisions(parts, B, tree.max_depth)
         results, nodes = read_step(decision, tree, rows)
-    else:
-        assert verification.rule is not None
-        if options.validate:  # every node's row that is not flagged bad (those raise only where visited)
-            flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)
-            for b in range(B):
-                n = int(tree.num_nodes[b])
-                check_distribution(p_check[b, :n][~flags[b, :n]], "p")
-        if verification.path == "triton":
-            if verify_rng is None:
-                raise InvalidConfigError("the fused kernel needs the rows' counter streams (verify_rng)")
-            x = logits if verification.fuse_logits else process_logits(logits, sampling, check=False)
-            decision = fused_verify_batch(verification.rule, tree, x, verify_rng,
-                                          inputs="logits" if verification.fuse_logits else "probs",
-                                          sampling=sampling, bad_rows=row_is_bad(logits))
-        else:
-            u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
-            compiled: tuple[Any, ...] = () if compiler is None else (compiler.decide, compiler.decide_scores)
-            decision = decide_from_logits(verification.rule, tree, logits, u, sampling, *compiled, rows=verification.rows,
-                                          decide_walk=None if compiler is None else compiler.decide_walk)
-        results, nodes = read_step(decision, tree, rows)
-    timer.mark()
-    step_logprobs = emitted_logprobs(logits, decision, sampling) if logprobs else None
+        timer.mark()
+        if logprobs:
+            step_logprobs = torch.empty(B, tree.max_depth + 1, dtype=torch.float64, device=logits.device)
+            for index, lp in lp_parts:
+                step_logprobs.index_copy_(0, index, lp)
+        optimum = None
+        if options.optimum:
+            per_row: dict[int, tuple[NodeOptimum, ...]] = {}
+            for (config, index), (g_rows, g_results) in zip(sampling.groups, sub_results):
+                sub_opt = step_optimum(tree.select_rows(index.to(tree.device)), logits.index_select(0, index.to(logits.device)),
+                                       g_results, config)
+                per_row.update(zip(g_rows, sub_opt))
+            optimum = tuple(per_row[b] for b in range(B))
     time_draft, time_target, time_verify = timer.splits()
-    optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
                        logprobs=step_logprobs, optimum=optimum)
+
+
+def _decide(
+    verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
+    rng: RandomSource, row_rngs: Sequence[RandomSource], verify_rng: RowStreams | None, options: StepOptions,
+    compiler: Any, rows: Sequence[int] | None,
+) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int]] | None]:
+    """The dispatched verification of one configuration's rows: the decision, and the walk's
+    results and node counts (None on the tensor paths: :func:`read_step` decodes them)."""
+    B = tree.batch_size
+    if verification.path == "walk":
+        decision, results, nodes = _walk(verifier, tree, logits, sampling, row_rngs, rows)
+        return decision, (results, nodes)
+    if verification.path_rule is not None:  # a path-level rule's tensor form (rule 8 on chains)
+        u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
+        return decide_block_from_logits(tree, logits, u, sampling), None
+    assert verification.rule is not None
+    if options.validate:  # every node's row that is not flagged bad (those raise only where visited)
+        flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)
+        for b in range(B):
+            n = int(tree.num_nodes[b])
+            check_distribution(p_check[b, :n][~flags[b, :n]], "p")
+    if verification.path == "triton":
+        if verify_rng is None:
+            raise InvalidConfigError("the fused kernel needs the rows' counter streams (verify_rng)")
+        x = logits if verification.fuse_logits else process_logits(logits, sampling, check=False)
+        return fused_verify_batch(verification.rule, tree, x, verify_rng,
+                                  inputs="logits" if verification.fuse_logits else "probs",
+                                  sampling=sampling, bad_rows=row_is_bad(logits)), None
+    u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
+    compiled: tuple[Any, ...] = () if compiler is None else (compiler.decide, compiler.decide_scores)
+    return decide_from_logits(verification.rule, tree, logits, u, sampling, *compiled, rows=verification.rows,
+                              decide_walk=None if compiler is None else compiler.decide_walk), None
 
 
 def step_optimum(tree: TreeBatch, logits: torch.Tensor, results: Sequence[VerifyResult],

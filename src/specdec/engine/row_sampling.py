@@ -1,0 +1,286 @@
+"""Per-row sampling: every row of a batch under its own temperature, top-k and top-p.
+
+Rows that share a :class:`~specdec.sampling.SamplingConfig` form a *group*
+(:attr:`RowSampling.groups`). The step (:func:`specdec.engine.step.run_step`) treats a
+batch with one configuration as one group, with no extra op; with several:
+
+- **building** (:func:`build_groups`): each group's trees are grown by the builder's own
+  caller-driven build (:meth:`TreeBuilder.feed_build <specdec.trees.base.TreeBuilder.feed_build>`)
+  under the group's configuration and from the group's rows' random sources; at every level the
+  groups' requests are merged into one :class:`~specdec.draft_request.DraftRequest` over all
+  ``B`` rows (a group's node ids renumbered after the others', filler slots where a group asks
+  fewer nodes or has finished), answered by **one** draft call, and each group gets its rows
+  back. The groups' tree batches are stacked (:meth:`TreeBatch.scatter_rows
+  <specdec.tree_batch.TreeBatch.scatter_rows>`) for **one** target forward;
+- **verification**: each group by its configuration's path on its rows
+  (:meth:`TreeBatch.select_rows <specdec.tree_batch.TreeBatch.select_rows>`), with its rows'
+  own sources; the decisions are put back in row order (:func:`scatter_decisions`).
+
+So a row takes exactly the draws and decisions it takes in a batch of its own configuration:
+its output law is its configuration's target law, and it emits what its batch-1 run with the
+same source emits wherever the models' logits agree across batch sizes (exact by enumeration
+and equal token for token on toy models, ``tests/engine/test_row_sampling.py``). Cost: one
+build per group on the host side (one draft call per level for all groups), one verification
+per group; the fused Triton kernel serves one configuration per launch, so a batch of mixed
+configurations verifies on the torch path (``kernel="triton"`` is refused by name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import attrs
+import torch
+
+from specdec.draft_request import DraftRequest
+from specdec.drafts.base import DraftModel
+from specdec.errors import InvalidConfigError
+from specdec.rng import RandomSource, RowStreams
+from specdec.sampling import SamplingConfig, process_logits
+from specdec.tree_batch import TreeBatch
+from specdec.trees.base import TreeBuilder
+from specdec.trees.feed import Build, DraftSpec
+from specdec.verify.fast import TreeDecision
+
+__all__ = ["RowSampling", "build_groups", "scatter_decisions"]
+
+
+@attrs.frozen(eq=False)
+class RowSampling:
+    """One sampling configuration per row, with its parameters as ``[B]`` tensors.
+
+    Attributes:
+        configs: ``B`` configurations, row order.
+        temperature: ``[B]`` float64.
+        top_k: ``[B]`` int64 (``0``: off).
+        top_p: ``[B]`` float64 (``1``: off).
+        groups: the distinct configurations and their rows (``[k]`` int64 row indices on the
+            device), in order of first appearance.
+    """
+
+    configs: tuple[SamplingConfig, ...]
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    groups: tuple[tuple[SamplingConfig, torch.Tensor], ...]
+
+    @classmethod
+    def of(cls, configs: "SamplingConfig | Sequence[SamplingConfig] | RowSampling", rows: int,
+           device: torch.device | str = "cpu") -> "RowSampling":
+        """The rows' configurations: one for every row, or one per row (a :class:`RowSampling`
+        of ``rows`` rows is returned as it is: made once, it costs no host-to-device copy per step).
+
+        Raises:
+            InvalidConfigError: ``configs`` has not ``rows`` entries, or an entry is not a
+                :class:`~specdec.sampling.SamplingConfig`.
+        """
+        if isinstance(configs, RowSampling):
+            if len(configs.configs) != rows:
+                raise InvalidConfigError(f"per-row sampling: {len(configs.configs)} configurations for {rows} rows")
+            return configs
+        if isinstance(configs, (str, bytes)) or not isinstance(configs, (SamplingConfig, Sequence)):
+            raise InvalidConfigError(
+                f"sampling must be a SamplingConfig or one SamplingConfig per row, got {type(configs).__name__}")
+        listed = [configs] * rows if isinstance(configs, SamplingConfig) else list(configs)
+        if len(listed) != rows:
+            raise InvalidConfigError(f"per-row sampling: {len(listed)} configurations for {rows} rows")
+        for b, c in enumerate(listed):
+            if not isinstance(c, SamplingConfig):
+                raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
+        order: dict[SamplingConfig, list[int]] = {}
+        for b, c in enumerate(listed):
+            order.setdefault(c, []).append(b)
+        groups = tuple((c, torch.tensor(ix, dtype=torch.int64, device=device)) for c, ix in order.items())
+        return cls(
+            tuple(listed),
+            torch.tensor([c.temperature for c in listed], dtype=torch.float64, device=device),
+            torch.tensor([c.top_k for c in listed], dtype=torch.int64, device=device),
+            torch.tensor([c.top_p for c in listed], dtype=torch.float64, device=device),
+            groups,
+        )
+
+    @property
+    def uniform(self) -> bool:
+        """Every row has the same configuration."""
+        return len(self.groups) == 1
+
+    @property
+    def rows(self) -> int:
+        """``B``."""
+        return len(self.configs)
+
+    def keep(self, rows: Sequence[int]) -> "RowSampling":
+        """The configurations of rows ``rows`` (in that order): the batch after rows left it."""
+        return RowSampling.of([self.configs[int(r)] for r in rows], len(rows), self.temperature.device)
+
+    def group_rows(self) -> list[list[int]]:
+        """Each group's row indices as host ints (made from the configurations, no device read)."""
+        order: dict[SamplingConfig, list[int]] = {}
+        for b, c in enumerate(self.configs):
+            order.setdefault(c, []).append(b)
+        return list(order.values())
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, ..., V]`` logits -> each row's ``p`` under its own configuration
+        (:func:`~specdec.sampling.process_logits`, ``check=False``: bad rows are flagged by the caller).
+        Rows of one configuration are processed together; every operation is row-wise, so each
+        row's ``p`` has the bits it has alone."""
+        if self.uniform:
+            return process_logits(logits, self.configs[0], check=False)
+        out = torch.empty(logits.shape, dtype=torch.float32 if logits.dtype in (torch.float16, torch.bfloat16)
+                          else logits.dtype, device=logits.device)
+        for config, rows in self.groups:
+            rows = rows.to(logits.device)
+            out.index_copy_(0, rows, process_logits(logits.index_select(0, rows), config, check=False))
+        return out
+
+
+def group_sources(rng: RandomSource) -> list[RandomSource]:
+    """The rows' sources of a :class:`~specdec.rng.RowStreams`."""
+    if not isinstance(rng, RowStreams):
+        raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
+    return list(rng.sources)
+
+
+def group_streams(rng: RandomSource, groups: Sequence[Sequence[int]]) -> list[RandomSource]:
+    """Each group's random source: the :class:`~specdec.rng.RowStreams` of its rows' sources
+    (the sources themselves, so their draws advance as in a batch of that group alone)."""
+    if not isinstance(rng, RowStreams):
+        raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
+    return [RowStreams([rng.sources[r] for r in rows]) for rows in groups]
+
+
+def build_groups(
+    builder: TreeBuilder,
+    roots: torch.Tensor,
+    draft: DraftModel | None,
+    rows: RowSampling,
+    rngs: Sequence[RandomSource],
+) -> TreeBatch:
+    """Every row's tree under its own configuration (module docstring): one build per group,
+    one draft call per level for all rows, the trees stacked in row order.
+
+    Args:
+        roots: ``[B]`` int64 the rows' last committed tokens.
+        rows: the rows' configurations (more than one group).
+        rngs: one source per group (:func:`group_streams`).
+
+    Raises:
+        InvalidConfigError: the builder has no caller-driven form, or the groups ask for the
+            draft's proposal vocabulary at one level and for the full vocabulary at another.
+    """
+    index = [rows_ix.to(roots.device) for _, rows_ix in rows.groups]
+    if draft is None:  # a builder that drafts nothing (the root-only tree): one build per group
+        parts = [(ix, builder.build_batch(roots.index_select(0, ix), None, cfg, rng))
+                 for ix, (cfg, _), rng in zip(index, rows.groups, rngs)]
+        return TreeBatch.scatter_rows(parts, rows.rows)
+    spec = DraftSpec.of(draft)
+    try:
+        builds: list[Build | None] = [builder.feed_build(roots.index_select(0, ix), spec, cfg, rng)
+                                      for ix, (cfg, _), rng in zip(index, rows.groups, rngs)]
+    except InvalidConfigError as exc:
+        raise InvalidConfigError(f"per-row sampling builds each configuration's trees through feed_build: {exc}") from exc
+    requests: list[DraftRequest | None] = []
+    trees: list[TreeBatch | None] = [None] * len(builds)
+    for g, build in enumerate(builds):
+        assert build is not None
+        requests.append(_next(build, None, trees, g))
+    merged = _Numbering(len(builds))
+    while any(r is not None for r in requests):
+        request = merged.request(requests, index, roots, rows.rows)
+        logits = draft.request_logits(request)  # [B, W] at level 0, [B, k, W] after
+        for g, (build, asked) in enumerate(zip(builds, requests)):
+            if build is None or asked is None:
+                continue
+            part = logits.index_select(0, index[g])
+            if asked.level > 0:
+                part = part[:, : asked.new_nodes]
+            requests[g] = _next(build, part, trees, g)
+            if requests[g] is None:
+                builds[g] = None
+    parts = []
+    for ix, tree in zip(index, trees):
+        assert tree is not None
+        parts.append((ix, tree))
+    return TreeBatch.scatter_rows(parts, rows.rows)
+
+
+def _next(build: Build, logits: torch.Tensor | None, trees: list[TreeBatch | None], g: int) -> DraftRequest | None:
+    try:
+        return next(build) if logits is None else build.send(logits)
+    except StopIteration as done:
+        trees[g] = done.value
+        return None
+
+
+class _Numbering:
+    """The merged draft numbering: the groups' nodes of each level, group after group's
+    padded width, numbered on from the previous level's (draft node 0: every row's root)."""
+
+    def __init__(self, groups: int) -> None:
+        self.local_first: list[list[int]] = [[0] for _ in range(groups)]  # per group, per level: its first id
+        self.merged_first: list[int] = [0]  # per level: the merged first id
+        self.next_id = 1
+        self.earlier: list[torch.Tensor] = []
+
+    def request(self, requests: Sequence[DraftRequest | None], index: Sequence[torch.Tensor],
+                roots: torch.Tensor, B: int) -> DraftRequest:
+        live_requests = [r for r in requests if r is not None]
+        proposal = {r.proposal for r in live_requests}
+        if len(proposal) > 1:
+            raise InvalidConfigError(
+                "per-row sampling: the configurations' builds ask for the draft's proposal vocabulary and for the "
+                "full vocabulary at the same level; one draft call cannot answer both")
+        level = live_requests[0].level
+        width = live_requests[0].width
+        if level == 0:
+            return DraftRequest(level=0, rows=B, width=width, proposal=proposal.pop())
+        k = max(r.new_nodes for r in live_requests)
+        first = self.next_id
+        device = roots.device
+        parents = torch.zeros(B, k, dtype=torch.int64, device=device)  # fillers hang from the root
+        tokens = roots.view(B, 1).expand(B, k).clone()  # ... and carry its token
+        live = torch.zeros(B, k, dtype=torch.bool, device=device)
+        for g, r in enumerate(requests):
+            if r is None:
+                continue
+            assert r.parents is not None and r.tokens is not None
+            kg = r.new_nodes
+            g_rows = index[g].numel()
+            local = self.local_first[g]
+            bounds = torch.tensor(local, dtype=torch.int64, device=device)  # [levels] local first ids
+            shift = torch.tensor([m - lo for m, lo in zip(self.merged_first, local)], dtype=torch.int64, device=device)
+            p = r.parents.to(device).expand(g_rows, kg)
+            level_of = torch.bucketize(p, bounds, right=True) - 1  # the level each parent was drafted at
+            mapped = p + shift[level_of]
+            parents[index[g], :kg] = mapped
+            tokens[index[g], :kg] = r.tokens.to(device).expand(g_rows, kg)
+            live[index[g], :kg] = True if r.live is None else r.live.to(device).expand(g_rows, kg)
+            local.append(r.first_id)
+        for g, r in enumerate(requests):  # a finished group keeps its numbering (its rows get fillers)
+            if r is None:
+                self.local_first[g].append(self.local_first[g][-1])
+        self.merged_first.append(first)
+        self.next_id += k
+        request = DraftRequest(level=level, rows=B, width=width, proposal=proposal.pop(), parents=parents,
+                               tokens=tokens, live=live, first_id=first, earlier=tuple(self.earlier))
+        self.earlier.append(parents)
+        return request
+
+
+def scatter_decisions(parts: Sequence[tuple[torch.Tensor, TreeDecision]], rows: int, max_depth: int) -> TreeDecision:
+    """The groups' decisions (each over its rows, walk length at most ``max_depth``) in row order."""
+    first = parts[0][1]
+    dev = first.accepted.device
+    D = max_depth
+    accepted = torch.full((rows, D), -1, dtype=torch.int64, device=dev)
+    tokens = torch.full((rows, D + 1), -1, dtype=torch.int64, device=dev)
+    fields: dict[str, torch.Tensor] = {name: getattr(first, name).new_zeros(rows)
+                                       for name in ("num_accepted", "bonus", "attempted", "bad_visited", "stop")}
+    for ix, d in parts:
+        ix = ix.to(dev)
+        accepted.index_copy_(0, ix, torch.cat([d.accepted, d.accepted.new_full((d.accepted.shape[0], D - d.accepted.shape[1]), -1)], 1))
+        tokens.index_copy_(0, ix, torch.cat([d.tokens, d.tokens.new_full((d.tokens.shape[0], D + 1 - d.tokens.shape[1]), -1)], 1))
+        for name, out in fields.items():
+            out.index_copy_(0, ix, getattr(d, name))
+    return TreeDecision(accepted, fields["num_accepted"], tokens, fields["bonus"], fields["attempted"],
+                        fields["bad_visited"], fields["stop"])
