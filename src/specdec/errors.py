@@ -78,6 +78,11 @@ class ContextOverflowError(InvalidConfigError):
     configuration: raised before any forward)."""
 
 
+class MeasurementError(SpecDecError, RuntimeError):
+    """A cost that a choice depends on could not be measured (for example a target forward
+    that fails at one tree size while a forward-cost curve is timed); nothing is guessed in its place."""
+
+
 class MissingExtraError(SpecDecError, ImportError):
     """A feature needs an optional extra of ``specdec-trees`` that is not installed
     (Hugging Face models, GGUF conversion, the bench, training, plots, Ray, the shipped

@@ -163,6 +163,28 @@ def test_measure_forward_times_with_a_callable_target():
     assert measure_draft_level_time(draft, [1, 2], width=5, repeats=2) >= 0
 
 
+def test_a_forward_that_fails_at_one_size_is_a_clear_error_not_a_guessed_curve():
+    """Issue 48, bad input: a model that fails at some row count stops the curve with an error
+    naming the size (no silent fallback); specdec's own errors pass through unchanged."""
+    from specdec.errors import MeasurementError
+
+    def lm(prefixes):
+        if len(prefixes) > 3:
+            raise RuntimeError("out of memory at 4 rows")
+        return torch.zeros(len(prefixes), 4)
+
+    with pytest.raises(MeasurementError, match=r"forward of a 4-token tree failed .*out of memory at 4 rows"):
+        measure_forward_times(CallableLM(lm, 4), [1, 2, 3], [1, 4], repeats=1)
+    with pytest.raises(InvalidConfigError, match="has no batch mode"):
+        measure_forward_times(_NoBatch(lambda prefixes: torch.zeros(len(prefixes), 4), 4), [1, 2], [1], batch_size=2)
+
+
+class _NoBatch(CallableLM):
+    @property
+    def supports_batch(self) -> bool:
+        return False
+
+
 # ---------------------------------------------------------- profile_acceptance
 def order0_lm(probs):
     logits = torch.tensor(probs, dtype=torch.float64).log()

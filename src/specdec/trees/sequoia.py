@@ -33,7 +33,7 @@ import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import ContextOverflowError, InvalidConfigError
+from specdec.errors import ContextOverflowError, InvalidConfigError, MeasurementError, SpecDecError
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
@@ -275,7 +275,7 @@ def measure_forward_times(
     check_int("batch_size", batch_size, 1)
     if not prompt_ids:
         raise InvalidConfigError("measure_forward_times needs a non-empty prompt")
-    if batch_size > 1 and not callable(getattr(target, "prefill_batch", None)):
+    if batch_size > 1 and not target.supports_batch:
         raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
     out: dict[int, float] = {}
     vocab = target.vocab_size
@@ -296,7 +296,16 @@ def measure_forward_times(
             else:
                 target.prefill_batch([prompt_ids] * batch_size)
             start = time.perf_counter()
-            _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
+            try:
+                _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
+            except SpecDecError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one clear error naming the size; no curve is guessed
+                raise MeasurementError(
+                    f"the target forward of a {size}-token tree{f' x {batch_size} rows' if batch_size > 1 else ''} "
+                    f"failed while timing the forward-cost curve ({type(exc).__name__}: {exc}); the curve is not "
+                    "guessed: fix the model at that size, or give the tree budget by hand (--budget N)"
+                ) from exc
             if rep >= warmup:
                 times.append(time.perf_counter() - start)
         out[int(size)] = sorted(times)[len(times) // 2]
