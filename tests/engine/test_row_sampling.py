@@ -209,3 +209,38 @@ def test_the_batched_baseline_takes_one_configuration_per_row_too():
     for b, prompt in enumerate(PROMPTS):
         ref = specdec.autoregressive_generate(_lm(TARGET), prompt, 8, CONFIGS[b], seed=seeds[b])
         assert list(out.tokens[b]) == ref.tokens, b
+
+
+@pytest.mark.parametrize("method,version", [("eagle3", 3), ("rheo", 3), ("eagle2", 2)])
+def test_feature_draft_rows_equal_their_batch_one_run_with_their_own_sampling(method, version):
+    """An EAGLE head (a feature draft: each node's features gathered by its parent's draft id, so
+    the merged numbering must address the right nodes) on a float64 tiny Llama: 4 ragged rows
+    with 4 settings, each equal to its batch-1 generation token for token."""
+    from tests.test_batch import ROW_PROMPTS, _eagle_generator, _eagle_pair
+
+    model, head = _eagle_pair(version)
+    configs = [CONFIGS[1], CONFIGS[0], CONFIGS[5], CONFIGS[3]]
+    seeds = [11, 12, 13, 14]
+    out = _eagle_generator(model, head, method).generate_batch(ROW_PROMPTS, 12, configs, seeds)
+    single = _eagle_generator(model, head, method)
+    for b, prompt in enumerate(ROW_PROMPTS):
+        assert list(out.tokens[b]) == single.generate(prompt, 12, configs[b], seed=seeds[b]).tokens, (method, b)
+
+
+@pytest.mark.parametrize("method,options", [("eagle2", {"K": 2, "depth": 3, "N": 5}), ("specinfer", {"expansion": (2, 2, 1)}),
+                                            ("sd", {"depth": 3, "confidence": 0.3, "random": "counter"})])
+def test_draft_lm_rows_equal_their_batch_one_run_with_their_own_sampling(method, options):
+    """An independent Hugging Face draft LM in rows mode (its tree nodes cached by draft id):
+    4 ragged rows with 4 settings, each equal to its batch-1 generation (float64 models). The
+    confidence-stopped chain with ``random="counter"``: its draws are keyed, so how deep the other
+    rows' chains go does not move a row's stream (with ``"torch"`` streams it does: docs)."""
+    from tests.test_batch import PROMPTS as LM_PROMPTS
+    from tests.test_batch import _lm_generator
+
+    gen = _lm_generator(method, **options)
+    configs = [CONFIGS[4], CONFIGS[0], CONFIGS[6], CONFIGS[1]][: len(LM_PROMPTS)]
+    seeds = [21, 22, 23, 24][: len(LM_PROMPTS)]
+    out = gen().generate_batch(LM_PROMPTS, 10, configs, seeds)
+    single = gen()
+    for b, prompt in enumerate(LM_PROMPTS):
+        assert list(out.tokens[b]) == single.generate(prompt, 10, configs[b], seed=seeds[b]).tokens, (method, b)

@@ -284,6 +284,8 @@ STATIC_CASES = [
     ("static", dict(expansion=(3, 2, 2), mode="iid", proposal_top_k=2)),
     ("static", dict(expansion=(3, 2, 2), mode="wor", proposal_top_k=3)),
     ("sequoia", dict(num_nodes=8, max_depth=3, acceptance=(0.6, 0.2, 0.1), proposal_top_k=2)),
+    ("chain", dict(depth=3, proposal_top_k=2)),
+    ("chain", dict(depth=3, confidence=0.3, proposal_top_k=2)),
 ]
 
 

@@ -2,7 +2,7 @@
 
 - ``truncate_proposal``: the top ``k`` by probability, ties by the lower column, returned in
   ascending column order and renormalised; ``k >= W`` keeps every column; zeros marked ``-1``.
-- A static / Sequoia tree with ``proposal_top_k = k`` records ``[n, k]`` laws (not ``[n, V]``),
+- A static / Sequoia / chain tree (the confidence-stopped chain too) with ``proposal_top_k = k`` records ``[n, k]`` laws (not ``[n, V]``),
   every child is among its parent's top ``k`` draft tokens, and the recorded law is the
   truncated law the child was drawn from (``[n, k]`` end to end, verifiable as it is).
 - The tensor build equals the host reference draw for draw (``tests/trees/test_levelwise.py``,
@@ -21,6 +21,7 @@ from specdec.errors import InvalidConfigError
 from specdec.models import CallableLM
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
+from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.sequoia import SequoiaTreeBuilder
 from specdec.trees.static import StaticTreeBuilder, truncate_proposal
 
@@ -45,7 +46,9 @@ def _draft(vocab: int) -> CallableLM:
 
 @pytest.mark.parametrize("builder", [StaticTreeBuilder(expansion=(3, 2), mode="iid", proposal_top_k=4),
                                      StaticTreeBuilder(expansion=(3, 2), mode="wor", proposal_top_k=4),
-                                     SequoiaTreeBuilder(num_nodes=6, max_depth=2, acceptance=(0.6, 0.3), proposal_top_k=4)])
+                                     SequoiaTreeBuilder(num_nodes=6, max_depth=2, acceptance=(0.6, 0.3), proposal_top_k=4),
+                                     ChainTreeBuilder(depth=3, proposal_top_k=4),
+                                     ChainTreeBuilder(depth=3, confidence=0.05, proposal_top_k=4)])
 def test_trees_record_sparse_laws_of_their_top_k(builder):
     vocab, sampling = 50, SamplingConfig(temperature=1.0)
     draft = _draft(vocab)
@@ -81,3 +84,5 @@ def test_bad_values_are_refused(bad):
         StaticTreeBuilder(proposal_top_k=bad)
     with pytest.raises(InvalidConfigError, match="proposal_top_k must be an int"):
         SequoiaTreeBuilder(proposal_top_k=bad)
+    with pytest.raises(InvalidConfigError, match="proposal_top_k must be an int"):
+        ChainTreeBuilder(proposal_top_k=bad)

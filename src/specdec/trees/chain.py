@@ -57,7 +57,7 @@ from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembl
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees._common import MAX_TREE_NODES, check_int, draw_children, draw_rows, normalised_law
 from specdec.trees.feed import Build, DraftSpec, drive
-from specdec.trees.static import ShapedTreeBuilder
+from specdec.trees.static import ShapedTreeBuilder, check_top_k, truncate_proposal
 from specdec.methods import Method, register_method
 
 __all__ = ["ChainTreeBuilder", "SCHEDULES", "chain_build"]
@@ -142,6 +142,9 @@ class ChainTreeBuilder(ShapedTreeBuilder):
             0.4 by default there).
         schedule: ``"constant"`` (default) or ``"heuristic"`` (+2 after a fully
             accepted chain, -1 otherwise, at least 1).
+        proposal_top_k: ``k > 0``: each draft token drawn from, and its law recorded as, the
+            draft law truncated to its top ``k`` and renormalised (docs/trees.md, "Sparse
+            proposals"): ``[n, k]`` laws per tree instead of ``[n, V]``; 0 (default): the full law.
         max_depth: the heuristic schedule's longest chain (default ``max(depth, 20)``);
             only with ``schedule="heuristic"``.
 
@@ -168,6 +171,7 @@ class ChainTreeBuilder(ShapedTreeBuilder):
     confidence: float = attrs.field(default=0.0, validator=_check_confidence)
     schedule: str = attrs.field(default="constant", validator=_check_schedule)
     depth_cap: int | None = attrs.field(default=None, validator=_check_cap, alias="max_depth")
+    proposal_top_k: int = attrs.field(default=0, validator=check_top_k)
     _memory: _Schedule = attrs.field(factory=_Schedule, init=False, eq=False, repr=False)
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})
@@ -176,6 +180,7 @@ class ChainTreeBuilder(ShapedTreeBuilder):
     # needs a draft's committed context across steps: tests/trees/test_chain_adaptive.py proves it exact
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
         {"depth": 2}, {"depth": 3}, {"depth": 3, "confidence": 0.3}, {"depth": 4, "confidence": 0.45},
+        {"depth": 2, "proposal_top_k": 2}, {"depth": 3, "confidence": 0.3, "proposal_top_k": 2},
     )
 
     def __attrs_post_init__(self) -> None:
@@ -206,6 +211,9 @@ class ChainTreeBuilder(ShapedTreeBuilder):
     def shape(self) -> tuple[tuple[tuple[int, ...], ...], SampleMode]:
         return tuple((0,) * d for d in range(1, self.depth + 1)), SampleMode.IID
 
+    def law_top_k(self) -> int:
+        return self.proposal_top_k
+
     def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
                    compiler: Any = None) -> Build:
         """The caller-driven build: :func:`~specdec.trees.static.static_build` of the chain at a
@@ -224,7 +232,7 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         if not self.adaptive:
             return super().feed_build(roots, spec, sampling, rng, compiler=compiler)
         rows = torch.as_tensor(roots).numel()
-        return chain_build(roots, spec, sampling, rng, [self.depth] * rows, self.confidence)
+        return chain_build(roots, spec, sampling, rng, [self.depth] * rows, self.confidence, self.proposal_top_k)
 
     def _grow(self, root_token: Any, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
         """The step path (``build_batch``, ``build``): the static chain at a constant length without a
@@ -235,9 +243,10 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         rows = torch.as_tensor(root_token).numel()
         if self.schedule == "constant":
             return drive(chain_build(root_token, DraftSpec.of(draft), sampling, rng, [self.depth] * rows,
-                                     self.confidence), draft)
+                                     self.confidence, self.proposal_top_k), draft)
         lengths = self._next_lengths(_committed(draft, rows))
-        tree = drive(chain_build(root_token, DraftSpec.of(draft), sampling, rng, lengths, self.confidence), draft)
+        tree = drive(chain_build(root_token, DraftSpec.of(draft), sampling, rng, lengths, self.confidence,
+                                 self.proposal_top_k), draft)
         self._memory.built = [int(n) - 1 for n in tree.num_nodes.tolist()]  # one [B] read per step: the outcome's key
         return tree
 
@@ -277,7 +286,12 @@ class ChainTreeBuilder(ShapedTreeBuilder):
                 q = normalised_law(draft.expand([level - 1], [token], sampling))[0]
                 if self.confidence > 0:
                     conf = normalised_law(draft.expand([level - 1], [token], conf_config))[0]
-            law = SparseLaw.from_dense(q, SampleMode.IID)
+            if self.proposal_top_k:  # the top-k truncated law (truncate_proposal), as the tensor build draws it
+                cols, probs = truncate_proposal(q.unsqueeze(0), self.proposal_top_k)
+                keep = cols[0] >= 0
+                law = SparseLaw(cols[0][keep], probs[0][keep], SampleMode.IID)
+            else:
+                law = SparseLaw.from_dense(q, SampleMode.IID)
             (index,) = draw_children(law.probs, 1, SampleMode.IID, rng)
             token = int(law.indices[index])
             node = asm.add_sampled(node, token, law, weight=float(law.probs[index]))
@@ -293,6 +307,7 @@ def chain_build(
     rng: RandomSource,
     lengths: list[int],
     confidence: float = 0.0,
+    proposal_top_k: int = 0,
 ) -> Build:
     """A build of ``B`` chains of per-row lengths, stopped early by a confidence threshold
     (:class:`ChainTreeBuilder`'s adaptive form; :mod:`specdec.trees.feed` protocol).
@@ -312,6 +327,9 @@ def chain_build(
         rng: the build's random source (a :class:`~specdec.rng.RowStreams` for ``B > 1``).
         lengths: each row's longest chain (``>= 1``).
         confidence: the stop threshold (0: none).
+        proposal_top_k: ``k > 0``: each token drawn from, and each law recorded as, its parent's
+            law truncated to its top ``k`` (:func:`~specdec.trees.static.truncate_proposal`,
+            ``[B, n, k]`` laws instead of ``[B, n, V]``); 0: the full law.
 
     Returns:
         the :class:`~specdec.tree_batch.TreeBatch`, ragged ``num_nodes`` (root included), with
@@ -337,7 +355,8 @@ def chain_build(
     valid[:, 0] = True
     weights = torch.zeros(B, n, dtype=torch.float64, device=dev)
     weights[:, 0] = 1.0
-    levels: list[torch.Tensor] = []  # [B, V] the law of each drawn level's parent (stacked at the end: [B, n, V])
+    levels: list[torch.Tensor] = []  # [B, W] the law of each drawn level's parent (stacked at the end: [B, n, W])
+    level_cols: list[torch.Tensor] = []  # [B, W] its columns' tokens (W = k with proposal_top_k, else V)
     alive = torch.ones(B, dtype=torch.bool, device=dev)  # the row draws at this level
     earlier: list[torch.Tensor] = []
     conf_law = laws[-1] if len(configs) > 1 else laws[0]
@@ -353,13 +372,18 @@ def chain_build(
             q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(laws[0], on_device=True))
             conf_law = laws[-1] if len(configs) > 1 else laws[0]
             draft_bad = draft_bad | (bad & alive)
-        levels.append(torch.where(alive.unsqueeze(-1), q, 0.0))
-        col = draw_rows(q, 1, SampleMode.IID, rng, alive)[:, 0]  # [B], -1 for stopped rows
+        if proposal_top_k:  # the sparse law: [B, k] columns and probabilities
+            cols, law = truncate_proposal(q, proposal_top_k)
+        else:
+            cols, law = torch.arange(vocab, device=dev).expand(B, vocab), q
+        levels.append(torch.where(alive.unsqueeze(-1), law, 0.0))
+        level_cols.append(cols)
+        col = draw_rows(law, 1, SampleMode.IID, rng, alive)[:, 0]  # [B], -1 for stopped rows
         drawn = col >= 0
-        tok = col.clamp_min(0)
+        tok = cols.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1).clamp_min(0)
         valid[:, d] = drawn
         tokens[:, d] = torch.where(drawn, tok, root)
-        weights[:, d] = torch.where(drawn, q.gather(1, tok.unsqueeze(1)).squeeze(1), 0.0)
+        weights[:, d] = torch.where(drawn, law.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1), 0.0)
         drawn_levels = d
         alive = drawn & (limit > d)
         if confidence > 0:
@@ -370,7 +394,8 @@ def chain_build(
     # the slots of the levels drawn only: the target scores every slot, so undrawn levels are not padded on
     n = drawn_levels + 1
     tokens, valid, weights = tokens[:, :n], valid[:, :n], weights[:, :n]
-    law_probs = torch.stack([*levels, torch.zeros_like(levels[0])], dim=1)  # [B, n, V]: the last level has no child
+    law_probs = torch.stack([*levels, torch.zeros_like(levels[0])], dim=1)  # [B, n, W]: the last level has no child
+    law_cols = torch.stack([*level_cols, level_cols[0]], dim=1)  # [B, n, W]
     num = valid.sum(dim=1)  # [B] nodes, root included (a chain: slots 0 .. num - 1)
     index = torch.arange(n, device=dev)
     parents_out = torch.where(valid & (index > 0), index - 1, -1).expand(B, n).clone()
@@ -379,7 +404,7 @@ def chain_build(
     has_kid = torch.zeros(B, n, dtype=torch.bool, device=dev)
     has_kid[:, :-1] = valid[:, 1:]
     probs = torch.where(has_kid.unsqueeze(-1), law_probs, 0.0)
-    ids = torch.where(probs > 0, torch.arange(vocab, device=dev), -1)
+    ids = torch.where(probs > 0, law_cols, -1)
     lower = index.unsqueeze(0) <= index.unsqueeze(1)  # [n, n] j <= i
     anc = (lower.unsqueeze(0) & valid.unsqueeze(1) & valid.unsqueeze(2)) | torch.eye(n, dtype=torch.bool, device=dev)
     return TreeBatch(
