@@ -17,7 +17,7 @@ import specdec
 from tests.engine._two_tokens import first_two, gap, target_law
 from specdec import SamplingConfig
 from specdec.engine.loop import run_rows
-from specdec.engine.row_sampling import RowSampling, build_groups, group_streams
+from specdec.engine.row_sampling import RowSampling, build_groups, group_sources
 from specdec.errors import InvalidConfigError
 from specdec.models.callable import CallableLM
 from specdec.registry import get, list_registered
@@ -138,7 +138,7 @@ def test_the_grouped_build_is_each_groups_own_build(method):
     draft.begin_rows(prompts, None)
     seeds = [70 + b for b in range(len(CONFIGS))]
     merged = build_groups(gen.builder, roots, draft, rows,
-                          group_streams(RowStreams([TorchRandom.seeded(s) for s in seeds]), rows.group_rows()))
+                          group_sources(RowStreams([TorchRandom.seeded(s) for s in seeds]), rows.group_rows()))
     for config, index in rows.groups:
         alone = _lm(DRAFT)
         ix = index.tolist()
@@ -244,3 +244,32 @@ def test_draft_lm_rows_equal_their_batch_one_run_with_their_own_sampling(method,
     single = gen()
     for b, prompt in enumerate(LM_PROMPTS):
         assert list(out.tokens[b]) == single.generate(prompt, 10, configs[b], seed=seeds[b]).tokens, (method, b)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "rheo", "specinfer", "sd"])
+def test_a_serving_engine_feeds_rows_of_their_own_sampling(method):
+    """TreeFeed given one configuration per row: the engine answers the merged requests (one per
+    level, over all rows) from its own bookkeeping and gets the trees specdec's own draft builds
+    (build_groups), field for field; bad per-row input is refused by name."""
+    from specdec.trees.feed import DraftSpec, TreeFeed
+
+    gen = _generator(method)
+    roots = torch.tensor([b % V for b in range(len(CONFIGS))])
+    seeds = [80 + b for b in range(len(CONFIGS))]
+    draft = _lm(DRAFT)
+    draft.begin_rows([[int(r)] for r in roots], None)
+    rows = RowSampling.of(CONFIGS, len(CONFIGS))
+    own = build_groups(gen.builder, roots, draft, rows,
+                       group_sources(RowStreams([TorchRandom.seeded(s) for s in seeds]), rows.group_rows()))
+    feed = TreeFeed(gen.builder, roots, CONFIGS, RowStreams([TorchRandom.seeded(s) for s in seeds]), DraftSpec(V))
+    while feed.request is not None:
+        r = feed.request
+        assert r.rows == len(CONFIGS)
+        feed.give(r.level, DRAFT[roots] if r.level == 0 else DRAFT[r.tokens])  # order 1: the node's token
+    tree = feed.tree
+    for field in ("tokens", "parents", "kinds", "num_nodes", "ancestors", "law_ids", "law_probs"):
+        assert torch.equal(getattr(tree, field), getattr(own, field)), field
+    with pytest.raises(InvalidConfigError, match="one per row"):
+        TreeFeed(gen.builder, roots, CONFIGS[:3], RowStreams([TorchRandom.seeded(s) for s in seeds]), DraftSpec(V))
+    with pytest.raises(InvalidConfigError, match="one random source per row"):
+        TreeFeed(gen.builder, roots, CONFIGS, TorchRandom.seeded(0), DraftSpec(V))

@@ -31,17 +31,16 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.feed import Build, DraftSpec
+from specdec.trees.feed import DraftSpec, config_groups, drive, group_build, group_sources
 from specdec.verify.fast import TreeDecision
 
-__all__ = ["RowSampling", "build_groups", "scatter_decisions"]
+__all__ = ["RowSampling", "build_groups", "group_sources", "row_sources", "scatter_decisions"]
 
 
 @attrs.frozen(eq=False)
@@ -83,13 +82,7 @@ class RowSampling:
         listed = [configs] * rows if isinstance(configs, SamplingConfig) else list(configs)
         if len(listed) != rows:
             raise InvalidConfigError(f"per-row sampling: {len(listed)} configurations for {rows} rows")
-        for b, c in enumerate(listed):
-            if not isinstance(c, SamplingConfig):
-                raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
-        order: dict[SamplingConfig, list[int]] = {}
-        for b, c in enumerate(listed):
-            order.setdefault(c, []).append(b)
-        groups = tuple((c, torch.tensor(ix, dtype=torch.int64, device=device)) for c, ix in order.items())
+        groups = tuple((c, torch.tensor(ix, dtype=torch.int64, device=device)) for c, ix in config_groups(listed))
         return cls(
             tuple(listed),
             torch.tensor([c.temperature for c in listed], dtype=torch.float64, device=device),
@@ -114,10 +107,7 @@ class RowSampling:
 
     def group_rows(self) -> list[list[int]]:
         """Each group's row indices as host ints (made from the configurations, no device read)."""
-        order: dict[SamplingConfig, list[int]] = {}
-        for b, c in enumerate(self.configs):
-            order.setdefault(c, []).append(b)
-        return list(order.values())
+        return [rows for _, rows in config_groups(self.configs)]
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """``[B, ..., V]`` logits -> each row's ``p`` under its own configuration
@@ -134,19 +124,11 @@ class RowSampling:
         return out
 
 
-def group_sources(rng: RandomSource) -> list[RandomSource]:
+def row_sources(rng: RandomSource) -> list[RandomSource]:
     """The rows' sources of a :class:`~specdec.rng.RowStreams`."""
     if not isinstance(rng, RowStreams):
         raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
     return list(rng.sources)
-
-
-def group_streams(rng: RandomSource, groups: Sequence[Sequence[int]]) -> list[RandomSource]:
-    """Each group's random source: the :class:`~specdec.rng.RowStreams` of its rows' sources
-    (the sources themselves, so their draws advance as in a batch of that group alone)."""
-    if not isinstance(rng, RowStreams):
-        raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
-    return [RowStreams([rng.sources[r] for r in rows]) for rows in groups]
 
 
 def build_groups(
@@ -156,115 +138,22 @@ def build_groups(
     rows: RowSampling,
     rngs: Sequence[RandomSource],
 ) -> TreeBatch:
-    """Every row's tree under its own configuration (module docstring): one build per group,
-    one draft call per level for all rows, the trees stacked in row order.
+    """Every row's tree under its own configuration (module docstring): the merged build
+    (:func:`specdec.trees.feed.group_build`) answered by ``draft``, one draft call per level for
+    all rows; a builder that drafts nothing (``draft`` None, the root-only tree) builds per group.
 
     Args:
         roots: ``[B]`` int64 the rows' last committed tokens.
         rows: the rows' configurations (more than one group).
-        rngs: one source per group (:func:`group_streams`).
-
-    Raises:
-        InvalidConfigError: the builder has no caller-driven form, or the groups ask for the
-            draft's proposal vocabulary at one level and for the full vocabulary at another.
+        rngs: one source per group (:func:`specdec.trees.feed.group_sources`).
     """
     index = [rows_ix.to(roots.device) for _, rows_ix in rows.groups]
-    if draft is None:  # a builder that drafts nothing (the root-only tree): one build per group
+    if draft is None:
         parts = [(ix, builder.build_batch(roots.index_select(0, ix), None, cfg, rng))
                  for ix, (cfg, _), rng in zip(index, rows.groups, rngs)]
         return TreeBatch.scatter_rows(parts, rows.rows)
-    spec = DraftSpec.of(draft)
-    try:
-        builds: list[Build | None] = [builder.feed_build(roots.index_select(0, ix), spec, cfg, rng)
-                                      for ix, (cfg, _), rng in zip(index, rows.groups, rngs)]
-    except InvalidConfigError as exc:
-        raise InvalidConfigError(f"per-row sampling builds each configuration's trees through feed_build: {exc}") from exc
-    requests: list[DraftRequest | None] = []
-    trees: list[TreeBatch | None] = [None] * len(builds)
-    for g, build in enumerate(builds):
-        assert build is not None
-        requests.append(_next(build, None, trees, g))
-    merged = _Numbering(len(builds))
-    while any(r is not None for r in requests):
-        request = merged.request(requests, index, roots, rows.rows)
-        logits = draft.request_logits(request)  # [B, W] at level 0, [B, k, W] after
-        for g, (build, asked) in enumerate(zip(builds, requests)):
-            if build is None or asked is None:
-                continue
-            part = logits.index_select(0, index[g])
-            if asked.level > 0:
-                part = part[:, : asked.new_nodes]
-            requests[g] = _next(build, part, trees, g)
-            if requests[g] is None:
-                builds[g] = None
-    parts = []
-    for ix, tree in zip(index, trees):
-        assert tree is not None
-        parts.append((ix, tree))
-    return TreeBatch.scatter_rows(parts, rows.rows)
-
-
-def _next(build: Build, logits: torch.Tensor | None, trees: list[TreeBatch | None], g: int) -> DraftRequest | None:
-    try:
-        return next(build) if logits is None else build.send(logits)
-    except StopIteration as done:
-        trees[g] = done.value
-        return None
-
-
-class _Numbering:
-    """The merged draft numbering: the groups' nodes of each level, group after group's
-    padded width, numbered on from the previous level's (draft node 0: every row's root)."""
-
-    def __init__(self, groups: int) -> None:
-        self.local_first: list[list[int]] = [[0] for _ in range(groups)]  # per group, per level: its first id
-        self.merged_first: list[int] = [0]  # per level: the merged first id
-        self.next_id = 1
-        self.earlier: list[torch.Tensor] = []
-
-    def request(self, requests: Sequence[DraftRequest | None], index: Sequence[torch.Tensor],
-                roots: torch.Tensor, B: int) -> DraftRequest:
-        live_requests = [r for r in requests if r is not None]
-        proposal = {r.proposal for r in live_requests}
-        if len(proposal) > 1:
-            raise InvalidConfigError(
-                "per-row sampling: the configurations' builds ask for the draft's proposal vocabulary and for the "
-                "full vocabulary at the same level; one draft call cannot answer both")
-        level = live_requests[0].level
-        width = live_requests[0].width
-        if level == 0:
-            return DraftRequest(level=0, rows=B, width=width, proposal=proposal.pop())
-        k = max(r.new_nodes for r in live_requests)
-        first = self.next_id
-        device = roots.device
-        parents = torch.zeros(B, k, dtype=torch.int64, device=device)  # fillers hang from the root
-        tokens = roots.view(B, 1).expand(B, k).clone()  # ... and carry its token
-        live = torch.zeros(B, k, dtype=torch.bool, device=device)
-        for g, r in enumerate(requests):
-            if r is None:
-                continue
-            assert r.parents is not None and r.tokens is not None
-            kg = r.new_nodes
-            g_rows = index[g].numel()
-            local = self.local_first[g]
-            bounds = torch.tensor(local, dtype=torch.int64, device=device)  # [levels] local first ids
-            shift = torch.tensor([m - lo for m, lo in zip(self.merged_first, local)], dtype=torch.int64, device=device)
-            p = r.parents.to(device).expand(g_rows, kg)
-            level_of = torch.bucketize(p, bounds, right=True) - 1  # the level each parent was drafted at
-            mapped = p + shift[level_of]
-            parents[index[g], :kg] = mapped
-            tokens[index[g], :kg] = r.tokens.to(device).expand(g_rows, kg)
-            live[index[g], :kg] = True if r.live is None else r.live.to(device).expand(g_rows, kg)
-            local.append(r.first_id)
-        for g, r in enumerate(requests):  # a finished group keeps its numbering (its rows get fillers)
-            if r is None:
-                self.local_first[g].append(self.local_first[g][-1])
-        self.merged_first.append(first)
-        self.next_id += k
-        request = DraftRequest(level=level, rows=B, width=width, proposal=proposal.pop(), parents=parents,
-                               tokens=tokens, live=live, first_id=first, earlier=tuple(self.earlier))
-        self.earlier.append(parents)
-        return request
+    groups = [(cfg, ix) for ix, (cfg, _) in zip(index, rows.groups)]
+    return drive(group_build(builder, roots, DraftSpec.of(draft), groups, rngs), draft)
 
 
 def scatter_decisions(parts: Sequence[tuple[torch.Tensor, TreeDecision]], rows: int, max_depth: int) -> TreeDecision:

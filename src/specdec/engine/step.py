@@ -27,7 +27,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification
 from specdec.engine.options import StepOptions
-from specdec.engine.row_sampling import RowSampling, build_groups, group_sources, group_streams, scatter_decisions
+from specdec.engine.row_sampling import RowSampling, build_groups, group_sources, row_sources, scatter_decisions
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
 from specdec.verify.fast_block import decide_block_from_logits
@@ -276,7 +276,7 @@ def run_step(
     group_rngs: list[RandomSource] = []
     if isinstance(sampling, RowSampling):  # several configurations: one build per group, one draft call per level
         group_rows = sampling.group_rows()
-        group_rngs = group_streams(rng, group_rows)
+        group_rngs = group_sources(rng, group_rows)
         tree = build_groups(builder, roots, draft, sampling, group_rngs)
     else:
         tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
@@ -311,7 +311,7 @@ def run_step(
         parts: list[tuple[torch.Tensor, TreeDecision]] = []
         lp_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         sub_results: list[tuple[list[int], list[VerifyResult]]] = []
-        sources = list(row_rngs) if row_rngs is not None else group_sources(rng)
+        sources = list(row_rngs) if row_rngs is not None else row_sources(rng)
         for (config, index), verif, g_rows, g_rng in zip(sampling.groups, verification, group_rows, group_rngs):
             index = index.to(logits.device)
             sub_tree, sub_logits = tree.select_rows(index), logits.index_select(0, index)

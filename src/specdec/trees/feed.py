@@ -13,11 +13,23 @@ returns the :class:`~specdec.tree_batch.TreeBatch` (:meth:`TreeBuilder.feed_buil
   the engine's step takes this path;
 - :class:`TreeFeed`: a serving engine's own draft runner, tensors in and out, each answer
   checked before the build goes on (docs/serving.md).
+
+Per-request sampling (rows with their own :class:`~specdec.sampling.SamplingConfig`): rows
+that share a configuration form a *group*; :func:`group_build` runs the builder's build once
+per group, under the group's configuration and from its rows' random sources, and is itself a
+build: each level it yields ONE request over all ``B`` rows (each group's new nodes numbered
+after the draft ids already given; a group that asks fewer nodes, or has finished, gets filler
+slots: the root's token under the root, not live), receives that level's logits for all rows and
+hands each group its rows; the groups' trees are stacked in row order
+(:meth:`TreeBatch.scatter_rows <specdec.tree_batch.TreeBatch.scatter_rows>`). A row takes exactly
+the draws it takes in a batch of its own configuration, and one draft forward per level serves
+every row. :class:`TreeFeed` runs it when given one configuration per row; specdec's step drives
+it with its own draft (:func:`specdec.engine.row_sampling.build_groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -26,11 +38,11 @@ import torch
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
-from specdec.rng import RandomSource
+from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig
 from specdec.tree_batch import TreeBatch
 
-__all__ = ["Build", "DraftSpec", "FeedBuilder", "TreeFeed", "drive"]
+__all__ = ["Build", "DraftSpec", "FeedBuilder", "TreeFeed", "config_groups", "drive", "group_build", "group_sources"]
 
 Build = Generator[DraftRequest, torch.Tensor, TreeBatch]
 """A tree build: yields :class:`~specdec.draft_request.DraftRequest`, receives ``[B, W]`` /
@@ -84,7 +96,9 @@ class TreeFeed:
         builder: any registered tree builder with a feed form (every built-in one).
         roots: ``[B]`` int64 the rows' last committed tokens, on the device the runner's
             logits will be on.
-        sampling: the generation's sampling configuration (the draft laws are processed by it).
+        sampling: the generation's sampling configuration (the draft laws are processed by it),
+            or one per row (``B`` configurations: the rows are built in configuration groups,
+            each request still covering all rows; :func:`group_build`).
         rng: the build's random source (a :class:`~specdec.rng.RowStreams` for ``B > 1``).
         spec: :class:`DraftSpec` (the vocabulary; the proposal vocabulary if any).
         compiler: a :class:`~specdec.engine.compiler.StepCompiler` (optional, level-wise builders).
@@ -104,12 +118,26 @@ class TreeFeed:
         [3]
     """
 
-    def __init__(self, builder: FeedBuilder, roots: torch.Tensor, sampling: SamplingConfig, rng: RandomSource,
+    def __init__(self, builder: FeedBuilder, roots: torch.Tensor,
+                 sampling: SamplingConfig | Sequence[SamplingConfig], rng: RandomSource,
                  spec: DraftSpec, *, compiler: Any = None) -> None:
         if not isinstance(roots, torch.Tensor) or roots.dim() != 1 or roots.dtype != torch.int64:
             raise InvalidConfigError(f"roots must be a [B] int64 tensor, got {getattr(roots, 'shape', roots)!r}")
         self.device = roots.device
-        self._build = builder.feed_build(roots, spec, sampling, rng, compiler=compiler)
+        if isinstance(sampling, SamplingConfig):
+            self._build = builder.feed_build(roots, spec, sampling, rng, compiler=compiler)
+        else:  # one configuration per row: the merged build of the configuration groups
+            if isinstance(sampling, (str, bytes)) or not isinstance(sampling, Sequence) or len(sampling) != roots.numel():
+                raise InvalidConfigError(
+                    f"sampling must be a SamplingConfig or one per row ({roots.numel()} rows), got {sampling!r:.80}")
+            groups = config_groups(sampling)
+            if len(groups) == 1:
+                self._build = builder.feed_build(roots, spec, groups[0][0], rng, compiler=compiler)
+            else:
+                rngs = group_sources(rng, [rows for _, rows in groups])
+                self._build = group_build(builder, roots, spec, [
+                    (config, torch.tensor(rows, dtype=torch.int64, device=roots.device)) for config, rows in groups
+                ], rngs)
         self._request: DraftRequest | None = None
         self._tree: TreeBatch | None = None
         self._advance(None)
@@ -167,3 +195,144 @@ class TreeFeed:
             raise InvalidConfigError(f"level {level}: logits are on {logits.device}, the roots on {self.device}")
         self._advance(logits)
         return self._request
+
+
+# ------------------------------------------------------------ per-row sampling: configuration groups
+def config_groups(configs: Sequence[SamplingConfig]) -> list[tuple[SamplingConfig, list[int]]]:
+    """The distinct configurations and their rows (host ints), in order of first appearance.
+
+    Raises:
+        InvalidConfigError: an entry is not a :class:`~specdec.sampling.SamplingConfig`.
+    """
+    order: dict[SamplingConfig, list[int]] = {}
+    for b, c in enumerate(configs):
+        if not isinstance(c, SamplingConfig):
+            raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
+        order.setdefault(c, []).append(b)
+    return list(order.items())
+
+
+def group_sources(rng: RandomSource, groups: Sequence[Sequence[int]]) -> list[RandomSource]:
+    """Each group's random source: the :class:`~specdec.rng.RowStreams` of its rows' sources
+    (the sources themselves, so their draws advance as in a batch of that group alone).
+
+    Raises:
+        InvalidConfigError: ``rng`` is not one source per row.
+    """
+    if not isinstance(rng, RowStreams):
+        raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
+    return [RowStreams([rng.sources[r] for r in rows]) for rows in groups]
+
+
+def group_build(
+    builder: FeedBuilder,
+    roots: torch.Tensor,
+    spec: DraftSpec,
+    groups: Sequence[tuple[SamplingConfig, torch.Tensor]],
+    rngs: Sequence[RandomSource],
+) -> Build:
+    """The merged build of ``B`` rows in groups (module docstring).
+
+    Args:
+        roots: ``[B]`` int64 the rows' last committed tokens.
+        spec: the drafter's vocabulary.
+        groups: each configuration with its rows (``[k]`` int64 on the roots' device); the groups
+            partition ``0 .. B - 1``.
+        rngs: one source per group (:func:`group_sources`).
+
+    Raises:
+        InvalidConfigError: the builder has no caller-driven form, or the groups ask for the
+            draft's proposal vocabulary and for the full vocabulary at the same level.
+    """
+    B = int(roots.shape[0])
+    index = [ix.to(roots.device) for _, ix in groups]
+    try:
+        builds: list[Build | None] = [builder.feed_build(roots.index_select(0, ix), spec, cfg, rng)
+                                      for ix, (cfg, _), rng in zip(index, groups, rngs)]
+    except InvalidConfigError as exc:
+        raise InvalidConfigError(f"per-row sampling builds each configuration's trees through feed_build: {exc}") from exc
+    trees: list[TreeBatch | None] = [None] * len(builds)
+    requests: list[DraftRequest | None] = []
+    for g, build in enumerate(builds):
+        assert build is not None
+        requests.append(_next(build, None, trees, g))
+    merged = _Numbering(len(builds))
+    while any(r is not None for r in requests):
+        logits = yield merged.request(requests, index, roots, B)  # [B, W] at level 0, [B, k, W] after
+        for g, (build, asked) in enumerate(zip(builds, requests)):
+            if build is None or asked is None:
+                continue
+            part = logits.index_select(0, index[g])
+            if asked.level > 0:
+                part = part[:, : asked.new_nodes]
+            requests[g] = _next(build, part, trees, g)
+            if requests[g] is None:
+                builds[g] = None
+    parts = []
+    for ix, tree in zip(index, trees):
+        assert tree is not None
+        parts.append((ix, tree))
+    return TreeBatch.scatter_rows(parts, B)
+
+
+def _next(build: Build, logits: torch.Tensor | None, trees: list[TreeBatch | None], g: int) -> DraftRequest | None:
+    try:
+        return next(build) if logits is None else build.send(logits)
+    except StopIteration as done:
+        trees[g] = done.value
+        return None
+
+
+class _Numbering:
+    """The merged draft numbering: the groups' nodes of each level, group after group's
+    padded width, numbered on from the previous level's (draft node 0: every row's root)."""
+
+    def __init__(self, groups: int) -> None:
+        self.local_first: list[list[int]] = [[0] for _ in range(groups)]  # per group, per level: its first id
+        self.merged_first: list[int] = [0]  # per level: the merged first id
+        self.next_id = 1
+        self.earlier: list[torch.Tensor] = []
+
+    def request(self, requests: Sequence[DraftRequest | None], index: Sequence[torch.Tensor],
+                roots: torch.Tensor, B: int) -> DraftRequest:
+        live_requests = [r for r in requests if r is not None]
+        proposal = {r.proposal for r in live_requests}
+        if len(proposal) > 1:
+            raise InvalidConfigError(
+                "per-row sampling: the configurations' builds ask for the draft's proposal vocabulary and for the "
+                "full vocabulary at the same level; one draft call cannot answer both")
+        level = live_requests[0].level
+        width = live_requests[0].width
+        if level == 0:
+            return DraftRequest(level=0, rows=B, width=width, proposal=proposal.pop())
+        k = max(r.new_nodes for r in live_requests)
+        first = self.next_id
+        device = roots.device
+        parents = torch.zeros(B, k, dtype=torch.int64, device=device)  # fillers hang from the root
+        tokens = roots.view(B, 1).expand(B, k).clone()  # ... and carry its token
+        live = torch.zeros(B, k, dtype=torch.bool, device=device)
+        for g, r in enumerate(requests):
+            if r is None:
+                continue
+            assert r.parents is not None and r.tokens is not None
+            kg = r.new_nodes
+            g_rows = index[g].numel()
+            local = self.local_first[g]
+            bounds = torch.tensor(local, dtype=torch.int64, device=device)  # [levels] local first ids
+            shift = torch.tensor([m - lo for m, lo in zip(self.merged_first, local)], dtype=torch.int64, device=device)
+            p = r.parents.to(device).expand(g_rows, kg)
+            level_of = torch.bucketize(p, bounds, right=True) - 1  # the level each parent was drafted at
+            mapped = p + shift[level_of]
+            parents[index[g], :kg] = mapped
+            tokens[index[g], :kg] = r.tokens.to(device).expand(g_rows, kg)
+            live[index[g], :kg] = True if r.live is None else r.live.to(device).expand(g_rows, kg)
+            local.append(r.first_id)
+        for g, r in enumerate(requests):  # a finished group keeps its numbering (its rows get fillers)
+            if r is None:
+                self.local_first[g].append(self.local_first[g][-1])
+        self.merged_first.append(first)
+        self.next_id += k
+        request = DraftRequest(level=level, rows=B, width=width, proposal=proposal.pop(), parents=parents,
+                               tokens=tokens, live=live, first_id=first, earlier=tuple(self.earlier))
+        self.earlier.append(parents)
+        return request
