@@ -84,6 +84,18 @@ class RowStreams(RandomSource):
         if not self.sources:
             raise ValueError("RowStreams needs at least one source")
         self._keys: dict[torch.device, torch.Tensor] = {}
+        self._subsets: dict[tuple[int, ...], RowStreams] = {}
+
+    def subset(self, rows: Sequence[int]) -> "RowStreams":
+        """The streams of rows ``rows`` (the same sources: their draws advance these rows'
+        streams), made once per set of rows and kept until rows leave (:meth:`keep`), so a
+        caller asking every step (per-request sampling's configuration groups) builds its
+        counter keys once, not per step."""
+        key = tuple(int(r) for r in rows)
+        sub = self._subsets.get(key)
+        if sub is None:
+            sub = self._subsets[key] = RowStreams([self.sources[r] for r in key])
+        return sub
 
     def _per_row(self, rows: int) -> int:
         B = len(self.sources)
@@ -101,6 +113,7 @@ class RowStreams(RandomSource):
         ``index``, the same rows as an int64 tensor on the device, keeps the
         device's :meth:`counter_keys` without another host-to-device copy."""
         self.sources = [self.sources[int(r)] for r in rows]
+        self._subsets = {}
         if index is None:
             self._keys = {}
         else:

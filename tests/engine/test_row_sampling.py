@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import specdec
-from tests.engine._two_tokens import first_two, gap, target_law
+from tests.engine._per_row import CONFIGS, first_two, gap, target_law
 from specdec import SamplingConfig
 from specdec.engine.loop import run_rows
 from specdec.engine.row_sampling import RowSampling, build_groups, group_sources
@@ -26,16 +26,6 @@ from specdec.testing import exact_law
 from specdec.tree_batch import TreeBatch
 
 V = 6
-CONFIGS = [
-    SamplingConfig(temperature=0.0),
-    SamplingConfig(temperature=1.0),
-    SamplingConfig(temperature=0.5),
-    SamplingConfig(temperature=1.5, top_k=2),
-    SamplingConfig(temperature=1.0, top_p=0.7),
-    SamplingConfig(temperature=0.8, top_k=3, top_p=0.9),
-    SamplingConfig(temperature=1.2, top_k=2, top_p=0.8),
-    SamplingConfig(temperature=2.0),
-]
 PROMPTS = [[1, 2], [3], [4, 5, 0], [2], [5, 1, 1, 3], [0], [3, 4], [1]]
 _g = torch.Generator().manual_seed(5)
 TARGET = torch.randn(V, V, generator=_g, dtype=torch.float64) * 1.5  # order 1: logits after token a = TARGET[a]

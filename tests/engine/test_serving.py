@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from specdec.engine.serving import RowSampling, verify_for_engine
-from tests.engine._two_tokens import first_two, gap, target_law
+from tests.engine._per_row import CONFIGS, first_two, gap, target_law
 from specdec.errors import InvalidConfigError, UnknownNameError, UnsupportedTreeError
 from specdec.models import CallableLM
 from specdec.rng import RowStreams, TorchRandom
@@ -30,16 +30,6 @@ from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
 
 V = 4
-CONFIGS = [
-    SamplingConfig(temperature=0.0),
-    SamplingConfig(temperature=1.0),
-    SamplingConfig(temperature=0.5),
-    SamplingConfig(temperature=1.5, top_k=2),
-    SamplingConfig(temperature=1.0, top_p=0.7),
-    SamplingConfig(temperature=0.8, top_k=3, top_p=0.9),
-    SamplingConfig(temperature=1.2, top_k=2, top_p=0.8),
-    SamplingConfig(temperature=2.0),
-]
 CASES = {
     "static-wor": (StaticTreeBuilder(expansion=(2, 1), mode="wor"), "rejection-wor"),
     "chain-block": (ChainTreeBuilder(depth=2), "block"),

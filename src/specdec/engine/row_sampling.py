@@ -156,20 +156,12 @@ def build_groups(
     return drive(group_build(builder, roots, DraftSpec.of(draft), groups, rngs), draft)
 
 
-def scatter_decisions(parts: Sequence[tuple[torch.Tensor, TreeDecision]], rows: int, max_depth: int) -> TreeDecision:
-    """The groups' decisions (each over its rows, walk length at most ``max_depth``) in row order."""
+def scatter_decisions(parts: Sequence[tuple[torch.Tensor, TreeDecision]], rows: int) -> TreeDecision:
+    """The groups' decisions (each over its rows of one tree batch: the same walk length) in row order."""
+    fields = [f.name for f in attrs.fields(TreeDecision)]
     first = parts[0][1]
-    dev = first.accepted.device
-    D = max_depth
-    accepted = torch.full((rows, D), -1, dtype=torch.int64, device=dev)
-    tokens = torch.full((rows, D + 1), -1, dtype=torch.int64, device=dev)
-    fields: dict[str, torch.Tensor] = {name: getattr(first, name).new_zeros(rows)
-                                       for name in ("num_accepted", "bonus", "attempted", "bad_visited", "stop")}
-    for ix, d in parts:
-        ix = ix.to(dev)
-        accepted.index_copy_(0, ix, torch.cat([d.accepted, d.accepted.new_full((d.accepted.shape[0], D - d.accepted.shape[1]), -1)], 1))
-        tokens.index_copy_(0, ix, torch.cat([d.tokens, d.tokens.new_full((d.tokens.shape[0], D + 1 - d.tokens.shape[1]), -1)], 1))
-        for name, out in fields.items():
-            out.index_copy_(0, ix, getattr(d, name))
-    return TreeDecision(accepted, fields["num_accepted"], tokens, fields["bonus"], fields["attempted"],
-                        fields["bad_visited"], fields["stop"])
+    out = {name: getattr(first, name).new_empty((rows, *getattr(first, name).shape[1:])) for name in fields}
+    for index, decision in parts:
+        for name in fields:
+            out[name].index_copy_(0, index, getattr(decision, name))
+    return TreeDecision(**out)

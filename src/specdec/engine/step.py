@@ -310,21 +310,18 @@ def run_step(
             raise InvalidConfigError("per-row sampling needs one Verification per configuration group")
         parts: list[tuple[torch.Tensor, TreeDecision]] = []
         lp_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        sub_results: list[tuple[list[int], list[VerifyResult]]] = []
         sources = list(row_rngs) if row_rngs is not None else row_sources(rng)
         for (config, index), verif, g_rows, g_rng in zip(sampling.groups, verification, group_rows, group_rngs):
-            index = index.to(logits.device)
+            index = index.to(logits.device)  # the rows' device (a no-op unless the model is split over devices)
             sub_tree, sub_logits = tree.select_rows(index), logits.index_select(0, index)
-            g_names = [g_rows[i] if rows is None else rows[g_rows[i]] for i in range(len(g_rows))]
+            g_names = [r if rows is None else rows[r] for r in g_rows]
             decision_g, _ = _decide(verif, verifier, sub_tree, sub_logits, config, g_rng,
                                     [sources[r] for r in g_rows], None, options, None, g_names)
             parts.append((index, decision_g))
             if logprobs:
                 lp_parts.append((index, emitted_logprobs(sub_logits, decision_g, config)))
-            if options.optimum:
-                sub_results.append((g_rows, read_step(decision_g, sub_tree, g_names)[0]))
-        decision = scatter_decisions(parts, B, tree.max_depth)
-        results, nodes = read_step(decision, tree, rows)
+        decision = scatter_decisions(parts, B)
+        results, nodes = read_step(decision, tree, rows)  # the step's one read, for every group
         timer.mark()
         if logprobs:
             step_logprobs = torch.empty(B, tree.max_depth + 1, dtype=torch.float64, device=logits.device)
@@ -333,9 +330,10 @@ def run_step(
         optimum = None
         if options.optimum:
             per_row: dict[int, tuple[NodeOptimum, ...]] = {}
-            for (config, index), (g_rows, g_results) in zip(sampling.groups, sub_results):
-                sub_opt = step_optimum(tree.select_rows(index.to(tree.device)), logits.index_select(0, index.to(logits.device)),
-                                       g_results, config)
+            for (config, index), g_rows in zip(sampling.groups, group_rows):
+                index = index.to(logits.device)
+                sub_opt = step_optimum(tree.select_rows(index), logits.index_select(0, index),
+                                       [results[r] for r in g_rows], config)
                 per_row.update(zip(g_rows, sub_opt))
             optimum = tuple(per_row[b] for b in range(B))
     time_draft, time_target, time_verify = timer.splits()

@@ -356,7 +356,7 @@ def chain_build(
     weights = torch.zeros(B, n, dtype=torch.float64, device=dev)
     weights[:, 0] = 1.0
     levels: list[torch.Tensor] = []  # [B, W] the law of each drawn level's parent (stacked at the end: [B, n, W])
-    level_cols: list[torch.Tensor] = []  # [B, W] its columns' tokens (W = k with proposal_top_k, else V)
+    level_cols: list[torch.Tensor] = []  # [B, k] its columns' tokens (proposal_top_k only)
     alive = torch.ones(B, dtype=torch.bool, device=dev)  # the row draws at this level
     earlier: list[torch.Tensor] = []
     conf_law = laws[-1] if len(configs) > 1 else laws[0]
@@ -372,15 +372,16 @@ def chain_build(
             q = torch.where(bad.unsqueeze(-1), 0.0, normalised_law(laws[0], on_device=True))
             conf_law = laws[-1] if len(configs) > 1 else laws[0]
             draft_bad = draft_bad | (bad & alive)
+        law = q
         if proposal_top_k:  # the sparse law: [B, k] columns and probabilities
             cols, law = truncate_proposal(q, proposal_top_k)
-        else:
-            cols, law = torch.arange(vocab, device=dev).expand(B, vocab), q
+            level_cols.append(cols)
         levels.append(torch.where(alive.unsqueeze(-1), law, 0.0))
-        level_cols.append(cols)
         col = draw_rows(law, 1, SampleMode.IID, rng, alive)[:, 0]  # [B], -1 for stopped rows
         drawn = col >= 0
-        tok = cols.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1).clamp_min(0)
+        tok = col.clamp_min(0)
+        if proposal_top_k:  # the drawn column's token
+            tok = cols.gather(1, tok.unsqueeze(1)).squeeze(1).clamp_min(0)
         valid[:, d] = drawn
         tokens[:, d] = torch.where(drawn, tok, root)
         weights[:, d] = torch.where(drawn, law.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1), 0.0)
@@ -395,7 +396,8 @@ def chain_build(
     n = drawn_levels + 1
     tokens, valid, weights = tokens[:, :n], valid[:, :n], weights[:, :n]
     law_probs = torch.stack([*levels, torch.zeros_like(levels[0])], dim=1)  # [B, n, W]: the last level has no child
-    law_cols = torch.stack([*level_cols, level_cols[0]], dim=1)  # [B, n, W]
+    # [B, n, k] each law column's token (sparse), or the column itself (the full law: every id)
+    law_cols = torch.stack([*level_cols, level_cols[0]], dim=1) if proposal_top_k else torch.arange(vocab, device=dev)
     num = valid.sum(dim=1)  # [B] nodes, root included (a chain: slots 0 .. num - 1)
     index = torch.arange(n, device=dev)
     parents_out = torch.where(valid & (index > 0), index - 1, -1).expand(B, n).clone()

@@ -221,7 +221,7 @@ def group_sources(rng: RandomSource, groups: Sequence[Sequence[int]]) -> list[Ra
     """
     if not isinstance(rng, RowStreams):
         raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
-    return [RowStreams([rng.sources[r] for r in rows]) for rows in groups]
+    return [rng.subset(rows) for rows in groups]
 
 
 def group_build(
@@ -256,7 +256,7 @@ def group_build(
     for g, build in enumerate(builds):
         assert build is not None
         requests.append(_next(build, None, trees, g))
-    merged = _Numbering(len(builds))
+    merged = _Numbering(len(builds), roots.device)
     while any(r is not None for r in requests):
         logits = yield merged.request(requests, index, roots, B)  # [B, W] at level 0, [B, k, W] after
         for g, (build, asked) in enumerate(zip(builds, requests)):
@@ -284,12 +284,13 @@ def _next(build: Build, logits: torch.Tensor | None, trees: list[TreeBatch | Non
 
 
 class _Numbering:
-    """The merged draft numbering: the groups' nodes of each level, group after group's
-    padded width, numbered on from the previous level's (draft node 0: every row's root)."""
+    """The merged draft numbering: each level's nodes, group after group's padded width, numbered
+    on from the previous level's (draft node 0: every row's root). ``ids[g]`` maps group ``g``'s own
+    draft ids (contiguous from its root, 0) to the merged ones, on the device: a parent's merged id
+    is one gather, with no host-built tensor."""
 
-    def __init__(self, groups: int) -> None:
-        self.local_first: list[list[int]] = [[0] for _ in range(groups)]  # per group, per level: its first id
-        self.merged_first: list[int] = [0]  # per level: the merged first id
+    def __init__(self, groups: int, device: torch.device) -> None:
+        self.ids = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(groups)]
         self.next_id = 1
         self.earlier: list[torch.Tensor] = []
 
@@ -311,26 +312,16 @@ class _Numbering:
         parents = torch.zeros(B, k, dtype=torch.int64, device=device)  # fillers hang from the root
         tokens = roots.view(B, 1).expand(B, k).clone()  # ... and carry its token
         live = torch.zeros(B, k, dtype=torch.bool, device=device)
-        for g, r in enumerate(requests):
+        for g, r in enumerate(requests):  # a finished group (None) keeps its numbering; its rows get fillers
             if r is None:
                 continue
             assert r.parents is not None and r.tokens is not None
-            kg = r.new_nodes
-            g_rows = index[g].numel()
-            local = self.local_first[g]
-            bounds = torch.tensor(local, dtype=torch.int64, device=device)  # [levels] local first ids
-            shift = torch.tensor([m - lo for m, lo in zip(self.merged_first, local)], dtype=torch.int64, device=device)
-            p = r.parents.to(device).expand(g_rows, kg)
-            level_of = torch.bucketize(p, bounds, right=True) - 1  # the level each parent was drafted at
-            mapped = p + shift[level_of]
-            parents[index[g], :kg] = mapped
+            assert r.first_id == self.ids[g].numel(), "a build numbers its draft nodes contiguously"
+            kg, g_rows = r.new_nodes, index[g].numel()
+            parents[index[g], :kg] = self.ids[g][r.parents.to(device).expand(g_rows, kg)]
             tokens[index[g], :kg] = r.tokens.to(device).expand(g_rows, kg)
             live[index[g], :kg] = True if r.live is None else r.live.to(device).expand(g_rows, kg)
-            local.append(r.first_id)
-        for g, r in enumerate(requests):  # a finished group keeps its numbering (its rows get fillers)
-            if r is None:
-                self.local_first[g].append(self.local_first[g][-1])
-        self.merged_first.append(first)
+            self.ids[g] = torch.cat([self.ids[g], torch.arange(first, first + kg, device=device)])
         self.next_id += k
         request = DraftRequest(level=level, rows=B, width=width, proposal=proposal.pop(), parents=parents,
                                tokens=tokens, live=live, first_id=first, earlier=tuple(self.earlier))

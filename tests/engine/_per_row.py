@@ -1,5 +1,6 @@
-"""The law of the first two tokens of an order-1 toy target (``logits after token a = table[a]``),
-shared by the per-row sampling tests (tests/engine/test_serving.py, test_row_sampling.py)."""
+"""Shared by the per-row sampling tests (tests/engine/test_serving.py, test_row_sampling.py): eight
+sampling settings (greedy among them), and the law of the first two tokens of an order-1 toy target
+(``logits after token a = table[a]``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ import torch
 from specdec.sampling import SamplingConfig, process_logits
 
 Law = dict[tuple[int, int], float]
+
+CONFIGS = [  # eight rows, eight settings: greedy, temperatures, top-k, top-p and both
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.5),
+    SamplingConfig(temperature=1.5, top_k=2),
+    SamplingConfig(temperature=1.0, top_p=0.7),
+    SamplingConfig(temperature=0.8, top_k=3, top_p=0.9),
+    SamplingConfig(temperature=1.2, top_k=2, top_p=0.8),
+    SamplingConfig(temperature=2.0),
+]
 
 
 def target_law(table: torch.Tensor, root: int, config: SamplingConfig) -> Law:
