@@ -24,6 +24,11 @@ reference only by floating-point summation order):
   is padded to two, which stays on the matrix-matrix path.
 - ``"onednn"``: :func:`linear_onednn`, oneDNN's linear on a weight packed
   once with :func:`pack_onednn` (extra memory: one copy of the weight).
+- ``"fewrow"``: :func:`~specdec.kernels.fewrow.linear_fewrow`, specdec's own
+  kernel for 1-16 rows reading each weight once for all rows, on a weight
+  packed once in column blocks (:mod:`specdec.kernels.fewrow`; extra memory:
+  one copy of the weight; compiled on first use; where it cannot be built it
+  is left out of the candidates, with a warning naming why).
 
 :func:`accelerate_linears` installs the tuned dispatch on every
 :class:`torch.nn.Linear` of a model, in place and reversibly
@@ -50,6 +55,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specdec.kernels.fewrow import MAX_ROWS as FEWROW_MAX_ROWS
+from specdec.kernels.fewrow import fewrow_available, fewrow_unavailable_reason, linear_fewrow, pack_fewrow
+
 __all__ = [
     "LINEAR_METHODS",
     "LinearPlan",
@@ -66,7 +74,7 @@ __all__ = [
     "tune_linear",
 ]
 
-LINEAR_METHODS: tuple[str, ...] = ("rows", "columns", "onednn")
+LINEAR_METHODS: tuple[str, ...] = ("rows", "columns", "onednn", "fewrow")
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -166,18 +174,29 @@ class LinearPlan:
     threads: int
     buckets: tuple[tuple[int, str], ...] = ()
 
+    def __attrs_post_init__(self) -> None:
+        late = [n for n, m in enumerate(self.methods, 1) if m == "fewrow" and n > FEWROW_MAX_ROWS]
+        late += [n for n, m in self.buckets if m == "fewrow"]
+        if late:
+            raise ValueError(f"the 'fewrow' method takes at most {FEWROW_MAX_ROWS} rows; the plan gives it {late[0]}")
+
     @property
     def max_rows(self) -> int:
         return len(self.methods)
 
     def method_for(self, rows: int) -> str:
         """The method for ``rows`` rows: the tuned one up to :attr:`max_rows`,
-        then the largest bucket's at or below ``rows`` (``"rows"`` without buckets or for 0 rows)."""
+        then the largest bucket's at or below ``rows`` (``"rows"`` without buckets or for 0 rows).
+        Past the ``"fewrow"`` kernel's 16 rows, the fastest other method measured at :attr:`max_rows`
+        stands in for it until the first bucket."""
         if 1 <= rows <= len(self.methods):
             return self.methods[rows - 1]
         if rows < 1:
             return "rows"
         method = self.methods[-1] if self.methods else "rows"
+        if method == "fewrow" and rows > FEWROW_MAX_ROWS:  # the kernel's limit: the next best measured at max_rows
+            last = {m: t for m, t in (self.seconds[-1] if self.seconds else {}).items() if m != "fewrow"}
+            method = min(last, key=lambda m: last[m]) if last else "rows"
         for size, chosen in self.buckets:
             if size > rows:
                 break
@@ -196,7 +215,22 @@ def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
         raise ValueError("methods must include 'rows' (the reference, used for training and large inputs)")
     if "onednn" in out and not onednn_available():
         out = tuple(m for m in out if m != "onednn")
+    if "fewrow" in out and not fewrow_available():
+        _warn_fewrow_once()
+        out = tuple(m for m in out if m != "fewrow")
     return out
+
+
+_fewrow_warned = False
+
+
+def _warn_fewrow_once() -> None:
+    """Say once per process that the few-row kernel is not among the candidates, and why."""
+    global _fewrow_warned
+    if not _fewrow_warned:
+        _fewrow_warned = True
+        warnings.warn(f"the 'fewrow' linear method is left out of the CPU linear tuning: {fewrow_unavailable_reason()}; "
+                      "few-row target forwards take the torch layouts (slower: docs/bench.md)", stacklevel=4)
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -371,6 +405,7 @@ def tune_linear(
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n_out, k_in, generator=gen) * 0.02 for _ in range(copies)]
     packed = [pack_onednn(w) for w in weights] if "onednn" in cands else []
+    blocked = [pack_fewrow(w) for w in weights] if "fewrow" in cands else []
     chosen: list[str] = []
     seconds: list[dict[str, float]] = []
 
@@ -380,10 +415,12 @@ def tune_linear(
             "rows": lambda: [linear_reference(x, w) for w in weights],
             "columns": lambda: [linear_columns(x, w) for w in weights],
             "onednn": lambda: [linear_onednn(x, p) for p in packed],
+            "fewrow": lambda: [linear_fewrow(x, b, n_out) for b in blocked],
         }
-        timing = _interleaved_min_seconds({m: runs[m] for m in cands}, repeats)
+        here = tuple(m for m in cands if m != "fewrow" or n <= FEWROW_MAX_ROWS)
+        timing = _interleaved_min_seconds({m: runs[m] for m in here}, repeats)
         timing = {m: t / copies for m, t in timing.items()}
-        return min(cands, key=lambda m: (timing[m], m != "rows")), timing
+        return min(here, key=lambda m: (timing[m], m != "rows")), timing
 
     with torch.no_grad():
         for n in range(1, max_rows + 1):
@@ -414,7 +451,8 @@ class RowDispatchLinear:
     float32 CPU tensor and no gradient is needed; otherwise (training,
     autograd, other devices or dtypes) the reference
     ``F.linear``. The oneDNN copy of the weight is made on first use and
-    remade whenever the weight changes in place (its version counter moves).
+    remade whenever the weight changes in place (its version counter moves);
+    so is the few-row kernel's blocked copy (packed when the plan is installed).
     """
 
     def __init__(self, module: Any, plan: LinearPlan) -> None:
@@ -422,6 +460,12 @@ class RowDispatchLinear:
         self.plan = plan
         self._packed: torch.Tensor | None = None
         self._packed_version = -1
+        self._blocked: torch.Tensor | None = None
+        self._blocked_version = -1
+        weight = module.weight
+        if "fewrow" in plan.methods and weight.device.type == "cpu" and weight.dtype == torch.float32:
+            with torch.no_grad():  # packed at install, like oneDNN's copy below
+                self._fewrow_weight()
         if "onednn" in plan.methods or any(m == "onednn" for _, m in plan.buckets):
             # packed now, not at the first forward of a row count that takes oneDNN: packing an LM head
             # (113 MB for SmolLM2-135M) costs tens of milliseconds, and a model's layers about a second in
@@ -438,6 +482,14 @@ class RowDispatchLinear:
             self._packed = pack_onednn(weight)
             self._packed_version = version
         return self._packed
+
+    def _fewrow_weight(self) -> torch.Tensor:
+        weight = self.module.weight
+        version = _version(weight)
+        if self._blocked is None or self._blocked_version != version:
+            self._blocked = pack_fewrow(weight)
+            self._blocked_version = version
+        return self._blocked
 
     def __call__(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear.forward's name: it may be passed by keyword
         x = input
@@ -456,6 +508,8 @@ class RowDispatchLinear:
             return linear_columns(x, weight, bias)
         if method == "onednn":
             return linear_onednn(x, self._onednn_weight(), bias)
+        if method == "fewrow":
+            return linear_fewrow(x, self._fewrow_weight(), weight.shape[0], bias)
         return F.linear(x, weight, bias)
 
 
