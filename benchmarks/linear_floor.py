@@ -4,8 +4,8 @@ forward an n-token forward can be with the CPU linear layouts specdec has.
 For every ``nn.Linear`` of the target (SmolLM2-135M-Instruct: 30 layers x q, k, v, o, gate, up,
 down, and the LM head), the tuned plan (:func:`specdec.kernels.linear.tune_linear`: each layout
 timed with the weights out of cache, the layouts interleaved, the fastest of 5) gives the seconds
-of ``F.linear`` (``rows``), ``(W @ x.T).T`` (``columns``) and oneDNN's packed linear (``onednn``)
-at 1-16 rows. Summed over the model's linears:
+of ``F.linear`` (``rows``), ``(W @ x.T).T`` (``columns``), oneDNN's packed linear (``onednn``) and,
+where it builds, specdec's few-row kernel (``fewrow``, :mod:`specdec.kernels.fewrow`) at 1-16 rows. Summed over the model's linears:
 
 - ``best``: every linear at its fastest layout for ``n`` rows (what ``accelerate_linears`` runs);
 - ``rows``: ``F.linear`` everywhere (transformers' own forward).

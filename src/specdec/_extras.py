@@ -25,12 +25,14 @@ DISTRIBUTION = "specdec-trees"
 _HF = ("transformers", "safetensors", "packaging")
 _GGUF = (*_HF, "gguf", "accelerate")
 _PLOTS = ("matplotlib",)
-_BENCH = (*_GGUF, *_PLOTS, "rich")
+_CPU = ("ninja",)
+_BENCH = (*_GGUF, *_PLOTS, *_CPU, "rich")
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "hf": _HF,
     "gguf": _GGUF,
-    "demo": _GGUF,
+    "cpu": _CPU,
+    "demo": (*_GGUF, *_CPU),
     "plots": _PLOTS,
     "bench": _BENCH,
     "train": (*_GGUF, *_PLOTS, "tqdm"),

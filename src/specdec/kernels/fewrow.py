@@ -49,6 +49,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec._cache import cache_root
+
 __all__ = [
     "BLOCK",
     "MAX_ROWS",
@@ -188,12 +190,10 @@ def load_fewrow() -> Any:
             return _module
         if _reason is not None:
             raise RuntimeError(_reason)
-        # function-local: specdec.models imports the targets, which import the linear dispatch (an import cycle)
-        from specdec.models.smollm2 import cache_root
-
         name = _extension_name()
         folder = cache_root() / "ext" / name
         try:
+            # function-local: torch's extension builder imports setuptools (slow), needed only to build or load
             from torch.utils.cpp_extension import load_inline
 
             folder.mkdir(parents=True, exist_ok=True)

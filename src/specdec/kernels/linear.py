@@ -55,6 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specdec._cache import cache_root
 from specdec.kernels.fewrow import MAX_ROWS as FEWROW_MAX_ROWS
 from specdec.kernels.fewrow import fewrow_available, fewrow_unavailable_reason, linear_fewrow, pack_fewrow
 
@@ -278,9 +279,6 @@ def plan_file() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    # function-local: specdec.models imports the targets, which import this module (an import cycle at load time)
-    from specdec.models.smollm2 import cache_root
-
     return cache_root() / "linear-plans.json"
 
 

