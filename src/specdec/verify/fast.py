@@ -36,10 +36,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-import attrs
 import torch
 
-from specdec._constants import device_constant
 from specdec.sampling import (
     SamplingConfig,
     greedy_law,
@@ -50,63 +48,13 @@ from specdec.sampling import (
     warped_scores,
 )
 from specdec.errors import InvalidConfigError
-from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
+from specdec.verify.decision import TreeDecision, _arange, children_table, reached_path
+from specdec.verify.greedy_decision import decide_greedy
 
 __all__ = ["VERIFY_ROWS", "TreeDecision", "children_table", "resolve_rows", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "decide_tree_walk",
            "release_workspace", "step_scores", "target_weights", "verify_tree_batch"]
-
-
-@attrs.frozen(eq=False)
-class TreeDecision:
-    """What verification decided, as device tensors (read with one copy).
-
-    Attributes:
-        accepted: ``[B, D]`` int64 accepted node slots, root's child first, ``-1`` padded.
-        num_accepted: ``[B]`` int64.
-        tokens: ``[B, D + 1]`` int64 emitted tokens (accepted tokens then the bonus, ``-1`` padded).
-        bonus: ``[B]`` int64 the bonus token.
-        attempted: ``[B]`` int64 depths at which a draft token was tested.
-        bad_visited: ``[B]`` bool: a visited row's logits were NaN, +inf or all -inf.
-        stop: ``[B]`` int64 the node where the bonus was drawn.
-    """
-
-    accepted: torch.Tensor
-    num_accepted: torch.Tensor
-    tokens: torch.Tensor
-    bonus: torch.Tensor
-    attempted: torch.Tensor
-    bad_visited: torch.Tensor
-    stop: torch.Tensor
-
-    def packed(self) -> torch.Tensor:
-        """``[B, 2D + 5]`` int64: ``num_accepted, bonus, attempted, bad, stop, accepted[D], tokens[D + 1]``,
-        the step's single device-to-host read."""
-        return torch.cat(
-            [
-                torch.stack([self.num_accepted, self.bonus, self.attempted, self.bad_visited.long(), self.stop], -1),
-                self.accepted,
-                self.tokens,
-            ],
-            dim=-1,
-        )
-
-
-def children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, n, C]`` child slots of every node in test order (``-1`` padded) and ``[B, n]`` sampled-children counts."""
-    B, n = tree.tokens.shape
-    C = tree.max_children
-    sampled = tree.kinds == int(NodeKind.SAMPLED)  # [B, n]
-    is_child = (tree.kinds == int(NodeKind.DETERMINISTIC)) | sampled
-    parent = tree.parents.clamp_min(0)
-    n_sampled = torch.zeros(B, n, dtype=torch.int64, device=tree.device).scatter_add_(1, parent, sampled.long())
-    # test order: sampled children by draw order first, then deterministic ones by rank
-    slot = torch.where(sampled, tree.draw_order, n_sampled.gather(1, parent) + tree.draw_order)  # [B, n]
-    flat = torch.where(is_child & (slot < C), parent * C + slot, n * C)  # [B, n]; n * C = a discard column
-    table = torch.full((B, n * C + 1), -1, dtype=torch.int64, device=tree.device)
-    table.scatter_(1, flat, _arange(n, tree.device).expand(B, n))
-    return table[:, : n * C].reshape(B, n, C), n_sampled
 
 
 def verify_tree_batch(
@@ -277,7 +225,15 @@ def decide_from_logits(
     about the time of one, and launches fewer kernels). The same decisions either
     way, with the same uniforms, except when a uniform falls within float rounding
     of a threshold (``tests/verify/test_verify_walk.py``).
+
+    At ``T = 0`` with ``rows="auto"`` and nothing compiled, the decision is
+    :func:`~specdec.verify.greedy_decision.decide_greedy`'s: the same fields from the rows'
+    argmax alone (every lossless rule decides the same at ``T = 0``; compared with
+    both forms above field for field, ``tests/verify/test_greedy_decision.py``);
+    ``rows="all"`` or ``"path"`` keep the general forms.
     """
+    if sampling.greedy and rows == "auto" and decide is None and decide_walk is None:
+        return TreeDecision(*decide_greedy(rule, tree, logits))  # one pass over the vocabulary (specdec.verify.greedy_decision)
     rows = resolve_rows(rows, logits.device)
     if rows == "path":
         return TreeDecision(*(decide_walk or decide_tree_walk)(rule, tree, logits, u, sampling))
@@ -339,16 +295,7 @@ def decide_tree_batch(
                         _sampled_tests(tree), u)
     first = nodes.first  # [B, n]
     child = torch.where(first < C, table.gather(-1, first.clamp(max=C - 1).unsqueeze(-1)).squeeze(-1), -1)  # [B, n]
-    # the accepted path, found for all nodes at once: node j is reached when every node on its path
-    # from the root (itself included) is its parent's accepted child (TreeBatch.ancestors)
-    node_ids = _arange(n, dev)  # [n]
-    picked = (child.gather(1, tree.parents.clamp_min(0)) == node_ids) | _is_first(n, dev)  # [B, n]; the root counts
-    reached = ~(tree.ancestors & ~picked.unsqueeze(1)).any(dim=-1)  # [B, n]
-    depth_at = torch.where(reached, tree.depths, D + 1)  # [B, n]; D + 1: a discard column
-    by_depth = torch.full((B, D + 2), -1, dtype=torch.int64, device=dev).scatter_(1, depth_at, node_ids.expand(B, n))
-    accepted = by_depth[:, 1 : D + 1]  # [B, D]: one reached node per depth below the root
-    num_accepted = reached.sum(dim=-1) - 1  # [B]
-    node = torch.where(reached, tree.depths, -1).argmax(dim=-1)  # [B] the deepest reached node: where the walk stops
+    reached, accepted, num_accepted, node = reached_path(tree, child)
     bad = (reached & bad_rows).any(dim=-1) if bad_rows is not None else torch.zeros(B, dtype=torch.bool, device=dev)
     # the bonus, from the stop node's row
     rows = node.view(B, 1, 1)
@@ -594,15 +541,3 @@ def _row_law(x: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, t
     s = temperature_scores(s, temperature)
     top, bad = _max_and_bad(s)  # [B, 1, 1], [B, 1]
     return torch.exp(s - top), bad
-
-
-@device_constant(64)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """``[n]`` int64 ``0 .. n - 1``, once per size and device (never written to)."""
-    return torch.arange(n, device=device)
-
-
-@device_constant(64)
-def _is_first(n: int, device: torch.device) -> torch.Tensor:
-    """``[n]`` bool, True at 0 only (the root), once per size and device (never written to)."""
-    return torch.arange(n, device=device) == 0
