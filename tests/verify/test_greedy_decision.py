@@ -19,10 +19,10 @@ import torch
 from specdec.errors import UnsupportedTreeError
 from specdec.registry import get, list_registered
 from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, greedy_law, row_is_bad
 from specdec.tree_batch import TreeBatch
 from specdec.verify.decision import TreeDecision
-from specdec.verify.fast import decide_from_logits
+from specdec.verify.fast import decide_from_logits, decide_tree_batch, decide_tree_walk
 from specdec.verify.greedy_decision import decide_greedy
 
 from test_verify_fast import CASES, random_draft
@@ -86,10 +86,11 @@ def test_the_greedy_decision_equals_the_general_one(verifier_name):
             if not _supported(verifier, batch):  # the rule does not verify these trees (check_batch refuses)
                 break
             got = _fields(decide_greedy(verifier.fused, batch, logits))
-            every = _fields(decide_from_logits(verifier.fused, batch, logits, u, GREEDY, rows="all"))
-            walk = _fields(decide_from_logits(verifier.fused, batch, logits, u, GREEDY, rows="path"))
+            every = _fields(decide_tree_batch(verifier.fused, batch, greedy_law(logits), u, row_is_bad(logits)))
+            walk = _fields(decide_tree_walk(verifier.fused, batch, logits, u, GREEDY))
             assert got == every == walk, f"{builder_name}, seeds {start}..{start + 3}"
-            assert _fields(decide_from_logits(verifier.fused, batch, logits, u, GREEDY)) == got  # "auto" takes it
+            for rows in ("auto", "all", "path"):  # the step's verification takes it, whatever its rows
+                assert _fields(decide_from_logits(verifier.fused, batch, logits, u, GREEDY, rows=rows)) == got
             compared += 1
             accepted += sum(got["num_accepted"])
         if compared:
@@ -107,7 +108,7 @@ def _mutant_differs(mutant_rule) -> int:
                 batch, logits, u = _batch(builder, list(range(start, start + 4)))
                 if not _supported(verifier, batch):
                     break
-                want = _fields(decide_from_logits(verifier.fused, batch, logits, u, GREEDY, rows="all"))
+                want = _fields(decide_tree_batch(verifier.fused, batch, greedy_law(logits), u, row_is_bad(logits)))
                 differs += _fields(decide_greedy(mutant_rule(verifier.fused), batch, logits)) != want
     return differs
 

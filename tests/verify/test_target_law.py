@@ -175,10 +175,11 @@ def test_greedy_rows_in_the_workspace_decide_as_process_logits_rows(monkeypatch)
         logits = (torch.randn(2, tree.num_nodes, 6, generator=g) * 3).to(dtype)
         logits[1, 0, 2] = logits[1, 0].max()  # a tie: the first maximum wins, as in process_logits
         monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 1 << 30)
-        want = decide_from_logits(rule, batch, logits, u, greedy)
+        # decide given (a compiled step's role): the general form on one-hot rows, where the workspace is used
+        want = decide_from_logits(rule, batch, logits, u, greedy, fast.decide_tree_batch, rows="all")
         monkeypatch.setattr(fast, "WORKSPACE_MIN_ENTRIES", 0)
         big = torch.randn(3, tree.num_nodes, 6, generator=g)
         decide_from_scores(rule, TreeBatch.from_trees([tree] * 3, max_children=builder.max_nodes,
                                                        max_depth=builder.max_depth), big, u[:1].expand(3, -1, -1), 1.0)
-        got = decide_from_logits(rule, batch, logits, u, greedy)
+        got = decide_from_logits(rule, batch, logits, u, greedy, fast.decide_tree_batch, rows="all")
         assert all(torch.equal(getattr(want, f), getattr(got, f)) for f in attrs.fields_dict(type(want)))

@@ -18,7 +18,7 @@ from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig, process_logits
+from specdec.sampling import SamplingConfig, process_logits, row_is_bad
 from specdec.engine import StepOptions
 from specdec.tree_batch import TreeBatch
 from specdec.verify.fast import decide_from_logits, decide_tree_walk
@@ -53,6 +53,17 @@ def _fields(decision) -> dict[str, list]:
     return {f: getattr(decision, f).tolist() for f in FIELDS}
 
 
+def decide(rule, batch, logits, u, config, rows):
+    """The general decision by ``rows``: at ``T = 0`` too, where the step's verification takes
+    the greedy decision instead (compared with these two in ``test_greedy_decision.py``)."""
+    if not config.greedy:
+        return decide_from_logits(rule, batch, logits, u, config, rows=rows)
+    if rows == "path":
+        return fast.TreeDecision(*decide_tree_walk(rule, batch, logits, u, config))
+    p = process_logits(logits, config, check=False)  # one-hot rows
+    return fast.TreeDecision(*fast.decide_tree_batch(rule, batch, p, u, row_is_bad(logits)))
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}")
 @pytest.mark.parametrize("name,builder,verifier_name", CASES, ids=[c[0] for c in CASES])
 def test_the_walk_decides_as_every_node_at_once(name, builder, verifier_name, config):
@@ -60,8 +71,8 @@ def test_the_walk_decides_as_every_node_at_once(name, builder, verifier_name, co
     accepted = 0
     for start in range(0, 40, 4):
         _, batch, logits, u = _batch(builder, list(range(start, start + 4)))
-        want = decide_from_logits(rule, batch, logits, u, config, rows="all")
-        got = decide_from_logits(rule, batch, logits, u, config, rows="path")
+        want = decide(rule, batch, logits, u, config, "all")
+        got = decide(rule, batch, logits, u, config, "path")
         assert _fields(got) == _fields(want), f"seeds {start}..{start + 3}"
         accepted += int(want.num_accepted.sum())
     assert accepted > 10  # the walk went below the root
@@ -93,9 +104,9 @@ def test_the_walk_on_low_precision_and_strided_logits(dtype):
         wide = torch.cat([logits, logits], dim=-1)[..., : logits.shape[-1]]  # the same values, strided rows
         assert not wide.is_contiguous()
         for config in (SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.7)):
-            want = _fields(decide_from_logits(rule, batch, logits, u, config, rows="all"))
-            assert _fields(decide_from_logits(rule, batch, logits, u, config, rows="path")) == want
-            assert _fields(decide_from_logits(rule, batch, wide, u, config, rows="path")) == want
+            want = _fields(decide(rule, batch, logits, u, config, "all"))
+            assert _fields(decide(rule, batch, logits, u, config, "path")) == want
+            assert _fields(decide(rule, batch, wide, u, config, "path")) == want
 
 
 def test_bad_rows_are_flagged_by_the_walk_only_where_visited():

@@ -226,13 +226,14 @@ def decide_from_logits(
     way, with the same uniforms, except when a uniform falls within float rounding
     of a threshold (``tests/verify/test_verify_walk.py``).
 
-    At ``T = 0`` with ``rows="auto"`` and nothing compiled, the decision is
+    At ``T = 0`` with nothing compiled, whatever ``rows``, the decision is
     :func:`~specdec.verify.greedy_decision.decide_greedy`'s: the same fields from the rows'
-    argmax alone (every lossless rule decides the same at ``T = 0``; compared with
-    both forms above field for field, ``tests/verify/test_greedy_decision.py``);
-    ``rows="all"`` or ``"path"`` keep the general forms.
+    argmax alone (every lossless rule decides the same at ``T = 0``; compared field for
+    field with :func:`decide_tree_batch` on the one-hot rows and with
+    :func:`decide_tree_walk`, ``tests/verify/test_greedy_decision.py``); a compiled step
+    (``decide``, ``decide_walk`` given) keeps the general forms.
     """
-    if sampling.greedy and rows == "auto" and decide is None and decide_walk is None:
+    if sampling.greedy and decide is None and decide_walk is None:
         return TreeDecision(*decide_greedy(rule, tree, logits))  # one pass over the vocabulary (specdec.verify.greedy_decision)
     rows = resolve_rows(rows, logits.device)
     if rows == "path":
