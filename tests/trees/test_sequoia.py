@@ -163,6 +163,35 @@ def test_measure_forward_times_with_a_callable_target():
     assert measure_draft_level_time(draft, [1, 2], width=5, repeats=2) >= 0
 
 
+class _FakeClock:
+    """perf_counter for measure_forward_times: the n-th timed forward lasts ``durations[n]``."""
+
+    def __init__(self, durations):
+        self.durations, self.now, self.calls = list(durations), 0.0, 0
+
+    def __call__(self):
+        if self.calls % 2:  # the end of a forward
+            self.now += self.durations[self.calls // 2]
+        self.calls += 1
+        return self.now
+
+
+@pytest.mark.parametrize("interleave,statistic,want", [
+    (True, "min", {1: 2.0, 4: 7.0}),  # sizes in turn: 1 gets 9 (warm-up), 3, 2; 4 gets 9, 7, 8
+    (True, "median", {1: 3.0, 4: 8.0}),
+    (False, "min", {1: 3.0, 4: 2.0}),  # one size after the other: 1 gets 9, 9, 3; 4 gets 7, 2, 8
+])
+def test_measure_forward_times_interleaved_and_its_statistic(monkeypatch, interleave, statistic, want):
+    import specdec.trees.sequoia as sequoia
+
+    monkeypatch.setattr(sequoia, "_clock", _FakeClock([9, 9, 3, 7, 2, 8]))
+    target = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 4), 4)
+    got = measure_forward_times(target, [1, 2, 3], [1, 4], repeats=2, interleave=interleave, statistic=statistic)
+    assert got == want
+    with pytest.raises(InvalidConfigError, match="statistic must be"):
+        measure_forward_times(target, [1, 2, 3], [1], statistic="mean")
+
+
 def test_a_forward_that_fails_at_one_size_is_a_clear_error_not_a_guessed_curve():
     """Issue 48, bad input: a model that fails at some row count stops the curve with an error
     naming the size (no silent fallback); specdec's own errors pass through unchanged."""

@@ -141,7 +141,10 @@ def _auto_budget(models: BenchModels, kinds: Sequence[str], settings: BenchSetti
     for_rows = f" for {batch} rows" if batch > 1 else ""
     log(f"auto budget: timing target forwards over tree sizes{for_rows} ...")
     sizes = sorted({n + 1 for n in auto_budget.AUTO_CANDIDATES} | {1})
-    forward = measure_forward_times(models.target, prompt, sizes, repeats=3, warmup=1, batch_size=batch)
+    # the sizes in turn, the fastest of 5: a spell of load on this machine falls on every size alike and only
+    # adds time, so the choice between near-tied budgets does not follow the noise (issue 48)
+    forward = measure_forward_times(models.target, prompt, sizes, repeats=5, warmup=1, batch_size=batch,
+                                    interleave=True, statistic="min")
     level_times: dict[str, dict[int, float]] = {}
     acceptance: dict[float, dict[str, tuple[str, tuple[float, ...]]]] = {float(t): {} for t in settings.temperatures}
     for kind in kinds:

@@ -244,6 +244,9 @@ def _sync(x: torch.Tensor) -> None:
     float(x.reshape(-1)[0])  # forces completion on asynchronous devices
 
 
+_clock = time.perf_counter  # the forward-cost curve's clock (a module attribute: the tests replace it)
+
+
 def measure_forward_times(
     target: TargetModel,
     prompt_ids: Sequence[int],
@@ -252,19 +255,27 @@ def measure_forward_times(
     repeats: int = 3,
     warmup: int = 1,
     batch_size: int = 1,
+    interleave: bool = False,
+    statistic: str = "median",
 ) -> dict[int, float]:
-    """Median seconds for ``target`` to score a tree of each size on this machine.
+    """Seconds for ``target`` to score a tree of each size on this machine.
 
     Args:
         target: the target model.
         prompt_ids: a prompt (its last token is the root); the target is
             re-prefilled before each timed forward, so its state is unchanged.
         sizes: tokens per forward (tree nodes including the root), each ``>= 1``.
-        repeats: timed forwards per size (median reported).
+        repeats: timed forwards per size.
         warmup: untimed forwards per size.
         batch_size: ``B`` rows scored together (``B > 1``: the target's batch
             mode, ``prefill_batch`` + ``score_batch`` of ``B`` trees of the size,
             as batched generation scores them).
+        interleave: time the sizes in turn (1, 2, 5, 1, 2, 5, ...) instead of
+            one size after another, so that a spell of load on a shared machine
+            falls on every size alike.
+        statistic: ``"median"`` of the timed forwards, or ``"min"``: interference
+            only adds time, so the fastest is each size's cost on a quiet core
+            (``specdec bench --budget auto`` takes ``interleave=True, statistic="min"``).
 
     Returns:
         ``{tokens: seconds}`` (seconds of the whole ``B``-row forward), usable as
@@ -273,12 +284,14 @@ def measure_forward_times(
     check_int("repeats", repeats, 1)
     check_int("warmup", warmup, 0)
     check_int("batch_size", batch_size, 1)
+    if statistic not in ("median", "min"):
+        raise InvalidConfigError(f"statistic must be 'median' or 'min', got {statistic!r}")
     if not prompt_ids:
         raise InvalidConfigError("measure_forward_times needs a non-empty prompt")
     if batch_size > 1 and not target.supports_batch:
         raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
-    out: dict[int, float] = {}
     vocab = target.vocab_size
+    trees: dict[int, tuple[DraftTree, TreeBatch | None]] = {}
     for size in sizes:
         check_int("size", size, 1)
         if target.max_length is not None and len(prompt_ids) + size > target.max_length:
@@ -288,28 +301,41 @@ def measure_forward_times(
         law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
         chain_tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
         tree = DraftTree.chain(int(prompt_ids[-1]), chain_tokens, [law] * (size - 1), vocab)
-        batch = TreeBatch.from_trees([tree] * batch_size) if batch_size > 1 else None
-        times = []
+        trees[int(size)] = (tree, TreeBatch.from_trees([tree] * batch_size) if batch_size > 1 else None)
+    times: dict[int, list[float]] = {size: [] for size in trees}
+
+    def timed(size: int, keep: bool) -> None:
+        tree, batch = trees[size]
+        if batch is None:
+            target.prefill(prompt_ids)
+        else:
+            target.prefill_batch([prompt_ids] * batch_size)
+        start = _clock()
+        try:
+            _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
+        except SpecDecError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one clear error naming the size; no curve is guessed
+            raise MeasurementError(
+                f"the target forward of a {size}-token tree{f' x {batch_size} rows' if batch_size > 1 else ''} "
+                f"failed while timing the forward-cost curve ({type(exc).__name__}: {exc}); the curve is not "
+                "guessed: fix the model at that size, or give the tree budget by hand (--budget N)"
+            ) from exc
+        elapsed = _clock() - start
+        if keep:
+            times[size].append(elapsed)
+
+    if interleave:
         for rep in range(warmup + repeats):
-            if batch is None:
-                target.prefill(prompt_ids)
-            else:
-                target.prefill_batch([prompt_ids] * batch_size)
-            start = time.perf_counter()
-            try:
-                _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
-            except SpecDecError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one clear error naming the size; no curve is guessed
-                raise MeasurementError(
-                    f"the target forward of a {size}-token tree{f' x {batch_size} rows' if batch_size > 1 else ''} "
-                    f"failed while timing the forward-cost curve ({type(exc).__name__}: {exc}); the curve is not "
-                    "guessed: fix the model at that size, or give the tree budget by hand (--budget N)"
-                ) from exc
-            if rep >= warmup:
-                times.append(time.perf_counter() - start)
-        out[int(size)] = sorted(times)[len(times) // 2]
-    return out
+            for size in trees:
+                timed(size, rep >= warmup)
+    else:
+        for size in trees:
+            for rep in range(warmup + repeats):
+                timed(size, rep >= warmup)
+    if statistic == "min":
+        return {size: min(t) for size, t in times.items()}
+    return {size: sorted(t)[len(t) // 2] for size, t in times.items()}
 
 
 def measure_draft_level_time(
