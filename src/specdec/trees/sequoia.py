@@ -270,12 +270,10 @@ def measure_forward_times(
         batch_size: ``B`` rows scored together (``B > 1``: the target's batch
             mode, ``prefill_batch`` + ``score_batch`` of ``B`` trees of the size,
             as batched generation scores them).
-        interleave: time the sizes in turn (1, 2, 5, 1, 2, 5, ...) instead of
-            one size after another, so that a spell of load on a shared machine
-            falls on every size alike.
-        statistic: ``"median"`` of the timed forwards, or ``"min"``: interference
-            only adds time, so the fastest is each size's cost on a quiet core
-            (``specdec bench --budget auto`` takes ``interleave=True, statistic="min"``).
+        interleave: time the sizes in turn (1, 2, 5, 1, 2, 5, ...), not one after
+            another: a spell of load on a shared machine falls on every size alike.
+        statistic: ``"median"``, or ``"min"``: interference only adds time, so the fastest
+            is the cost on a quiet core (``--budget auto``: ``interleave=True, statistic="min"``).
 
     Returns:
         ``{tokens: seconds}`` (seconds of the whole ``B``-row forward), usable as
