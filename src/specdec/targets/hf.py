@@ -109,7 +109,7 @@ class HFTarget(TargetModel):
             model's linear layers, in place: ``"auto"`` (default) = when the
             model is on the CPU. The same products, each row count taking the
             layout measured fastest on this machine (on SmolLM2-135M, 2
-            threads: a 1-token forward 56 -> 33 ms, 5 tokens 71 -> 51 ms).
+            threads: a 1-token forward 55 -> 35 ms, 5 tokens 85 -> 39 ms).
             Only float32 layers of at least 65,536 weights change; training
             and autograd keep ``F.linear``. The plans are in ``linear_plans``.
 
