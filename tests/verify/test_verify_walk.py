@@ -55,11 +55,12 @@ def _fields(decision) -> dict[str, list]:
 
 def decide(rule, batch, logits, u, config, rows):
     """The general decision by ``rows``: at ``T = 0`` too, where the step's verification takes
-    the greedy decision instead (compared with these two in ``test_greedy_decision.py``)."""
+    the greedy decision instead (compared with these two in ``test_greedy_decision.py``), and
+    the walk on chains too, which the step's verification decides every node at once."""
+    if rows == "path":  # the walk itself (the step's verification decides a chain every node at once)
+        return fast.TreeDecision(*decide_tree_walk(rule, batch, logits, u, config))
     if not config.greedy:
         return decide_from_logits(rule, batch, logits, u, config, rows=rows)
-    if rows == "path":
-        return fast.TreeDecision(*decide_tree_walk(rule, batch, logits, u, config))
     p = process_logits(logits, config, check=False)  # one-hot rows
     return fast.TreeDecision(*fast.decide_tree_batch(rule, batch, p, u, row_is_bad(logits)))
 
@@ -185,3 +186,25 @@ def test_a_visited_bad_row_still_raises_in_generation():
     gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo")
     with pytest.raises(InvalidDistributionError, match="verifier visited"):
         gen.generate([1, 2], 4, SamplingConfig(temperature=1.0), seed=0)
+
+
+def test_a_chain_is_decided_every_node_at_once_even_on_the_path_setting(monkeypatch):
+    """A chain's walk would visit every row: ``rows="path"`` decides it as ``"all"`` (fewer ops),
+    without calling the walk; a branching tree still walks."""
+    by_name = {c[0]: c for c in CASES}
+    _, builder, verifier_name = by_name["chain"]
+    rule = get("verifier", verifier_name)().fused
+    config = SamplingConfig(temperature=1.0)
+    _, batch, logits, u = _batch(builder, [0, 1, 2, 3])
+    assert batch.node_slots <= batch.max_depth + 1
+    want = _fields(fast.TreeDecision(*decide_tree_walk(rule, batch, logits, u, config)))
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("the walk was called for a chain")
+
+    monkeypatch.setattr(fast, "decide_tree_walk", no_walk)
+    assert _fields(decide_from_logits(rule, batch, logits, u, config, rows="path")) == want
+    _, tree_builder, tree_verifier = by_name["rheo"]
+    _, branching, b_logits, b_u = _batch(tree_builder, [0, 1])
+    with pytest.raises(AssertionError, match="the walk was called"):
+        decide_from_logits(get("verifier", tree_verifier)().fused, branching, b_logits, b_u, config, rows="path")
