@@ -18,14 +18,13 @@ import torch
 
 from specdec.errors import UnsupportedTreeError
 from specdec.registry import get, list_registered
-from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, greedy_law, row_is_bad
-from specdec.tree_batch import TreeBatch
 from specdec.verify.decision import TreeDecision
 from specdec.verify.fast import decide_from_logits, decide_tree_batch, decide_tree_walk
 from specdec.verify.greedy_decision import decide_greedy
 
-from test_verify_fast import CASES, random_draft
+from test_verify_fast import CASES
+from test_verify_walk import _batch as walk_batch
 
 GREEDY = SamplingConfig(temperature=0.0)
 FIELDS = ("accepted", "num_accepted", "tokens", "bonus", "attempted", "bad_visited", "stop")
@@ -36,12 +35,7 @@ BUILDERS = {name: builder for name, builder, _ in CASES}
 def _batch(builder, seeds, vocab: int = 6, special: bool = False):
     """``B`` trees of ``builder``; logits whose argmax is a child's token at about 60% of the
     nodes; with ``special``, tied maxima and NaN / +inf / all -inf rows too."""
-    trees = []
-    for seed in seeds:
-        draft = random_draft(vocab, seed % 7)
-        draft.begin([seed % vocab])
-        trees.append(builder.build(seed % vocab, draft, SamplingConfig(), TorchRandom.seeded(seed)))
-    batch = TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
+    trees, batch, _, _ = walk_batch(builder, seeds, vocab)  # the walk tests' trees; logits of our own
     g = torch.Generator().manual_seed(5000 + seeds[0])
     B, n = batch.tokens.shape
     logits = torch.randn(B, n, vocab, generator=g, dtype=torch.float64)

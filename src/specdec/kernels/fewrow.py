@@ -185,6 +185,8 @@ def load_fewrow() -> Any:
             no ninja, a failed compile).
     """
     global _module, _reason
+    if _module is not None:  # every linear call of a forward asks: no lock once built
+        return _module
     with _lock:
         if _module is not None:
             return _module

@@ -16,7 +16,7 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "children_table", "reached_path"]
+__all__ = ["TreeDecision", "child_tokens", "children_table", "emitted_tokens", "reached_path"]
 
 
 @attrs.frozen(eq=False)
@@ -110,3 +110,18 @@ def reached_path(tree: TreeBatch, child: torch.Tensor) -> tuple[torch.Tensor, to
     num_accepted = reached.sum(dim=-1) - 1  # [B]
     node = torch.where(reached, tree.depths, -1).argmax(dim=-1)  # [B]
     return reached, accepted, num_accepted, node
+
+
+def child_tokens(tree: TreeBatch, table: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
+    """``[B, n, C]`` the tokens of :func:`children_table`'s child slots, ``-1`` where ``has``
+    (``table >= 0``, which the callers hold already) is False."""
+    B, n, C = table.shape
+    return torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+
+
+def emitted_tokens(tree: TreeBatch, accepted: torch.Tensor, num_accepted: torch.Tensor,
+                   bonus: torch.Tensor) -> torch.Tensor:
+    """``[B, D + 1]`` the accepted nodes' tokens, then the bonus, ``-1`` padded."""
+    path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
+    tokens = torch.nn.functional.pad(path_tok, (0, 1), value=-1)
+    return tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))

@@ -50,7 +50,7 @@ from specdec.sampling import (
 from specdec.errors import InvalidConfigError
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
-from specdec.verify.decision import TreeDecision, _arange, children_table, reached_path
+from specdec.verify.decision import TreeDecision, _arange, child_tokens, children_table, emitted_tokens, reached_path
 from specdec.verify.greedy_decision import decide_greedy
 
 __all__ = ["VERIFY_ROWS", "TreeDecision", "children_table", "resolve_rows", "decide_from_logits", "decide_from_scores", "decide_tree_batch", "decide_tree_walk",
@@ -293,7 +293,7 @@ def decide_tree_batch(
     dev = p.device
     table, n_sampled = children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
-    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    child_tok = child_tokens(tree, table, has)  # [B, n, C]
     top = None
     if scores:
         top, bad_rows = _max_and_bad(p)  # [B, n, 1], [B, n]
@@ -458,9 +458,7 @@ def _finish(
     bonus = torch.searchsorted(cdf, u_bonus * cdf[:, -1:], right=True).squeeze(-1)
     last_positive = torch.where(P > 0, _arange(V, dev), -1).amax(dim=-1)
     bonus = torch.minimum(bonus, last_positive)
-    path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
-    tokens = torch.nn.functional.pad(path_tok, (0, 1), value=-1)  # [B, D + 1]
-    tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))
+    tokens = emitted_tokens(tree, accepted, num_accepted, bonus)  # [B, D + 1]
     return accepted, num_accepted, tokens, bonus, attempted, bad, node
 
 
@@ -495,7 +493,7 @@ def decide_tree_walk(
     C, D = tree.max_children, tree.max_depth
     table, n_sampled = children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0  # [B, n, C]
-    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    child_tok = child_tokens(tree, table, has)  # [B, n, C]
     wor = tree.law_wor if rule.without_replacement is None else torch.full_like(tree.law_wor, rule.without_replacement)
     S = _sampled_tests(tree)
     cur = torch.zeros(B, 1, dtype=torch.int64, device=logits.device)  # [B, 1] the node deciding: the root first

@@ -26,7 +26,7 @@ import torch
 from specdec.sampling import row_is_bad
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
-from specdec.verify.decision import _arange, children_table, reached_path
+from specdec.verify.decision import _arange, child_tokens, children_table, emitted_tokens, reached_path
 
 __all__ = ["decide_greedy"]
 
@@ -48,7 +48,7 @@ def decide_greedy(rule: FusedRule, tree: TreeBatch, logits: torch.Tensor) -> tup
     dev = logits.device
     table, n_sampled = children_table(tree, rule)  # [B, n, C], [B, n]
     has = table >= 0
-    child_tok = torch.where(has, tree.tokens.gather(1, table.clamp_min(0).reshape(B, -1)).reshape(B, n, C), -1)
+    child_tok = child_tokens(tree, table, has)  # [B, n, C]
     slots = _arange(C, dev)  # [C]
     L = tree.law_ids.shape[-1]
     if rule.rejection and L > 0:  # rules 3/4 test the first S sampled children, then rule 5 matches the others
@@ -67,7 +67,5 @@ def decide_greedy(rule: FusedRule, tree: TreeBatch, logits: torch.Tensor) -> tup
     bad = (reached & row_is_bad(logits)).any(dim=-1)  # [B]
     bonus = top.gather(1, node.unsqueeze(-1)).squeeze(-1)  # [B]
     attempted = num_accepted + has.gather(1, node.view(B, 1, 1).expand(B, 1, C)).squeeze(1).any(dim=-1)
-    path_tok = torch.where(accepted >= 0, tree.tokens.gather(1, accepted.clamp_min(0)), -1)  # [B, D]
-    tokens = torch.nn.functional.pad(path_tok, (0, 1), value=-1)
-    tokens = tokens.scatter(1, num_accepted.unsqueeze(-1), bonus.unsqueeze(-1))  # [B, D + 1]
+    tokens = emitted_tokens(tree, accepted, num_accepted, bonus)  # [B, D + 1]
     return accepted, num_accepted, tokens, bonus, attempted, bad, node
