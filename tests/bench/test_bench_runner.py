@@ -48,6 +48,9 @@ def test_parse_rows_defaults_and_overrides():
     assert [(r.name, r.draft, bool(r.note)) for r in rows[1:]] == [
         ("eagle3", "lm", True), ("rheo", "lm", True), ("specinfer", "lm", False)]
     assert parse_rows("autoregressive,sd", ["lm"])[0].name == AUTOREGRESSIVE and len(parse_rows("sd", ["lm"])) == 2
+    # the draft LM over the whole vocabulary is its own row beside the default one
+    rows = parse_rows("sd,sd@lm-full", ["lm", "lm-full"], add_baseline=False)
+    assert [(r.name, r.draft) for r in rows] == [("sd", "lm"), ("sd@lm-full", "lm-full")]
 
 
 @pytest.mark.parametrize(
@@ -57,6 +60,7 @@ def test_parse_rows_defaults_and_overrides():
         ("", InvalidConfigError, "empty"),
         ("rheo@eagle9", InvalidConfigError, "unknown draft kind"),
         ("rheo@eagle2", InvalidConfigError, "not available"),
+        ("sd@lm-full", InvalidConfigError, "not available"),
         ("sd,sd@lm", InvalidConfigError, "twice"),
         ("hf-assisted,hf-assisted", InvalidConfigError, "twice"),
         ("rheo[x=1]", InvalidConfigError, "no option 'x'"),

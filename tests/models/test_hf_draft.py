@@ -261,17 +261,21 @@ def test_rows_mode_bad_input():
 PROPOSAL = torch.tensor([0, 3, 4, 10, 11, 12, 40, 41, 60, 77, 96])
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_proposal_vocabulary_logits_are_the_heads_rows(dtype):
+@pytest.mark.parametrize(("dtype", "cpu_linear"), [(torch.float64, "auto"), (torch.float32, True), (torch.float32, False)])
+def test_proposal_vocabulary_logits_are_the_heads_rows(dtype, cpu_linear):
     """HFDraft(proposal_ids=...): the forwards apply only the LM head's rows of the vocabulary:
     ``*_proposal_logits`` are the plain forward's logits at those ids, and ``root_logits`` /
-    ``tree_logits`` the same with ``-inf`` elsewhere; one sequence and rows mode, across commits."""
+    ``tree_logits`` the same with ``-inf`` elsewhere; one sequence and rows mode, across commits.
+    With the CPU linear dispatch on (float32), the ``[Vd, H]`` rows go through it (their plan is
+    among the draft's ``linear_plans``); off, through ``F.linear``."""
     model = make_tiny_llama("sdpa", dtype, seed=3)
     tol = tolerance(dtype)
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[PROPOSAL] = False
-    draft = HFDraft(model, proposal_ids=PROPOSAL.tolist())
+    draft = HFDraft(model, proposal_ids=PROPOSAL.tolist(), cpu_linear=cpu_linear)
     assert torch.equal(draft.proposal_ids, PROPOSAL)
+    head_shape = (len(PROPOSAL), model.config.hidden_size)
+    assert (head_shape in draft.linear_plans) == (cpu_linear is True)
 
     def same(row: torch.Tensor, context: list[int], full: bool) -> None:
         ref = plain_logits(model, context)

@@ -141,12 +141,17 @@ def test_gemma3_recipe_distils_a_draft_lm_over_the_draft_vocabulary(gemma_env, t
     assert torch.equal(ids, torch.load(str(run / "draft_vocab.pt"), weights_only=True)) and len(ids) == 20
     loaded = load_draft_lm(path, target)
     assert torch.equal(loaded.get_input_embeddings().weight, target.get_input_embeddings().weight)
-    models = load_bench_models("gemma3", need_kinds=frozenset({"lm"}))
+    assert "lm-full" not in load_bench_models("gemma3", need_kinds=frozenset({"lm"})).drafts
+    models = load_bench_models("gemma3", need_kinds=frozenset({"lm", "lm-full"}))
     draft = models.drafts["lm"]
     assert torch.equal(draft.proposal_ids, ids) and "proposes over 20 ids" in models.descriptions["lm"]
+    # the bench's lm-full kind: the same model over the whole vocabulary, as transformers runs it
+    full = models.drafts["lm-full"]
+    assert full.proposal_ids is None and full.model is draft.model and models.targets["lm-full"] is models.targets["lm"]
+    assert "proposing over the full vocabulary" in models.descriptions["lm-full"]
     prompt = [2, 5, 7, 9]
-    for method in ("sd", "specinfer"):
-        gen = specdec.SpeculativeGenerator(target=HFTarget(target), draft=draft, method=method)
+    for method, d in (("sd", draft), ("specinfer", draft), ("sd", full)):
+        gen = specdec.SpeculativeGenerator(target=HFTarget(target), draft=d, method=method)
         out = gen.generate(prompt, 10, specdec.SamplingConfig(temperature=0.0), seed=0)
         greedy = specdec.autoregressive_generate(HFTarget(target), prompt, 10, specdec.SamplingConfig(temperature=0.0))
         assert out.tokens == greedy.tokens
@@ -236,3 +241,52 @@ def test_smollm2_default_is_unchanged(monkeypatch, tmp_path, corpus, tokenizer, 
     assert "license" not in doc["meta"]
     assert (tmp_path / "assets" / "sharegpt_heldout_ids.txt").is_file()
     assert not (run / "sharegpt_heldout_ids.txt").exists()
+
+
+def test_smollm2_export_gives_a_restricted_draft_lm_its_proposal_vocabulary(monkeypatch, tmp_path, corpus, tokenizer,
+                                                                            tiny_target):
+    """A SmolLM2 draft LM distilled over the draft vocabulary (``--restrict-vocab``) is exported into the
+    assets with that vocabulary as its proposal vocabulary, as a Gemma one is into the cache; one
+    distilled over the full vocabulary gets none."""
+    import specdec.models.smollm2 as smollm2
+    from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids
+
+    real_load = data.load_records
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: (tiny_target, tokenizer))
+    monkeypatch.setattr(data, "load_records",
+                        lambda path, *a, **k: real_load(corpus["json"] if path is None else path, *a, **k))
+    for restrict in (True, False):
+        assets = tmp_path / f"assets-{restrict}"
+        monkeypatch.setattr(export, "ASSETS", assets)
+        run = tmp_path / f"run-{restrict}"
+        flag = "--restrict-vocab" if restrict else "--no-restrict-vocab"
+        assert recipes.main(["--out", str(run), "--students", "draft_lm", "--steps", "2", "--seq-len", "16",
+                             "--draft-vocab-size", "20", "--threads", "1", "--no-progress", flag]) == 0
+        assert recipes.main(["--out", str(run), "--export"]) == 0
+        folder = assets / "draft-lm-smollm2-135m-instruct"
+        meta = json.loads((folder / "specdec_meta.json").read_text())
+        ids = draft_lm_proposal_ids(folder)
+        if restrict:
+            assert torch.equal(ids, torch.load(str(run / "draft_vocab.pt"), weights_only=True)) and len(ids) == 20
+            assert meta["proposal_vocabulary"].startswith("20 ids")
+        else:
+            assert ids is None and "proposal_vocabulary" not in meta and meta["token_loss_vocab"] == "full"
+
+
+def test_the_shipped_draft_lm_proposes_over_the_vocabulary_it_was_distilled_over():
+    """The shipped SmolLM2 draft LM's loss read the joint run's 8,192-id draft vocabulary, which the
+    shipped EAGLE-3 head (warm-started from that run) keeps as its ``t2d``: its proposal vocabulary."""
+    from safetensors.torch import load_file
+
+    from specdec.bench.models import shipped_draft_available, shipped_heads_available
+    from specdec.drafts.eagle import shipped
+    from specdec.drafts.eagle.checkpoints import draft_lm_proposal_ids, shipped_draft_lm_path
+
+    if not shipped_draft_available() or not shipped_heads_available()[3]:
+        pytest.skip("the shipped weights are not installed")
+    folder = shipped_draft_lm_path()
+    meta = json.loads((folder / "specdec_meta.json").read_text())
+    ids = draft_lm_proposal_ids(folder)
+    assert meta["token_loss_vocab"] == "draft vocabulary (8192 ids)" and ids is not None and len(ids) == 8192
+    head = load_file(str(shipped.SHIPPED_DIR / "eagle3-smollm2-135m-instruct" / "model.safetensors"))
+    assert torch.equal(ids, head["t2d"].nonzero().flatten())

@@ -97,11 +97,11 @@ def draft_source(target: str, draft: str, heads: Mapping[int, str], kind: str) -
         target: ``--target`` (as :func:`~specdec.bench.settings.model_source` records it).
         draft: ``--draft`` (likewise).
         heads: ``{2: --eagle2-head, 3: --eagle3-head}``.
-        kind: ``"lm"``, ``"eagle2"``, ``"eagle3"`` or ``"ngram"``.
+        kind: ``"lm"``, ``"lm-full"`` (the same files as ``"lm"``), ``"eagle2"``, ``"eagle3"`` or ``"ngram"``.
     """
     if kind == "ngram":
         return "model-free prompt lookup: no weights"
-    if kind == "lm":
+    if kind in ("lm", "lm-full"):
         if draft == "auto":
             if target == "gemma3" and gemma3.cached_draft_lm_path() is not None:
                 return Path(str(gemma3.cached_draft_lm_path()))

@@ -10,7 +10,11 @@ Draft kinds:
 
 - ``"lm"``: an independent causal LM (``--draft``): the shipped distilled
   draft LM for SmolLM2-135M-Instruct when the target is that model and the
-  weights are installed, else a truncated-layer copy of the target;
+  weights are installed, else a truncated-layer copy of the target; a draft
+  LM distilled over a draft vocabulary proposes over it
+  (:func:`~specdec.drafts.eagle.checkpoints.draft_lm_proposal_ids`);
+- ``"lm-full"``: the same model proposing over the whole vocabulary, as
+  transformers' assisted generation (the ``hf-assisted`` row) runs it;
 - ``"eagle2"`` / ``"eagle3"``: EAGLE heads (``--eagle2-head`` /
   ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct,
   and for Gemma-3-270M a head its user has trained and exported to the user
@@ -65,7 +69,7 @@ __all__ = [
     "missing_head_message",
 ]
 
-DRAFT_KINDS: tuple[str, ...] = ("lm", "eagle2", "eagle3", "ngram")
+DRAFT_KINDS: tuple[str, ...] = ("lm", "lm-full", "eagle2", "eagle3", "ngram")
 """Draft kinds a benchmark row can use."""
 
 class NgramOptions(TypedDict):
@@ -312,8 +316,12 @@ def load_bench_models(
                                      f"; proposes over {len(draft_proposal_ids)} ids") + ")")
         elif is_smollm2 and shipped_draft_available():
             hf_draft = load_draft_lm(shipped_draft_lm_path(), hf_target)
+            draft_proposal_ids = draft_lm_proposal_ids(shipped_draft_lm_path())  # None from weights before 0.1.1
             descriptions["lm"] = (f"shipped draft LM ({hf_draft.config.num_hidden_layers} layers, "
-                                  "distilled from SmolLM2-135M-Instruct)")
+                                  "distilled from SmolLM2-135M-Instruct"
+                                  + ("" if draft_proposal_ids is None else
+                                     f"; proposes over the {len(draft_proposal_ids)} ids it was distilled over")
+                                  + ")")
         else:
             k = default_truncation(int(hf_target.config.num_hidden_layers))
             hf_draft = truncated_copy(hf_target, k)
@@ -349,6 +357,13 @@ def load_bench_models(
     plain = HFTarget(hf_target, logits_device=None)
     targets["lm"] = plain
     drafts["lm"] = HFDraft(hf_draft, logits_device=None, proposal_ids=draft_proposal_ids)
+    if "lm-full" in need_kinds:  # the same draft LM over the whole vocabulary, as transformers' assisted generation runs it
+        targets["lm-full"] = plain
+        drafts["lm-full"] = HFDraft(hf_draft, logits_device=None)
+        descriptions["lm-full"] = (descriptions["lm"] + ", proposing over the full vocabulary"
+                                   + (f" ({vocab} ids), not its proposal vocabulary" if draft_proposal_ids is not None
+                                      else " (as the lm draft does: it has no proposal vocabulary)"))
+        log(f"draft lm-full: {descriptions['lm-full']}")
     if "ngram" in need_kinds:  # model-free: prompt lookup in the prompt and the generated text
         targets["ngram"] = plain
         drafts["ngram"] = NgramDraft(vocab, **NGRAM_OPTIONS)

@@ -322,7 +322,7 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
 
     desc = inp["descriptions"]
     say(f"target: {desc.get('target', '?')}")
-    for kind in ("lm", "eagle2", "eagle3"):
+    for kind in ("lm", "lm-full", "eagle2", "eagle3"):
         if kind in desc and any(r.draft == kind for r in inp["rows"]):
             say(f"draft {kind}: {desc[kind]}")
     console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "

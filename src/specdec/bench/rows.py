@@ -52,7 +52,7 @@ class RowSpec:
             a method name, or ``method@draft`` when the draft is not the default.
         kind: ``"autoregressive"``, ``"speculative"`` or ``"peer"``.
         method: registered method name (speculative rows).
-        draft: draft kind (``"lm"``, ``"eagle2"``, ``"eagle3"``), None for the baseline.
+        draft: draft kind (``"lm"``, ``"lm-full"``, ``"eagle2"``, ``"eagle3"``, ``"ngram"``), None for the baseline.
         note: why the draft differs from the method's default, if it does.
         options: builder options written in the row (``rheo[m=2,proxy=residual]``),
             ``(name, value)`` pairs that override the budget's mapping
@@ -206,10 +206,9 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
                         f"unknown draft kind {draft!r} in {entry!r}; use one of: {', '.join(DRAFT_KINDS)}"
                     )
                 if draft not in available:
-                    raise InvalidConfigError(
-                        f"{entry!r} asks for the {draft} draft, which is not available "
-                        f"(no shipped {draft} head for this target; give --{draft}-head PATH)"
-                    )
+                    why = (f"no shipped {draft} head for this target; give --{draft}-head PATH"
+                           if draft.startswith("eagle") else f"available here: {', '.join(available)}")
+                    raise InvalidConfigError(f"{entry!r} asks for the {draft} draft, which is not available ({why})")
             else:
                 draft = DEFAULT_DRAFT.get(method, "lm")
                 if draft not in available:
@@ -243,7 +242,7 @@ def batch_refusal(row: RowSpec) -> str | None:
     cls = get("tree", method_tree(method))
     if not cls.batch_form:  # declared by the builder class (TreeBuilder.batch_form)
         return f"{row.name}: its tree builder ({method_tree(method)}) does not grow batches of trees yet"
-    if draft not in ("eagle2", "eagle3", "lm", "ngram"):
+    if draft not in ("eagle2", "eagle3", "lm", "lm-full", "ngram"):
         return f"{row.name}: the {draft} draft has no rows mode yet (the EAGLE heads, the draft LM and ngram have)"
     return None
 

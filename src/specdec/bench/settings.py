@@ -165,7 +165,7 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
 
 def available_kinds(args: argparse.Namespace) -> list[str]:
     """Draft kinds that will be loadable, decided from the flags alone (no loading)."""
-    kinds = ["lm", "ngram"]  # ngram: model-free, always available
+    kinds = ["lm", "lm-full", "ngram"]  # lm-full: the same draft LM; ngram: model-free, always available
     for v in (2, 3):
         spec = getattr(args, f"eagle{v}_head")
         if spec == "none":

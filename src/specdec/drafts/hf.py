@@ -25,7 +25,13 @@ from specdec._extras import needs_extra
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.kernels.kv_compact import compact_kv_inplace
-from specdec.kernels.linear import LinearPlan, accelerate_linears, resolve_cpu_linear
+from specdec.kernels.linear import (
+    LinearPlan,
+    RowDispatchLinear,
+    accelerate_linears,
+    dispatch_for,
+    resolve_cpu_linear,
+)
 from specdec.models.hf_common import (
     check_attention,
     check_eval_mode,
@@ -101,10 +107,13 @@ class HFDraft(DraftModel):
         sliding_window(model)  # a malformed window is refused before any forward (docs/models.md, "Sliding-window attention")
         self.model = model
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
-        if resolve_cpu_linear(cpu_linear, next(model.parameters()).device):
+        accelerate = resolve_cpu_linear(cpu_linear, next(model.parameters()).device)
+        if accelerate:
             self.linear_plans = accelerate_linears(model)
         self._vocab_size = model_vocab_size(model)
-        self._proposal_ids, self._head = _proposal_head(model, proposal_ids, self._vocab_size)
+        self._proposal_ids, self._head, head_plan = _proposal_head(model, proposal_ids, self._vocab_size, accelerate)
+        if head_plan is not None:  # the [Vd, H] rows of the LM head that the forwards apply
+            self.linear_plans[head_plan.shape] = head_plan
         self._full_ids = self._proposal_ids  # the ids on the logits' device (moved once, by _full)
         self._max_length = model_max_length(model)
         self.kv_compactor = kv_compactor
@@ -534,14 +543,17 @@ class HFDraft(DraftModel):
 
 
 def _proposal_head(
-    model: Any, proposal_ids: torch.Tensor | Sequence[int] | None, vocab: int
-) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor] | None]:
-    """``(ids [Vd], head)`` of a proposal vocabulary: ``head(h [..., H])`` is the model's LM head
-    restricted to the rows ``ids`` (``[..., Vd]``), with its final logit soft-capping if it has
-    one; ``(None, None)`` without a vocabulary. Refuses ids that are not ascending, distinct and
-    in ``[0, V)``, and a model whose LM head cannot be read as one linear layer."""
+    model: Any, proposal_ids: torch.Tensor | Sequence[int] | None, vocab: int, accelerate: bool
+) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor] | None, LinearPlan | None]:
+    """``(ids [Vd], head, plan)`` of a proposal vocabulary: ``head(h [..., H])`` is the model's LM
+    head restricted to the rows ``ids`` (``[..., Vd]``), with its final logit soft-capping if it
+    has one; ``(None, None, None)`` without a vocabulary. With ``accelerate`` (the CPU linear
+    dispatch is on, as for the model's own layers) the ``[Vd, H]`` product goes through the tuned
+    dispatch (:func:`~specdec.kernels.linear.dispatch_for`; ``plan`` is its plan), else
+    ``F.linear`` (``plan`` None). Refuses ids that are not ascending, distinct and in ``[0, V)``,
+    and a model whose LM head cannot be read as one linear layer."""
     if proposal_ids is None:
-        return None, None
+        return None, None, None
     ids = torch.as_tensor(proposal_ids, dtype=torch.int64).reshape(-1).cpu()
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab or not bool((ids[1:] > ids[:-1]).all()):
         raise InvalidConfigError(
@@ -560,10 +572,15 @@ def _proposal_head(
     bias = None if out.bias is None else out.bias.detach()[ids]
     cap = getattr(text_config(model.config), "final_logit_softcapping", None)
 
+    product: Callable[[torch.Tensor], torch.Tensor] = (
+        dispatch_for(rows, bias) if accelerate else (lambda x: torch.nn.functional.linear(x, rows, bias))
+    )
+    plan = product.plan if isinstance(product, RowDispatchLinear) else None  # F.linear off the CPU / float32
+
     def head(h: torch.Tensor) -> torch.Tensor:
-        logits = torch.nn.functional.linear(h.to(rows.dtype), rows, bias)  # [..., Vd]
+        logits = product(h.to(rows.dtype))  # [..., Vd]
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    return ids, head
+    return ids, head, plan

@@ -592,13 +592,21 @@ def restore_linears(model: nn.Module) -> int:
     return count
 
 
-def dispatch_for(weight: torch.Tensor, *, max_rows: int = 16, methods: Sequence[str] = LINEAR_METHODS) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A ``x -> x @ weight.T`` function with the tuned dispatch, for a bare weight
-    (for example a target's LM head used by a draft). Same rules as
-    :class:`RowDispatchLinear`."""
+def dispatch_for(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    max_rows: int = 16,
+    methods: Sequence[str] = LINEAR_METHODS,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``x -> F.linear(x, weight, bias)`` function with the tuned dispatch, for a bare
+    weight (a target's LM head used by a draft; the rows of an LM head that a draft's
+    proposal vocabulary keeps). Same rules as :class:`RowDispatchLinear`."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be [N, K], got shape {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (int(weight.shape[0]),):
+        raise ValueError(f"bias must be [N] = [{int(weight.shape[0])}], got shape {tuple(bias.shape)}")
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return lambda x: F.linear(x, weight)
+        return lambda x: F.linear(x, weight, bias)
     plan = tune_linear((int(weight.shape[0]), int(weight.shape[1])), max_rows=max_rows, methods=methods)
-    return RowDispatchLinear(types.SimpleNamespace(weight=weight, bias=None), plan)
+    return RowDispatchLinear(types.SimpleNamespace(weight=weight, bias=bias), plan)

@@ -112,10 +112,14 @@ def export_from_checkpoint(run: Path, dest: Path, target: str = "smollm2") -> li
     return done
 
 
-def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
-    """Copy the run's exported models into ``assets`` in float16; returns file sizes."""
+def export_assets(run: Path, assets: Path | None = None) -> dict[str, int]:
+    """Copy the run's exported models into ``assets`` (default :data:`ASSETS`, read at the call)
+    in float16, a draft LM distilled over the draft vocabulary with it as its proposal vocabulary
+    (``proposal_ids.json``); returns file sizes."""
     with needs_extra("train", "export_assets"):
         from safetensors.torch import load_file, save_file
+
+    assets = ASSETS if assets is None else Path(assets)
 
     sizes = {}
     for version in (2, 3):
@@ -133,8 +137,25 @@ def export_assets(run: Path, assets: Path = ASSETS) -> dict[str, int]:
         sizes[dst.name] = (dst / "model.safetensors").stat().st_size
     src = run / "draft_lm"
     if (src / "config.json").exists():
-        sizes.update(export_draft_lm(src, assets / "draft-lm-smollm2-135m-instruct"))
+        dst = assets / "draft-lm-smollm2-135m-instruct"
+        sizes.update(export_draft_lm(src, dst))
+        meta_file = dst / "specdec_meta.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        _write_proposal_vocabulary(run, dst, meta)
+        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
     return sizes
+
+
+def _write_proposal_vocabulary(run: Path, dst: Path, meta: dict[str, Any]) -> None:
+    """A draft LM distilled over the run's draft vocabulary (its token loss read only those
+    ids: ``token_loss_vocab`` in ``meta``) proposes over it: write the ids beside the model
+    (:data:`~specdec.drafts.eagle.checkpoints.PROPOSAL_IDS_FILE`, read by
+    :func:`~specdec.drafts.eagle.checkpoints.draft_lm_proposal_ids`) and say so in ``meta``."""
+    if not str(meta.get("token_loss_vocab", "")).startswith("draft vocabulary"):
+        return
+    ids = torch.load(str(run / "draft_vocab.pt"), weights_only=True)
+    (dst / PROPOSAL_IDS_FILE).write_text(json.dumps({"ids": [int(i) for i in ids]}) + "\n")
+    meta["proposal_vocabulary"] = f"{len(ids)} ids ({PROPOSAL_IDS_FILE}), the run's draft vocabulary"
 
 
 def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
@@ -173,10 +194,7 @@ def export_gemma3_heads(run: Path, dest: Path | None = None) -> dict[str, int]:
         meta_file = dst / "specdec_meta.json"
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         meta["license"] = GEMMA_LICENSE
-        if str(meta.get("token_loss_vocab", "")).startswith("draft vocabulary"):
-            ids = torch.load(str(run / "draft_vocab.pt"), weights_only=True)
-            (dst / PROPOSAL_IDS_FILE).write_text(json.dumps({"ids": [int(i) for i in ids]}) + "\n")
-            meta["proposal_vocabulary"] = f"{len(ids)} ids ({PROPOSAL_IDS_FILE}), the run's draft vocabulary"
+        _write_proposal_vocabulary(run, dst, meta)
         meta_file.write_text(json.dumps(meta, indent=2) + "\n")
         (dst / "NOTICE").write_text(_GEMMA_NOTICE)
     return sizes
