@@ -192,6 +192,7 @@ def test_demo(project):
     assert " pass " in rows["my-match"], rows["my-match"]
 
 
+@pytest.mark.slow  # about 70 s (a real bench in a subprocess); plug-in rows are benched on tiny models in tests/bench/test_bench_plugins.py
 def test_bench(project):
     done = run(BENCH, project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
