@@ -56,7 +56,8 @@ def write_log(folder: Path, t: float, **changes) -> Path:
                 steps = 24 if row == "autoregressive" else 20
                 emitted = steps if row == "autoregressive" else int(round(TAU[row][p] * steps))
                 records.append({
-                    "sequence": len(records), "unit": p * 2 + seed, "prompt_index": p, "temperature": t, "seed": seed,
+                    "sequence": len(records), "unit": p * len(cfg["seeds"]) + cfg["seeds"].index(seed),
+                    "prompt_index": p, "temperature": t, "seed": seed,
                     "row": row, "new_tokens": 24, "steps": steps, "emitted": emitted, "depth_attempted": [],
                     "depth_accepted": [], "time_total": SECONDS[row], "time_prefill": 0.1, "time_draft": 0.1,
                     "time_target": 1.0, "time_verify": 0.1, "tokens": [1] * 24})

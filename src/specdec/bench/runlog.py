@@ -21,8 +21,11 @@ before ``--budget auto`` chose per temperature holds one budget: resuming it
 reuses that budget at every temperature and rheo's default ``m``, as its
 logged generations ran (:func:`logged_budget`). A kill can only
 lose the generations in flight: a last line cut by the kill is dropped (and the
-log rewritten without it) on the next read; any other unreadable line is an
-error.
+log rewritten without it) on the next read; any other unreadable line, and any
+record whose fields are of the wrong type, out of range or inconsistent
+(:mod:`specdec.bench.runlog_checks`), is an error naming the file and line.
+One process writes a log at a time (:mod:`specdec.bench.folder_lock`), and a
+writer whose file was replaced or deleted under it stops with an error.
 
 The header is written to a temporary file and moved into place, so
 ``runs.jsonl`` either does not exist or starts with a complete header.
@@ -41,6 +44,7 @@ from typing import Any
 import attrs
 
 from specdec.bench.budget import Budget
+from specdec.bench.runlog_checks import check_record, sweep_shape
 from specdec.bench.sweep import RunRecord
 from specdec.errors import InvalidConfigError
 
@@ -66,15 +70,6 @@ FORMAT = "specdec-bench-runs"
 VERSION = 1
 RUNS_FILE = "runs.jsonl"
 
-_RECORD_KEYS: dict[str, type | tuple[type, ...]] = {
-    "sequence": int, "unit": int, "prompt_index": int, "temperature": (int, float), "seed": int, "row": str,
-    "new_tokens": int, "steps": int, "emitted": int, "depth_attempted": list, "depth_accepted": list,
-    "time_total": (int, float, type(None)), "time_prefill": (int, float, type(None)),
-    "time_draft": (int, float, type(None)), "time_target": (int, float, type(None)),
-    "time_verify": (int, float, type(None)), "tokens": list,
-}
-_OPTIONAL_KEYS: dict[str, type | tuple[type, ...]] = {"depth_optimum": list, "optimum_bound": bool}
-"""Record keys that logs written before ``--optimum`` lack (read as ``[]`` and false)."""
 
 
 def run_key(row: str, prompt_index: int, temperature: float, seed: int) -> tuple[str, int, float, int]:
@@ -145,11 +140,18 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
         repair: rewrite the file without a last line cut by a kill (resuming
             does, so that appends start on a fresh line).
 
+    Every record is checked field by field
+    (:func:`~specdec.bench.runlog_checks.check_record`: types, ranges, the
+    counts that must agree, its place in the sweep the header describes).
+
     Raises:
         InvalidConfigError: a missing or foreign header, a newer format, a
-            corrupt line other than a cut last line, a malformed record, a
-            record outside the sweep the header describes, or a generation
-            logged twice (the message names the file and the line).
+            header field of the sweep's shape out of range, a corrupt line
+            other than a cut last line (not JSON, a number too long to read,
+            a nesting too deep), a malformed record (a field of the wrong type,
+            out of range, or counts that disagree), a record outside the sweep
+            the header describes, or a generation logged twice (the message
+            names the file and the line).
     """
     p = Path(path)
     if p.is_dir():
@@ -172,7 +174,7 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
         raise _foreign(p, "empty, no header line")
     try:
         header = json.loads(lines[0])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, a 5,000-digit number, a deep nesting
         raise _foreign(p, "line 1 is not JSON") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise _foreign(p, f"line 1 is not a {FORMAT!r} header; logs of specdec before resumable runs cannot be resumed")
@@ -180,11 +182,7 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
         raise InvalidConfigError(f"{p}: run log version {header.get('version')!r} is newer than this specdec's ({VERSION})")
     if not isinstance(header.get("config"), dict) or not isinstance(header.get("resolved"), dict):
         raise _foreign(p, "the header has no config or resolved object")
-    cfg, res = header["config"], header["resolved"]
-    rows = set(cfg.get("rows") or ())
-    temps = {float(t) for t in cfg.get("temperatures") or ()}
-    seeds = [int(s) for s in cfg.get("seeds") or ()]
-    n_prompts = len(res.get("prompts", {}).get("ids") or ())
+    shape = sweep_shape(header, f"{p}:1")
     records: list[dict[str, Any]] = []
     seen: dict[tuple[str, int, float, int], int] = {}
     dropped = False
@@ -196,29 +194,16 @@ def read_runlog(path: str | os.PathLike, *, repair: bool = False) -> RunLog:
             raise InvalidConfigError(f"{p}:{n}: empty line inside the run log (corrupt file)")
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, a 5,000-digit number, a deep nesting
             if last and not ends_clean:  # the write a kill cut short: that generation was in flight
                 dropped = True
                 break
-            raise InvalidConfigError(f"{p}:{n}: not JSON (corrupt run log; only a cut last line is dropped)") from None
+            why = ("nested too deeply" if isinstance(exc, RecursionError) else
+                   f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)[:100])
+            raise InvalidConfigError(f"{p}:{n}: not JSON ({why}; corrupt run log: only a cut last line is "
+                                     "dropped)") from None
         where = f"{p}:{n}"
-        if not isinstance(rec, dict):
-            raise InvalidConfigError(f"{where}: expected a JSON object (one generation per line)")
-        for key, typ in _RECORD_KEYS.items():
-            if key not in rec:
-                raise InvalidConfigError(f"{where}: record without {key!r} (corrupt or foreign run log)")
-            v = rec[key]
-            if isinstance(v, bool) or not isinstance(v, typ):
-                raise InvalidConfigError(f"{where}: {key!r} has the wrong type ({type(v).__name__})")
-        for key, typ in _OPTIONAL_KEYS.items():
-            if key in rec and not isinstance(rec[key], typ):
-                raise InvalidConfigError(f"{where}: {key!r} has the wrong type ({type(rec[key]).__name__})")
-        if rec["row"] not in rows or float(rec["temperature"]) not in temps or rec["seed"] not in seeds \
-                or not 0 <= rec["prompt_index"] < n_prompts:
-            raise InvalidConfigError(
-                f"{where}: generation {rec['row']!r} T={rec['temperature']} seed {rec['seed']} prompt "
-                f"{rec['prompt_index']} is outside the sweep the header describes (foreign or edited run log)"
-            )
+        check_record(rec, where, shape)  # every field: types, ranges, counts, the place in the sweep
         generation = run_key(rec["row"], rec["prompt_index"], rec["temperature"], rec["seed"])
         if generation in seen:
             raise InvalidConfigError(f"{where}: the generation of line {seen[generation]} is logged twice "
@@ -289,12 +274,21 @@ class RunLogWriter:
 
     ``sequence`` numbers continue from ``start_sequence`` in the order the
     records reach the writer (with Ray workers: the order they arrive).
+
+    After each record the writer checks that ``path`` is still the file it
+    appends to: a log replaced or deleted under it (by a process that does not
+    take the folder's lock, :mod:`specdec.bench.folder_lock`) raises
+    :class:`~specdec.errors.InvalidConfigError` instead of losing the records
+    silently.
     """
 
     def __init__(self, path: str | os.PathLike, start_sequence: int = 0) -> None:
         self.path = Path(path)
         self.next_sequence = start_sequence
         self._fh = self.path.open("a", encoding="utf-8")
+        st = os.fstat(self._fh.fileno())
+        self._identity = (st.st_dev, st.st_ino)
+        self._written = 0
 
     def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
         rec = strict_json(dict(record))
@@ -303,6 +297,19 @@ class RunLogWriter:
         self._fh.write(json.dumps(rec, allow_nan=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self._written += 1
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise InvalidConfigError(
+                f"{self.path} was replaced or deleted by another process while this sweep appended to it (another "
+                "program writing the same folder): the file no longer holds the "
+                f"{self._written} generation{'' if self._written == 1 else 's'} this run logged; rerun the command "
+                "to resume from what the file holds"
+            )
         return rec
 
     def close(self) -> None:
