@@ -291,7 +291,7 @@ def plugin_file(tmp_path):
 def test_list_and_demo_load_a_plugin(capsys, plugin_file):
     code, out, err = run(capsys, "list", "verifier", "--plugin", str(plugin_file))
     assert code == 0, err
-    assert "zz-test-plugin-rule  Rule 3 from a plug-in file (zz), see RejectionIIDVerifier.  [zz_cli_plugin]" in out
+    assert "zz-test-plugin-rule  Rule 3 from a plug-in file (zz), see RejectionIIDVerifier.  [zz_cli_plugin.py]" in out
     assert "[specdec" not in out  # built-ins are not labelled
     code, out, err = run(capsys, "demo", "--plugin", str(plugin_file), "--methods", "none", "--verifiers",
                          "zz-test-plugin-rule", "--trees", "50", "--vocab", "5")
@@ -306,7 +306,7 @@ def test_a_plugin_that_cannot_be_loaded_is_bad_input(capsys, tmp_path, command):
     try:
         code, out, err = run(capsys, *command, "--plugin", str(empty))
         assert code == 2 and out == ""
-        assert err.startswith(f"specdec {command[0]}: error: plug-in module 'zz_cli_empty' registered nothing")
+        assert err.startswith(f"specdec {command[0]}: error: plug-in module {str(empty)!r} registered nothing")
         code, _, err = run(capsys, *command, "--plugin", "zz_cli_no_such_module")
         assert code == 2 and "plug-in module 'zz_cli_no_such_module' failed to import: ModuleNotFoundError" in err
     finally:

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from specdec.errors import InvalidConfigError, PluginError, UnknownNameError
-from specdec.plugins import ENTRY_POINT_GROUP, Plugin, load_entry_point_plugins, load_plugin, load_plugins
+from specdec.plugins import (
+    ENTRY_POINT_GROUP,
+    Plugin,
+    load_entry_point_plugins,
+    load_plugin,
+    load_plugins,
+    private_name,
+)
 from specdec.registry import ROLES, get, list_registered, origin, unregister
 
 _COUNTER = itertools.count()
@@ -73,7 +80,7 @@ def plugins(tmp_path, monkeypatch):
         for name in set(list_registered(role)) - before[role]:
             unregister(role, name)
     for name in set(sys.modules) - modules:
-        if name.startswith(("zzplug", "zzpkg")):
+        if name.startswith(("zzplug", "zzpkg", "specdec_plugin_zzplug")):
             del sys.modules[name]
 
 
@@ -116,11 +123,12 @@ def test_a_package_counts_its_submodules_and_nothing_else(plugins):
     assert load_plugin(sub).names("verifier") == plugin.names("verifier")
 
 
-def test_a_py_file_is_loaded_as_its_stem(plugins, tmp_path, monkeypatch):
+def test_a_py_file_is_loaded_under_its_private_name(plugins, tmp_path, monkeypatch):
     module = plugins(GOOD)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])  # not importable by name
     plugin = load_plugin(str(tmp_path / f"{module}.py"))
-    assert plugin.module == module and len(plugin.names("verifier")) == 2
+    assert plugin.module == private_name(tmp_path / f"{module}.py") and len(plugin.names("verifier")) == 2
+    assert plugin.module.startswith(f"specdec_plugin_{module}_") and module not in sys.modules
     assert load_plugin(str(tmp_path / f"{module}.py")) == plugin  # the same file again: the same module
     with pytest.raises(PluginError, match="does not exist"):
         load_plugin(str(tmp_path / "nothere.py"))

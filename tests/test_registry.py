@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.errors import RegistryConflictError, SpecDecError, UnknownNameError
-from specdec.registry import ROLES, get, list_registered, register, unregister
+from specdec.registry import ROLES, RegistryOverrideWarning, get, list_registered, register, unregister
 
 PREFIX = "zz-test-registry-"
 
@@ -164,7 +164,8 @@ def test_origin_follows_override_and_unregister(cleanup):
 
     reg(cleanup, "draft", PREFIX + "o")
     namespace = {"__name__": "zz_other_module", "register": register}
-    exec("register('draft', %r, override=True)(type('D', (), {}))" % (PREFIX + "o"), namespace)
+    with pytest.warns(RegistryOverrideWarning, match=f"module 'zz_other_module' replaces draft '{PREFIX}o'"):
+        exec("register('draft', %r, override=True)(type('D', (), {}))" % (PREFIX + "o"), namespace)
     assert origin("draft", PREFIX + "o") == "zz_other_module"
     unregister("draft", PREFIX + "o")
     with pytest.raises(UnknownNameError):

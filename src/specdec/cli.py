@@ -5,7 +5,8 @@ Subcommands:
 - ``specdec list [ROLE] [--pattern GLOB]``: the registered strategies of each
   registry role (``tree``, ``verifier``, ``draft``, ``target``, ``method``),
   each with the first sentence of its description (markup removed) and, for a
-  plug-in's, the module that registered it.
+  plug-in's, the module that registered it (and, for a name it replaced, the
+  module that owned it).
 - ``specdec demo``: a small self-contained demonstration that needs no model
   download, on a toy target and a toy draft (two
   :class:`~specdec.models.CallableLM` bigram tables over a tiny vocabulary).
@@ -32,7 +33,11 @@ training commands the ``[train]`` extra: without it they exit with status 2 and 
 Plug-ins: ``list``, ``demo`` and ``bench`` load every installed plug-in (the
 entry-point group ``specdec.plugins``) and each module given with
 ``--plugin MODULE`` (repeatable; a dotted module name or a ``.py`` file) before
-they run (:mod:`specdec.plugins`); a plug-in that cannot be loaded is bad input.
+they run (:mod:`specdec.plugins`). A ``--plugin`` module that cannot be loaded
+is bad input; an installed one is left out with a warning naming it and how to
+skip it (``SPECDEC_SKIP_PLUGINS=NAME,...``; ``SPECDEC_NO_ENTRY_POINTS=1`` leaves
+out every installed plug-in). A plug-in that replaces a name another module
+registered warns, naming both.
 
 Words: *accepted* = draft tokens the verifier kept; *bonus* = the one token
 the verifier draws from the target at the end of a step; *tau* = tokens
@@ -73,8 +78,8 @@ from specdec.demo import (
 )
 from specdec.errors import MissingExtraError, SpecDecError
 from specdec.methods import Method
-from specdec.plugins import add_plugin_argument, load_plugins
-from specdec.registry import ROLES, get, list_registered, origin
+from specdec.plugins import add_plugin_argument, load_plugins, shown_name
+from specdec.registry import ROLES, get, list_registered, origin, overrides
 
 __all__ = ["main", "build_parser", "DemoRow", "MethodRow", "run_demo", "run_method_demo", "demo_tree", "toy_models"]
 
@@ -265,6 +270,7 @@ def _summary(obj: Any) -> str:
 def _cmd_list(args: argparse.Namespace) -> int:
     load_plugins(args.plugins)
     roles = [args.role] if args.role else list(ROLES)
+    replaced = {(o.role, o.name): o.owner for o in overrides()}
     found = 0
     for role in roles:
         names = list_registered(role, args.pattern)
@@ -275,7 +281,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         width = max((len(n) for n in names), default=0)
         for name in names:
             module = origin(role, name)
-            source = "" if module == "specdec" or module.startswith("specdec.") else f"  [{module}]"
+            owner = f", replaces {shown_name(replaced[role, name])}'s" if (role, name) in replaced else ""
+            source = ("" if module == "specdec" or module.startswith("specdec.")
+                      else f"  [{shown_name(module)}{owner}]")
             print(f"  {name:<{width}}  {_summary(get(role, name))}{source}".rstrip())
     if not found:
         where = f"role {args.role!r}" if args.role else "any role"

@@ -19,6 +19,13 @@ module of the code that called :func:`register` (or
 :func:`specdec.plugins.load_plugin` finds what a plug-in module registered,
 even when the module was imported before.
 
+Replacing a name another module registered (``override=True``) warns
+(:class:`RegistryOverrideWarning`, naming the name, its owner and the module
+that replaces it) and is recorded (:func:`overrides`): every use of the name,
+the methods that compose it included, runs the replacement, and the bench
+counts it in a run's identity. Registering the original entry again puts it
+back (no warning, no record).
+
 Lookups load the built-in strategies (``specdec.verify``, ``specdec.trees``,
 ``specdec.drafts``, ``specdec.targets``, ``specdec.methods``) on first use,
 and nothing else: installed plug-ins (the entry-point group
@@ -33,25 +40,55 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import sys
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
+import attrs
+
 from specdec.errors import InvalidConfigError, RegistryConflictError, UnknownNameError
 
-__all__ = ["ROLES", "register", "get", "list_registered", "origin", "unregister"]
+__all__ = ["ROLES", "register", "get", "list_registered", "origin", "unregister", "Override",
+           "RegistryOverrideWarning", "overrides"]
 
 ROLES: tuple[str, ...] = ("tree", "verifier", "draft", "target", "method")
 
 _REGISTRY: dict[str, dict[str, Any]] = {role: {} for role in ROLES}
 _ORIGINS: dict[str, dict[str, str]] = {role: {} for role in ROLES}
 """Per role, the module that registered each name (:func:`origin`)."""
+_REPLACED: dict[str, dict[str, tuple[Any, str]]] = {role: {} for role in ROLES}
+"""Per role, for each name another module replaced (:func:`overrides`), the replaced
+entry and its owner (the first ones, through a chain of replacements)."""
 
 _FORWARDING_MODULES = frozenset({__name__, "specdec.methods"})
 """Modules whose frames :func:`_registering_module` steps over: this one, and
 :func:`specdec.methods.register_method`'s, which registers on its caller's behalf."""
 
 T = TypeVar("T")
+
+
+class RegistryOverrideWarning(UserWarning):
+    """A module replaced (``register(..., override=True)``) a name another module registered
+    (:func:`overrides` lists them); the message names the name, its owner and the replacing module."""
+
+
+@attrs.frozen
+class Override:
+    """A registered name that a module replaced (:func:`overrides`).
+
+    Attributes:
+        role: the registry role.
+        name: the name replaced.
+        owner: the module that registered the replaced entry (``specdec.verify.rejection``
+            for the built-in ``rejection-iid``).
+        by: the module whose entry holds the name now.
+    """
+
+    role: str
+    name: str
+    owner: str
+    by: str
 
 
 def _check_role(role: str) -> dict[str, Any]:
@@ -86,6 +123,8 @@ def register(role: str, name: str, *, override: bool = False) -> Callable[[T], T
                 "cannot register it again (pass override=True to replace it)",
                 role=role, name=name, owner=owner, claimant=module,
             )
+        if name in table:  # override=True
+            module = _replace(role, name, obj, module)
         table[name] = obj
         _ORIGINS[role][name] = module
         try:
@@ -104,6 +143,37 @@ def unregister(role: str, name: str) -> None:
         raise UnknownNameError(_unknown_message(role, name, table))
     del table[name]
     del _ORIGINS[role][name]
+    _REPLACED[role].pop(name, None)
+
+
+def _replace(role: str, name: str, obj: Any, module: str) -> str:
+    """Note that ``module`` replaces ``role``/``name`` by ``obj`` (warned and recorded when another
+    module owns it; the record dropped when ``obj`` is the replaced original); returns its origin."""
+    owner = _ORIGINS[role][name]
+    replaced = _REPLACED[role].get(name)
+    if replaced is not None and obj is replaced[0]:  # the original entry put back
+        del _REPLACED[role][name]
+        return replaced[1]
+    if owner != module:
+        _REPLACED[role].setdefault(name, (_REGISTRY[role][name], owner))
+        warnings.warn(RegistryOverrideWarning(
+            f"module {module!r} replaces {role} {name!r}, registered by module {owner!r} (register(..., "
+            f"override=True)): every use of {name!r}, the methods composed of it included, now runs {obj!r}"
+        ), stacklevel=3)
+    return module
+
+
+def overrides() -> list[Override]:
+    """The registered names a module replaced that another module had registered
+    (``register(..., override=True)``, :class:`RegistryOverrideWarning`), sorted by role and name.
+
+    Example:
+        >>> overrides()  # the built-ins replace nothing
+        []
+    """
+    _ensure_builtins_loaded()
+    return [Override(role, name, owner=_REPLACED[role][name][1], by=_ORIGINS[role][name])
+            for role in ROLES for name in sorted(_REPLACED[role])]
 
 
 def origin(role: str, name: str) -> str:
@@ -136,12 +206,16 @@ def _registering_module() -> str:
     return name if isinstance(name, str) else "?"
 
 
-def _snapshot() -> dict[str, dict[str, tuple[Any, str]]]:
-    """Every entry and its origin, per role (:func:`_discard_since`)."""
-    return {role: {n: (obj, _ORIGINS[role][n]) for n, obj in table.items()} for role, table in _REGISTRY.items()}
+_Snapshot = dict[str, dict[str, tuple[Any, str, tuple[Any, str] | None]]]
 
 
-def _discard_since(snapshot: dict[str, dict[str, tuple[Any, str]]], discard: Callable[[str], bool]) -> None:
+def _snapshot() -> _Snapshot:
+    """Every entry, its origin and what it replaced, per role (:func:`_discard_since`)."""
+    return {role: {n: (obj, _ORIGINS[role][n], _REPLACED[role].get(n)) for n, obj in table.items()}
+            for role, table in _REGISTRY.items()}
+
+
+def _discard_since(snapshot: _Snapshot, discard: Callable[[str], bool]) -> None:
     """Undo every entry added or replaced since ``snapshot`` by a module ``m`` with
     ``discard(m)`` (a plug-in module whose import failed: Python dropped it, so its
     classes are garbage and a retry would otherwise conflict with them)."""
@@ -152,8 +226,14 @@ def _discard_since(snapshot: dict[str, dict[str, tuple[Any, str]]], discard: Cal
                 if before is None:
                     del table[name]
                     del _ORIGINS[role][name]
+                    _REPLACED[role].pop(name, None)
                 else:
-                    table[name], _ORIGINS[role][name] = before
+                    table[name], _ORIGINS[role][name], replaced = before
+                    if replaced is None:
+                        _REPLACED[role].pop(name, None)
+                    else:
+                        _REPLACED[role][name] = replaced
+
 
 
 def _unknown_message(role: str, name: str, table: dict[str, Any]) -> str:

@@ -10,6 +10,9 @@ import pytest
 
 from specdec import cli
 from specdec.bench import workers
+from specdec.bench.hashes import file_sha256
+from specdec.bench.runlog import read_runlog
+from specdec.plugins import private_name
 from specdec.registry import list_registered, unregister
 
 PLUGIN = '''\
@@ -86,7 +89,11 @@ def test_a_plugin_method_is_benched(capsys, tiny_dirs, tmp_path, plugin):
         assert len(own["acceptance_by_depth"]) <= 2
     for name in rows[1:]:
         assert records[(name, 0.0)]["matches_autoregressive"] == 1.0  # exact at T=0, as a lossless rule must be
-    assert json.loads((out / "meta.json").read_text())["plugins"] == ["zz_bench_plugin"]
+    # a file is imported under its private name (issue 57), which the log records with its source's hash
+    module = private_name(plugin / "zz_bench_plugin.py")
+    assert json.loads((out / "meta.json").read_text())["plugins"] == [module]
+    config = read_runlog(out).config
+    assert config[f"plugin:{module}"]["sha256"] == file_sha256(plugin / "zz_bench_plugin.py")
 
 
 def test_without_the_plugin_its_method_is_unknown(capsys, no_work):

@@ -11,12 +11,20 @@ with standard tools::
 
 A draft with no file (a truncated copy of the target, made at load time; the model-free ``ngram``
 draft) is recorded with ``sha256`` None and the reason.
+The plug-ins loaded (``--plugin``, installed ones) are part of the identity too
+(:func:`plugin_identity`): one key ``plugin:<module>`` per module outside specdec that registered
+an entry (its source file and that file's SHA-256, and the names it registered), and one key
+``override:<role>:<name>`` per name a module replaced that another module had registered
+(:func:`specdec.registry.overrides`). A sweep is resumed only with the same plug-ins, their
+sources unchanged; a refusal names the key that differs. A run without plug-ins has no such key
+(as every log written before they were recorded).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +33,10 @@ from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_a
 from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
 from specdec.errors import InvalidConfigError
 from specdec.models import gemma3
+from specdec.registry import ROLES, list_registered, origin, overrides
 
-__all__ = ["HASH_KEY", "draft_hashes", "draft_source", "file_sha256", "folder_sha256", "path_sha256"]
+__all__ = ["HASH_KEY", "draft_hashes", "draft_source", "file_sha256", "folder_sha256", "path_sha256",
+           "plugin_identity"]
 
 HASH_KEY = "draft_sha256"
 """The key of the drafts' hashes in a run log header's ``config``."""
@@ -137,4 +147,33 @@ def draft_hashes(target: str, draft: str, heads: Mapping[int, str], kinds: Itera
     for kind in sorted(set(kinds)):
         source = draft_source(target, draft, heads, kind)
         out[kind] = path_sha256(source) if isinstance(source, Path) else {"source": source, "sha256": None}
+    return out
+
+
+def plugin_identity() -> dict[str, Any]:
+    """The plug-ins' part of a run's identity, from the registry as it is now: per module outside
+    specdec that registered an entry, ``"plugin:<module>": {"file", "sha256", "registered"}`` (its
+    source file and the file's SHA-256, None for a module without a file; per role, the sorted names
+    it registered), and per name a module replaced that another one had registered,
+    ``"override:<role>:<name>": {"owner", "by"}``. Empty when only specdec's entries are registered.
+
+    Example:
+        >>> plugin_identity()  # the built-ins only
+        {}
+    """
+    modules: dict[str, dict[str, list[str]]] = {}
+    for role in ROLES:
+        for name in list_registered(role):
+            module = origin(role, name)
+            if module != "specdec" and not module.startswith("specdec."):
+                modules.setdefault(module, {}).setdefault(role, []).append(name)
+    out: dict[str, Any] = {}
+    for module, registered in sorted(modules.items()):
+        file = getattr(sys.modules.get(module), "__file__", None)
+        source = Path(file).resolve() if file else None
+        out[f"plugin:{module}"] = {"file": str(source) if source else None,
+                                   "sha256": file_sha256(source) if source and source.is_file() else None,
+                                   "registered": registered}
+    for o in overrides():
+        out[f"override:{o.role}:{o.name}"] = {"owner": o.owner, "by": o.by}
     return out

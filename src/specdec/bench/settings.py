@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 from specdec.bench.budget import Budget, parse_budget
-from specdec.bench.hashes import HASH_KEY, draft_hashes
+from specdec.bench.hashes import HASH_KEY, draft_hashes, plugin_identity
 from specdec.bench.models import NAMED_TARGETS, auto_head_path, resolve_device
 from specdec.bench.prompts import BenchPrompt
 from specdec.bench.rows import RowSpec
@@ -214,7 +214,9 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
     (its timings include the measurement's host work), written only when given. The drafts'
     content hashes (``draft_sha256``, :func:`~specdec.bench.hashes.draft_hashes`: one per draft
     kind the rows use) are part of it: a retrained head is another run. A log written before
-    they were recorded resumes without them (:func:`~specdec.bench.report.open_out_dir`).
+    they were recorded resumes without them (:func:`~specdec.bench.report.open_out_dir`). So are the
+    plug-ins (:func:`~specdec.bench.hashes.plugin_identity`: each module's source hash, each override),
+    written only when there are any.
     """
     budget = settings.budget
     device = getattr(args, "device", "cpu") or "cpu"
@@ -235,6 +237,6 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
         HASH_KEY: draft_hashes(model_source(args.target), model_source(args.draft),
                                {2: model_source(args.eagle2_head), 3: model_source(args.eagle3_head)},
                                {r.draft for r in rows if r.draft}),
-    } | ({"optimum": True} if settings.optimum else {})
+    } | ({"optimum": True} if settings.optimum else {}) | plugin_identity()
 
 
