@@ -144,7 +144,7 @@ def speculative_stream_batch(
     tallies = _tallies if _tallies is not None else []
     tallies[:] = [StepTally() for _ in prompts]
     for report in run_rows(target, draft, builder, verifier, prompts, sampling, seeded_sources(random, row_seeds),
-                           max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id), kernel=kernel,
+                           max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id, target.vocab_size), kernel=kernel,
                            verify_seeds=row_seeds, options=options, tallies=tallies, what=what, named=True):
         yield report.kept
 

@@ -97,7 +97,7 @@ def _stream(
     seed = as_seed(seed)
     for report in run_rows(
         target, draft, builder, verifier, [prompt_ids], sampling, seeded_sources(random, [seed]),
-        max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id), kernel=kernel, verify_seeds=[seed],
+        max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id, target.vocab_size), kernel=kernel, verify_seeds=[seed],
         options=options, compiler=compiler, logits_processor=check_processor(logits_processor),
         logprobs=logprob_sink is not None, tallies=[tally], what=what,
     ):

@@ -1,4 +1,5 @@
-"""Checks of the token ids users pass in: prompts and EOS ids (issue 16, defects 5 and 6).
+"""Checks of the token ids users pass in: prompts and EOS ids (issue 16, defects 5 and 6;
+EOS ids inside the target's vocabulary, issue 57).
 
 Seeds too (defect 10): ``None`` or an integer of any integer type in
 :data:`SEED_RANGE` (what ``torch.Generator.manual_seed`` takes); ``1.5`` is not
@@ -80,13 +81,30 @@ def as_token_ids(prompt: Any, what: str = "the prompt") -> list[int]:
     return [int(t) for t in items]
 
 
-def as_eos_ids(eos_token_id: Any) -> set[int]:
+def as_eos_ids(eos_token_id: Any, vocab_size: int | None = None) -> set[int]:
     """The EOS ids as a set of ints (empty for None), or a clear error.
 
+    Args:
+        eos_token_id: an integer id, a sequence of them, or None.
+        vocab_size: the target's ``V``: every id must lie in ``[0, V)`` (an id the target
+            cannot emit would never stop generation), checked where the prompt's ids are.
+
     Example:
-        >>> sorted(as_eos_ids(2)), sorted(as_eos_ids([2, 7]))
+        >>> sorted(as_eos_ids(2)), sorted(as_eos_ids([2, 7], vocab_size=8))
         ([2], [2, 7])
     """
+    ids = _eos_ids(eos_token_id)
+    if vocab_size is not None:
+        bad = sorted(e for e in ids if not 0 <= e < vocab_size)
+        if bad:
+            raise InvalidConfigError(
+                f"eos_token_id {bad[0]} is outside the target's vocabulary [0, {vocab_size}): "
+                "the target can never emit it, so it would never stop generation"
+            )
+    return ids
+
+
+def _eos_ids(eos_token_id: Any) -> set[int]:
     if eos_token_id is None:
         return set()
     if _is_integer(eos_token_id):

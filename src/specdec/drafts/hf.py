@@ -16,6 +16,7 @@ uncached, so that ``root_logits`` always has a fresh forward to read.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -542,6 +543,27 @@ class HFDraft(DraftModel):
         return logits if self.logits_device is None else logits.to(self.logits_device)
 
 
+def _proposal_tensor(proposal_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """``proposal_ids`` as ``[Vd]`` int64 on the CPU: a 1-D integer tensor (or numpy array) or a
+    flat sequence of integers; a float (``1.7`` is not id 1), a bool or a nested list is refused."""
+    if isinstance(proposal_ids, torch.Tensor) or type(proposal_ids).__module__.startswith("numpy"):
+        ids = torch.as_tensor(proposal_ids)
+        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise InvalidConfigError(
+                f"proposal_ids must be a 1-D integer tensor of token ids, got {ids.dtype} of shape {list(ids.shape)}"
+            )
+        return ids.to("cpu", torch.int64)
+    if isinstance(proposal_ids, (str, bytes)):
+        raise InvalidConfigError(f"proposal_ids must be a flat sequence of integer token ids, got {proposal_ids!r:.40}")
+    items = list(proposal_ids)
+    for i, t in enumerate(items):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise InvalidConfigError(
+                f"proposal_ids must be a flat sequence of integer token ids; entry {i} is {t!r:.40} ({type(t).__name__})"
+            )
+    return torch.tensor([int(t) for t in items], dtype=torch.int64)
+
+
 def _proposal_head(
     model: Any, proposal_ids: torch.Tensor | Sequence[int] | None, vocab: int, accelerate: bool
 ) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor] | None, LinearPlan | None]:
@@ -554,7 +576,7 @@ def _proposal_head(
     and a model whose LM head cannot be read as one linear layer."""
     if proposal_ids is None:
         return None, None, None
-    ids = torch.as_tensor(proposal_ids, dtype=torch.int64).reshape(-1).cpu()
+    ids = _proposal_tensor(proposal_ids)
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab or not bool((ids[1:] > ids[:-1]).all()):
         raise InvalidConfigError(
             f"proposal_ids must be distinct ascending token ids in [0, {vocab}), got {ids.numel()} ids"

@@ -31,9 +31,19 @@ host tree (``tests/engine/test_layouts.py``). :func:`tree_positions`, :func:`sdp
 :func:`retrieve_arrays` and :func:`kv_compaction` make no host read;
 :func:`flashinfer_mask` makes one (the ragged output's total size), and
 :meth:`KVCompaction.flat` one.
+
+Inputs are checked where they enter (:class:`~specdec.errors.InvalidConfigError` naming the
+argument): ``prefix_lens`` holds ``B`` integers ``>= 0``; ``max_prefix`` is an integer at
+least every ``prefix_lens[b]``; ``num_accepted`` holds ``B`` integers in ``[0, D]``. Shapes
+and dtypes are checked always; the *values* of a Python sequence or of a CPU tensor are
+checked too (no device read), those of a tensor on an accelerator are not read (these
+functions make no host read): keeping them in range is the engine's part.
 """
 
 from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -45,9 +55,41 @@ __all__ = ["FlashInferMask", "KVCompaction", "RetrieveArrays", "flashinfer_mask"
            "retrieve_arrays", "sdpa_mask", "tree_positions"]
 
 
-def _prefix(tree: TreeBatch, prefix_lens: torch.Tensor | list[int]) -> torch.Tensor:
+def _first_bad(bad: torch.Tensor) -> int | None:
+    """The first ``True`` of a ``[B]`` bool CPU tensor, or None; without a read unless one is
+    ``True`` (the size of a CPU mask selection is known on the host)."""
+    hits = bad.nonzero().view(-1)
+    return int(hits[0]) if hits.numel() else None
+
+
+def _counts(values: torch.Tensor | Sequence[int], what: str, device: torch.device,
+            high: int | None = None) -> torch.Tensor:
+    """``values`` as ``[B]`` int64 on ``device``: integers in ``[0, high]`` (module docstring:
+    values on an accelerator are not read)."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise InvalidConfigError(f"{what} must hold integers, got a {values.dtype} tensor")
+        out = values.to(torch.int64).reshape(-1)
+    else:
+        try:
+            items = list(values)
+        except TypeError:
+            raise InvalidConfigError(f"{what} must be a sequence or tensor of integers, got {values!r:.60}") from None
+        for b, v in enumerate(items):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidConfigError(f"{what}[{b}] is {v!r} ({type(v).__name__}), not an integer")
+        out = torch.tensor([int(v) for v in items], dtype=torch.int64)
+    if out.device.type == "cpu":
+        b = _first_bad((out < 0) | (out > high) if high is not None else out < 0)
+        if b is not None:
+            where = f"[0, {high}]" if high is not None else "[0, inf): a length cannot be negative"
+            raise InvalidConfigError(f"{what}[{b}] = {int(out[b])} outside {where}")
+    return out.to(device)
+
+
+def _prefix(tree: TreeBatch, prefix_lens: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """``[B]`` int64 prefix lengths on the tree's device, checked (no host read for a tensor)."""
-    lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=tree.device).reshape(-1)
+    lens = _counts(prefix_lens, "prefix_lens", tree.device)
     if lens.shape[0] != tree.batch_size:
         raise InvalidConfigError(f"prefix_lens has {lens.shape[0]} entries for a tree batch of {tree.batch_size} rows")
     return lens
@@ -85,7 +127,8 @@ def sdpa_mask(tree: TreeBatch, prefix_lens: torch.Tensor | list[int], *, max_pre
         tree: ``B`` trees of ``n`` slots.
         prefix_lens: ``[B]`` cached tokens before each root.
         max_prefix: ``P``, the key columns reserved for the prefix (default: ``max(prefix_lens)``,
-            one host read; pass it to avoid the read). Must be at least every ``prefix_lens[b]``.
+            one host read; pass it to avoid the read). Must be at least every ``prefix_lens[b]``
+            (checked unless the lengths are on an accelerator; module docstring).
         dtype: the mask's floating dtype (the queries').
 
     Returns:
@@ -93,7 +136,19 @@ def sdpa_mask(tree: TreeBatch, prefix_lens: torch.Tensor | list[int], *, max_pre
         slot attends to itself only, so no row is all ``-inf`` (its output is to be dropped).
     """
     lens = _prefix(tree, prefix_lens)
-    P = int(lens.max()) if max_prefix is None else int(max_prefix)
+    if max_prefix is None:
+        P = int(lens.max())
+    else:
+        if isinstance(max_prefix, bool) or not isinstance(max_prefix, numbers.Integral) or max_prefix < 0:
+            raise InvalidConfigError(f"max_prefix must be an integer >= 0 (or None), got {max_prefix!r}")
+        P = int(max_prefix)
+        if lens.device.type == "cpu":
+            b = _first_bad(lens > P)
+            if b is not None:
+                raise InvalidConfigError(
+                    f"max_prefix {P} is below prefix_lens[{b}] = {int(lens[b])}: the mask's {P} prefix columns "
+                    f"cannot hold row {b}'s prefix"
+                )
     B, n = tree.batch_size, tree.node_slots
     prefix_ok = torch.arange(P, device=tree.device).view(1, 1, P) < lens.view(B, 1, 1)  # [B, 1, P]
     prefix_ok = prefix_ok & _valid(tree).unsqueeze(-1)  # padding queries see no prefix
@@ -245,11 +300,19 @@ def kv_compaction(accepted: torch.Tensor, num_accepted: torch.Tensor, prefix_len
     Args:
         accepted: ``[B, D]`` int64 accepted slots, root's child first, ``-1`` padded (a verifier's
             :class:`~specdec.verify.fast.TreeDecision` ``accepted``).
-        num_accepted: ``[B]`` int64.
+        num_accepted: ``[B]`` int64, each in ``[0, D]``.
         prefix_lens: ``[B]`` cached tokens before each root.
     """
+    if not isinstance(accepted, torch.Tensor) or accepted.dim() != 2 or accepted.is_floating_point() \
+            or accepted.is_complex() or accepted.dtype == torch.bool:
+        raise InvalidConfigError(f"accepted must be a [B, D] integer tensor, got {getattr(accepted, 'shape', accepted)!r:.60}")
     B, D = accepted.shape
-    lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=accepted.device).reshape(-1)
+    if not isinstance(num_accepted, torch.Tensor):
+        raise InvalidConfigError(f"num_accepted must be a [B] integer tensor, got {type(num_accepted).__name__}")
+    num_accepted = _counts(num_accepted, "num_accepted", accepted.device, high=D)
+    if num_accepted.shape[0] != B:
+        raise InvalidConfigError(f"num_accepted has {num_accepted.shape[0]} entries for {B} verified rows")
+    lens = _counts(prefix_lens, "prefix_lens", accepted.device)
     if lens.shape[0] != B:
         raise InvalidConfigError(f"prefix_lens has {lens.shape[0]} entries for {B} verified rows")
     taken = torch.arange(D, device=accepted.device).view(1, D) < num_accepted.view(B, 1)

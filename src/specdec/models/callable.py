@@ -59,6 +59,8 @@ class CallableLM(TargetModel, DraftModel):
             logits) and any row outside the simplex (a negative or ``-inf``
             entry, a sum other than 1) pass; logits essentially never look
             like probabilities otherwise.
+            Logits of a non-floating dtype (integer, bool, complex) are refused
+            (:class:`~specdec.errors.InvalidDistributionError`, raised by the call).
         vocab_size: ``V``.
         max_length: optional context limit, enforced like a real model's.
 
@@ -106,6 +108,11 @@ class CallableLM(TargetModel, DraftModel):
             )
         if out.shape[1] != self._vocab_size:
             raise VocabMismatchError(f"CallableLM fn returned V = {out.shape[1]}, expected {self._vocab_size}")
+        if not out.dtype.is_floating_point:
+            raise InvalidDistributionError(
+                f"CallableLM fn returned {out.dtype} logits; logits must be floating point (e.g. "
+                "out.float(); -inf marks an impossible token)"
+            )
         if _looks_like_probabilities(out):
             raise InvalidConfigError(
                 f"CallableLM fn returned probabilities, not logits: every row of its [{out.shape[0]}, {out.shape[1]}] "

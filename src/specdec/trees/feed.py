@@ -29,6 +29,7 @@ it with its own draft (:func:`specdec.engine.row_sampling.build_groups`).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
@@ -54,14 +55,34 @@ class DraftSpec:
     """What a build needs to know of the drafter, without the drafter.
 
     Attributes:
-        vocab_size: ``V``, the target's vocabulary (the draft's logits are over it).
+        vocab_size: ``V``, the target's vocabulary (the draft's logits are over it), a
+            positive integer.
         proposal_ids: ``[Vd]`` int64 ascending target ids of the draft's proposal vocabulary
             (EAGLE-3's reduced vocabulary), or None: the builder then asks for ``[.., V]``
             logits; otherwise the level-wise builders ask for ``[.., Vd]``.
+
+    Raises:
+        InvalidConfigError: ``vocab_size`` is not a positive integer; ``proposal_ids`` is not a
+            1-D integer tensor of ``1 .. V`` ids. (Their values, distinct ascending ids in
+            ``[0, V)``, are checked by :class:`TreeFeed`, which reads them only on the CPU.)
     """
 
     vocab_size: int
     proposal_ids: torch.Tensor | None = None
+
+    def __attrs_post_init__(self) -> None:  # metadata only: DraftSpec.of runs on every build
+        V = self.vocab_size
+        if isinstance(V, bool) or not isinstance(V, numbers.Integral) or V < 1:
+            raise InvalidConfigError(f"DraftSpec vocab_size must be a positive integer, got {V!r}")
+        ids = self.proposal_ids
+        if ids is None:
+            return
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() \
+                or ids.dtype == torch.bool or not 1 <= ids.numel() <= V:
+            raise InvalidConfigError(
+                f"DraftSpec proposal_ids must be a [Vd] integer tensor with 1 <= Vd <= vocab_size ({V}), got "
+                f"{getattr(ids, 'dtype', type(ids).__name__)} {list(getattr(ids, 'shape', []))}"
+            )
 
     @classmethod
     def of(cls, draft: DraftModel) -> "DraftSpec":
@@ -103,6 +124,12 @@ class TreeFeed:
         spec: :class:`DraftSpec` (the vocabulary; the proposal vocabulary if any).
         compiler: a :class:`~specdec.engine.compiler.StepCompiler` (optional, level-wise builders).
 
+    Raises:
+        InvalidConfigError: ``roots`` is not a ``[B]`` int64 tensor, or (on the CPU) holds an id
+            outside ``[0, V)``; ``spec.proposal_ids`` (on the CPU) are not distinct ascending ids
+            in ``[0, V)``. Values on an accelerator are not read (no host read): keeping them in
+            range is the engine's part.
+
     Example (a chain, drafted by a toy runner that reads only each new node's token):
         >>> import torch
         >>> from specdec import SamplingConfig
@@ -123,6 +150,7 @@ class TreeFeed:
                  spec: DraftSpec, *, compiler: Any = None) -> None:
         if not isinstance(roots, torch.Tensor) or roots.dim() != 1 or roots.dtype != torch.int64:
             raise InvalidConfigError(f"roots must be a [B] int64 tensor, got {getattr(roots, 'shape', roots)!r}")
+        _check_ids(roots, spec)
         self.device = roots.device
         if isinstance(sampling, SamplingConfig):
             self._build = builder.feed_build(roots, spec, sampling, rng, compiler=compiler)
@@ -195,6 +223,30 @@ class TreeFeed:
             raise InvalidConfigError(f"level {level}: logits are on {logits.device}, the roots on {self.device}")
         self._advance(logits)
         return self._request
+
+
+def _first(bad: torch.Tensor) -> int | None:
+    """The first ``True`` of a 1-D bool CPU tensor, or None (no read unless one is ``True``)."""
+    hits = bad.nonzero().view(-1)
+    return int(hits[0]) if hits.numel() else None
+
+
+def _check_ids(roots: torch.Tensor, spec: DraftSpec) -> None:
+    """``roots`` and ``spec.proposal_ids`` in ``[0, V)`` (the ids ascending), where they are on
+    the CPU: a CPU selection's size is known without a read; an accelerator's values are not read."""
+    V = spec.vocab_size
+    if roots.device.type == "cpu":
+        b = _first((roots < 0) | (roots >= V))
+        if b is not None:
+            raise InvalidConfigError(f"roots[{b}] = {int(roots[b])} outside the vocabulary [0, {V}) (DraftSpec vocab_size)")
+    ids = spec.proposal_ids
+    if ids is not None and ids.device.type == "cpu":
+        i = _first(torch.cat([(ids[:1] < 0) | (ids[:1] >= V), (ids[1:] <= ids[:-1]) | (ids[1:] >= V)]))
+        if i is not None:
+            raise InvalidConfigError(
+                f"DraftSpec proposal_ids must be distinct ascending ids in [0, {V}); entry {i} is {int(ids[i])}"
+                + (f" after {int(ids[i - 1])}" if i else "")
+            )
 
 
 # ------------------------------------------------------------ per-row sampling: configuration groups

@@ -87,4 +87,9 @@ def draft_lm_proposal_ids(path: str | os.PathLike) -> torch.Tensor | None:
         ids = json.loads(f.read_text())["ids"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{f}: not a proposal vocabulary ({exc})") from None
+    if not isinstance(ids, list):
+        raise CheckpointError(f"{f}: \"ids\" must be a list of integer token ids, got {type(ids).__name__}")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):  # 1.7 is not id 1; [[1, 2]] is not [1, 2]
+            raise CheckpointError(f"{f}: \"ids\" must be a flat list of integer token ids; entry {i} is {t!r:.40}")
     return torch.tensor(ids, dtype=torch.int64)
