@@ -29,10 +29,27 @@ Properties, tested (``tests/kernels/test_fewrow.py``):
 
 The C++ source below is compiled on first use with the machine's own vector
 instructions (``-march=native``: AVX-512 or AVX2 on x86, NEON on ARM, through
-GCC's vector extensions) by :func:`torch.utils.cpp_extension.load_inline`,
-into ``<specdec cache>/ext/`` (:func:`specdec.models.smollm2.cache_root`;
-about 30 s on 2 cores, once per machine, source and torch version). Where it
-cannot be built (no C++ compiler or ninja), :func:`fewrow_available` is False
+GCC's vector extensions) by :func:`torch.utils.cpp_extension.load_inline`
+(2.5-4.5 minutes on this project's 2-core VM, once per machine and Python
+environment). The build (issue 57):
+
+- says so on stderr (what, its usual duration, the folder) and prints a
+  progress line every 30 s;
+- runs under a lock file ``<specdec cache>/ext/<name>.lock``
+  (:mod:`specdec.kernels.build_lock`) recording its pid: a process that finds
+  the lock waits with a message, takes over a lock whose holder is dead (or has
+  not refreshed it for 2 minutes), and gives up after
+  ``SPECDEC_FEWROW_BUILD_TIMEOUT`` seconds (default 900) with the reason below;
+- compiles in a temporary folder ``<name>.build-*`` renamed into place as
+  ``<specdec cache>/ext/<name>/`` once complete, so a reader never loads a
+  half-written library and a published build is never rebuilt in place;
+  later processes load its library directly (no compiler, no lock);
+- ``<name>`` hashes the source, flags, torch's version and location, the
+  resolved interpreter and environment prefix, and the CPU's instruction set
+  (:func:`_key_parts`).
+
+Where it cannot be built or loaded (no C++ compiler or ninja, another
+process's build that outlasts the timeout), :func:`fewrow_available` is False
 with the reason in :func:`fewrow_unavailable_reason`; the linear tuner then
 offers the torch layouts only and says so once (a :class:`UserWarning`).
 """
@@ -40,9 +57,15 @@ offers the torch layouts only and says so once (a :class:`UserWarning`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import os
 import platform
+import secrets
+import shutil
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +73,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec._cache import cache_root
+from specdec.errors import InvalidConfigError
+from specdec.kernels.build_lock import BuildLockTimeout, Heartbeat, build_lock, publish, say
 
 __all__ = [
     "BLOCK",
@@ -155,6 +180,19 @@ _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast")
 # instruction for every accumulator whatever the row count (so the row-count invariance holds);
 # measured 1.1-1.3x faster at 5-16 rows than -ffp-contract=off on the 2-core EPYC.
 
+BUILD_TIMEOUT_ENV = "SPECDEC_FEWROW_BUILD_TIMEOUT"
+"""Environment variable: the most seconds a process waits for another one's build of the kernel
+(default :data:`BUILD_TIMEOUT_S`; then the linear tuner leaves the kernel out with a warning)."""
+
+BUILD_TIMEOUT_S = 900.0
+"""The default wait for another process's build: well above a build on a loaded 2-core CPU (2.5-4.5 min)."""
+
+USUAL_BUILD = "about 3-4 minutes on a 2-core CPU"
+"""What the first-use announcement says a build takes (measured on this project's 2-core EPYC VM)."""
+
+_MARKER = "specdec-build.json"
+_WHAT = "specdec's few-row CPU linear kernel"
+
 _lock = threading.Lock()
 _module: Any = None
 _reason: str | None = None
@@ -170,19 +208,116 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def _resolved(path: str) -> str:
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):
+        return path
+
+
+def _key_parts() -> dict[str, str]:
+    """What a build depends on: the source and flags, torch (version and location), the interpreter
+    (resolved executable, environment prefix, ABI tag) and the CPU's instruction set. Paths are
+    resolved, so the same environment reached through another path (a symlink) shares one build; a
+    shared home folder on another machine or in another environment gets its own."""
+    return {
+        "source": hashlib.sha256(_SOURCE.encode()).hexdigest(),
+        "flags": " ".join(_FLAGS),
+        "torch": torch.__version__,
+        "torch_dir": _resolved(str(Path(torch.__file__).parent)),
+        "python": _resolved(sys.executable),
+        "prefix": _resolved(sys.prefix),
+        "abi": sys.implementation.cache_tag or platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_flags": _cpu_flags(),
+    }
+
+
 def _extension_name() -> str:
-    """Unique per source, flags, torch version and the CPU's instruction set (a shared home folder
-    on another machine must not load a binary built for this one)."""
-    key = "|".join((_SOURCE, " ".join(_FLAGS), torch.__version__, platform.machine(), _cpu_flags()))
+    """The build's folder (and module) name: unique per :func:`_key_parts`."""
+    key = json.dumps(_key_parts(), sort_keys=True)
     return "specdec_fewrow_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _library(folder: Path, name: str) -> Path:
+    return folder / (name + (".pyd" if sys.platform == "win32" else ".so"))
+
+
+def _complete(folder: Path) -> bool:
+    """A published build: its marker is written before the folder is renamed into place."""
+    return (folder / _MARKER).is_file() and _library(folder, folder.name).is_file()
+
+
+def _compile(name: str, build_dir: Path) -> Any:
+    """Compile the extension in ``build_dir`` (private to this build) and return the loaded module."""
+    # function-local: torch's extension builder imports setuptools (slow), needed only to build
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline(name, cpp_sources=[_SOURCE], extra_cflags=list(_FLAGS), build_directory=str(build_dir),
+                       verbose=False)
+
+
+def _import_built(name: str, library: Path) -> Any:
+    """Load a published build's library as the module ``name`` (no compiler, no lock, no torch baton)."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{library} is not a loadable extension")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build_timeout() -> float:
+    value = os.environ.get(BUILD_TIMEOUT_ENV)
+    if value is None or not value.strip():
+        return BUILD_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise InvalidConfigError(f"{BUILD_TIMEOUT_ENV} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _build(name: str, folder: Path) -> Any:
+    """Build into a temporary folder beside ``folder`` under the build lock, rename it into place, load it."""
+    ext = folder.parent
+    ext.mkdir(parents=True, exist_ok=True)
+    lock = ext / f"{name}.lock"
+    with build_lock(lock, what=_WHAT, timeout=_build_timeout()):
+        if _complete(folder):  # another process built it while this one waited
+            return _import_built(name, _library(folder, name))
+        for leftover in ext.glob(f"{name}.build-*"):  # a killed build's: the lock says none is running
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = ext / f"{name}.build-{os.getpid()}-{secrets.token_hex(4)}"  # not mkdtemp: the umask's modes
+        tmp.mkdir()
+        try:
+            say(f"building {_WHAT} (C++, {' '.join(_FLAGS)}; once per machine and Python environment, "
+                f"{USUAL_BUILD}) in {folder}")
+            started = time.monotonic()
+            with Heartbeat(lambda s: f"still building {_WHAT} ({s:.0f} s so far) in {folder}", touch=lock):
+                module = _compile(name, tmp)
+            seconds = time.monotonic() - started
+            (tmp / _MARKER).write_text(json.dumps({**_key_parts(), "name": name, "seconds": round(seconds, 1)},
+                                                  indent=1))
+            publish(tmp, folder, _complete)
+            say(f"built {_WHAT} in {seconds:.0f} s")
+            return module
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_fewrow() -> Any:
     """The compiled kernel module (built on first use, then loaded from the cache).
 
+    The first use in a new environment builds it (:func:`_build`: announced on stderr with a progress
+    line every 30 s; a build killed midway leaves nothing that blocks the next one).
+
     Raises:
-        RuntimeError: it cannot be built here (the message says why: no compiler,
-            no ninja, a failed compile).
+        RuntimeError: it cannot be built or loaded here (the message says why: no compiler, no ninja,
+            a failed compile, another process's build that outlasted ``SPECDEC_FEWROW_BUILD_TIMEOUT``).
     """
     global _module, _reason
     if _module is not None:  # every linear call of a forward asks: no lock once built
@@ -194,17 +329,25 @@ def load_fewrow() -> Any:
             raise RuntimeError(_reason)
         name = _extension_name()
         folder = cache_root() / "ext" / name
+        if _complete(folder):
+            try:
+                _module = _import_built(name, _library(folder, name))
+            except Exception as exc:  # noqa: BLE001 - reported as the reason, never hidden
+                _reason = (f"{_WHAT} in {folder} could not be loaded ({type(exc).__name__}: {exc}); "
+                           "delete that folder to build it again")
+                raise RuntimeError(_reason) from exc
+            return _module
         try:
-            # function-local: torch's extension builder imports setuptools (slow), needed only to build or load
-            from torch.utils.cpp_extension import load_inline
-
-            folder.mkdir(parents=True, exist_ok=True)
-            _module = load_inline(name, cpp_sources=[_SOURCE], extra_cflags=list(_FLAGS), build_directory=str(folder),
-                                  verbose=False)
+            _module = _build(name, folder)
+        except BuildLockTimeout as exc:
+            _reason = f"{_WHAT} was not built here: {exc} ({BUILD_TIMEOUT_ENV} sets the wait)"
+            raise RuntimeError(_reason) from exc
+        except InvalidConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any build failure is reported as one reason, never hidden
             text = str(exc).strip()
             detail = text.splitlines()[-1] if text else repr(exc)  # a compiler's last line says what failed
-            _reason = (f"specdec's few-row CPU linear kernel could not be built in {folder} "
+            _reason = (f"{_WHAT} could not be built in {folder} "
                        f"({type(exc).__name__}: {detail}); "
                        "it needs a C++ compiler and ninja (pip install ninja)")
             raise RuntimeError(_reason) from exc
