@@ -112,6 +112,16 @@ def test_overriding_a_builtin_warns_by_name_and_is_recorded(folder):
     assert registry.overrides() == [] and origin("verifier", "rejection-iid") == "specdec.verify.rejection"
 
 
+def test_a_plugin_that_fails_after_an_override_leaves_no_record(folder):
+    """Its import failed: the built-in it replaced is back, with its origin, and no override is recorded."""
+    module, _ = write(folder, LOSSY + "\nraise RuntimeError('boom after the override')\n")
+    builtin = get("verifier", "rejection-iid")
+    with pytest.warns(RegistryOverrideWarning), pytest.raises(PluginError, match="boom after the override"):
+        load_plugin(module)
+    assert get("verifier", "rejection-iid") is builtin and origin("verifier", "rejection-iid") == builtin.__module__
+    assert registry.overrides() == []
+
+
 def test_a_module_replacing_its_own_entry_does_not_warn(folder):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
