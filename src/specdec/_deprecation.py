@@ -4,7 +4,7 @@ minor release, as an alias that warns.
 The policy (docs/api/public.md, "Deprecation policy"): a name of the stable API is never removed
 or renamed in a patch release; to rename it, the new name ships and the old one stays an alias
 that raises a ``DeprecationWarning`` naming the new name, for at least one minor release, then
-goes. A module declares its renamed names once::
+goes. A module declares its renamed names once:
 
     if not TYPE_CHECKING:  # type checkers see the new names only
         __getattr__ = deprecated_aliases(__name__, globals(), [Renamed("old", "new", "0.1.0", "0.2.0")])

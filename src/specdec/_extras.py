@@ -85,7 +85,7 @@ def require_extra(extra: str, feature: str) -> None:
 @contextmanager
 def needs_extra(extra: str, feature: str) -> Iterator[None]:
     """Run the imports inside the block; a ``ModuleNotFoundError`` of one of ``extra``'s modules
-    becomes :class:`~specdec.errors.MissingExtraError` (any other error passes unchanged)::
+    becomes :class:`~specdec.errors.MissingExtraError` (any other error passes unchanged):
 
         with needs_extra("hf", "HFTarget.from_pretrained"):
             from transformers import AutoModelForCausalLM

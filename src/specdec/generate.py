@@ -1,7 +1,7 @@
 """Generation: ``SpeculativeGenerator`` and plain decoding, on the one engine loop.
 
 One speculative *step* (:func:`specdec.engine.step.run_step`), for ``B`` rows (a single
-generation is a batch of one)::
+generation is a batch of one):
 
     roots [B] (each row's last committed token)
       -> builder.build_batch(roots, draft, sampling, rng)  # tree batch on the draft's device

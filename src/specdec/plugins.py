@@ -7,7 +7,7 @@ or target models, or methods with :func:`specdec.registry.register` (or
 (:class:`Plugin`), checked: a module that fails to import, registers nothing,
 registers a name that is taken, or declares a capability it does not
 implement is a :class:`~specdec.errors.PluginError` naming the module and the
-name::
+name:
 
     from specdec.plugins import load_plugin
 
@@ -30,7 +30,7 @@ submodules (:func:`specdec.registry.origin`), so a module imported before
 (by ``pytest -p``, or by the user) is found the same way.
 
 An installed package makes its plug-ins known through the entry-point group
-:data:`ENTRY_POINT_GROUP`, each entry's value a module name::
+:data:`ENTRY_POINT_GROUP`, each entry's value a module name:
 
     [project.entry-points."specdec.plugins"]
     my_rules = "my_pkg.rules"

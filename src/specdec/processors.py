@@ -1,7 +1,7 @@
 """Logits processors on a draft tree: every node scored with its own path as context.
 
 A *logits processor* is transformers' ``LogitsProcessor`` signature (a
-``LogitsProcessorList`` included, or any callable with it)::
+``LogitsProcessorList`` included, or any callable with it):
 
     processor(input_ids: LongTensor [b, len], scores: FloatTensor [b, V]) -> FloatTensor [b, V]
 

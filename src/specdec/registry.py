@@ -2,7 +2,7 @@
 
 Roles: ``"tree"`` (tree builders), ``"verifier"``, ``"draft"`` (draft models),
 ``"target"`` (target models) and ``"method"`` (named builder + verifier +
-defaults). A plug-in registers itself with a decorator and is found by name::
+defaults). A plug-in registers itself with a decorator and is found by name:
 
     from specdec.registry import register
 

@@ -10,7 +10,7 @@ for one level of ``w`` nodes, profiles the *positional acceptance* ``a_k``
 proposal, :func:`profile_positional_acceptance`) for every draft and
 temperature in the run, and picks, for each temperature ``T`` of the run, the
 ``(N, d)`` maximising the mean over the drafts of the expected tokens per
-second at ``T`` (:func:`choose_budget` on ``T``'s profiles only)::
+second at ``T`` (:func:`choose_budget` on ``T``'s profiles only):
 
     G(N, d) / (d * t_level(K(N, d)) + t(N + 1))
 

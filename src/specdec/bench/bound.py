@@ -3,7 +3,7 @@
 Sequoia's model (Chen et al. 2024, "hardware-aware" tree sizes): a step that emits ``tau``
 tokens on average costs the draft's forwards plus one target forward over the ``n`` tree
 tokens, where autoregressive decoding pays one one-token target forward per token. So no
-implementation of the method can beat::
+implementation of the method can beat:
 
     bound = tau * t_target(1) / (t_draft_step + t_target(n))
 

@@ -5,7 +5,7 @@ use (:func:`draft_hashes`): the file or folder the draft was loaded from and its
 two runs of "the EAGLE-3 head" can be told apart when the head was retrained in between. The hash
 is computed from the files alone, before any model loads, and is part of the run's identity: a
 sweep is resumed only with the same files. A folder's hash is :func:`folder_sha256`, reproducible
-with standard tools::
+with standard tools:
 
     (cd DIR && find . -type f -printf '%P\\n' | LC_ALL=C sort | xargs sha256sum) | sha256sum
 

@@ -80,10 +80,10 @@ def _counts(values: torch.Tensor | Sequence[int], what: str, device: torch.devic
                 raise InvalidConfigError(f"{what}[{b}] is {v!r} ({type(v).__name__}), not an integer")
         out = torch.tensor([int(v) for v in items], dtype=torch.int64)
     if out.device.type == "cpu":
-        b = _first_bad((out < 0) | (out > high) if high is not None else out < 0)
-        if b is not None:
+        row = _first_bad((out < 0) | (out > high) if high is not None else out < 0)
+        if row is not None:
             where = f"[0, {high}]" if high is not None else "[0, inf): a length cannot be negative"
-            raise InvalidConfigError(f"{what}[{b}] = {int(out[b])} outside {where}")
+            raise InvalidConfigError(f"{what}[{row}] = {int(out[row])} outside {where}")
     return out.to(device)
 
 

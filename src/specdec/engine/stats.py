@@ -30,9 +30,12 @@ class GenerationStats:
         depth_attempted: ``[D]`` count of steps in which a draft at depth ``d+1`` was tested.
         depth_accepted: ``[D]`` count of steps in which the draft at depth ``d+1`` was accepted.
         tree_nodes: total tree nodes scored by the target (root included).
-        time_prefill, time_draft, time_target, time_verify, time_total: seconds.
-            ``time_draft`` covers tree building (draft forwards included);
-            ``time_verify`` covers processing the target logits and verification.
+        time_prefill: seconds of the prefill (the prompt through the target, and the draft's
+            start), with the KV caches sized.
+        time_draft: seconds building the trees (draft forwards included).
+        time_target: seconds in the target's tree forwards.
+        time_verify: seconds processing the target logits and verifying.
+        time_total: seconds of the whole generation.
         kernel_path: how verification ran, chosen once per generation
             (:func:`specdec.engine.dispatch.choose_verification`): ``"torch"`` (the
             verifier's parallel rule in torch, or its walk) or ``"triton"`` (the fused

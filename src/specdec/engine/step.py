@@ -2,7 +2,7 @@
 
 :func:`run_step` is the only step body in specdec; every loop (single, streamed and
 batched generation, the profiles, the bench, the CLI demo) runs it through
-:func:`specdec.engine.loop.run_rows`. For ``B`` rows (``B = 1`` is a batch of one)::
+:func:`specdec.engine.loop.run_rows`. For ``B`` rows (``B = 1`` is a batch of one):
 
     roots [B] -> builder.build_batch(...)      # TreeBatch on the draft's device
               -> target.score_batch(tree)       # logits [B, n, V], one forward

@@ -117,7 +117,7 @@ def compact_kv_triton(
     Raises:
         ValueError: bad shapes, or ``keep_index`` not strictly increasing / out of range.
 
-    Example (needs Triton; on a CPU set ``TRITON_INTERPRET=1``)::
+    Example (needs Triton; on a CPU set ``TRITON_INTERPRET=1``):
 
         k = torch.arange(6.0).reshape(1, 1, 6, 1)
         compact_kv_triton([k], torch.tensor([0, 1, 3, 5]))[0].flatten().tolist()  # [0.0, 1.0, 3.0, 5.0]

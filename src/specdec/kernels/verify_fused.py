@@ -447,7 +447,7 @@ def fused_verify(
     Returns:
         The :class:`~specdec.verify.base.VerifyResult` of the sequential walk.
 
-    Example (needs Triton; on a CPU set ``TRITON_INTERPRET=1``)::
+    Example (needs Triton; on a CPU set ``TRITON_INTERPRET=1``):
 
         rng_a, rng_b = CounterRandom(seed=1), CounterRandom(seed=1)
         assert fused_verify(MixedVerifier(), tree, p, rng_a) == MixedVerifier().verify(tree, p, rng_b)

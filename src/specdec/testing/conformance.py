@@ -11,7 +11,7 @@ and the measured law) and exits 0 when every plug-in passes, 1 when one fails,
 2 when a module cannot be loaded. A case that raises is a failing case.
 
 The same checks run inside pytest (the author's own suite) with
-:func:`conformance_cases`::
+:func:`conformance_cases`:
 
     import pytest
     from specdec.testing.conformance import conformance_cases

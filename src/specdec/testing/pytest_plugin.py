@@ -1,6 +1,6 @@
 """A pytest plug-in that runs the conformance suites of named plug-in modules.
 
-Use::
+Use:
 
     pytest -p specdec.testing.pytest_plugin --specdec-conformance my_pkg.rules
 

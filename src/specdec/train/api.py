@@ -30,7 +30,7 @@ def train_eagle(target_model: Any, tokenizer: Any, data: str | os.PathLike | Non
     """Train an EAGLE-``version`` head for ``target_model``; returns the folder of
     the exported head (own format, :func:`specdec.drafts.eagle.checkpoints.load_head`).
 
-    Example (tiny random target, a few steps)::
+    Example (tiny random target, a few steps):
 
         train_eagle(model, tok, "corpus.txt", "runs/e3", version=3, steps=10, draft_vocab_size=64)
     """

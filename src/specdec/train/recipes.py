@@ -3,7 +3,7 @@
 EAGLE-3 head, EAGLE-2 head and a 2-layer distilled draft LM for
 SmolLM2-135M-Instruct, trained *jointly* on one stream (each batch goes
 through the frozen target once and every student takes a step on it, which
-is what makes a CPU budget of about an hour go round)::
+is what makes a CPU budget of about an hour go round):
 
     python -m specdec.train.recipes --out /path/to/run [--steps 600] [--time-budget 4200]
 
@@ -16,7 +16,7 @@ shuffle, each conversation truncated to 1024 tokens, packed into windows of
 
 Self-distillation phase: start a new
 run from an earlier run's checkpoint on a mix of the target's own answers
-(``specdec regen-data``) and ShareGPT::
+(``specdec regen-data``) and ShareGPT:
 
     python -m specdec.train.recipes --out RUN2 --init-from RUN/checkpoint --students eagle3 \
         --regen-data regen.jsonl --regen-share 0.75 --lr 5e-4 --steps 2000 --restrict-vocab
@@ -28,7 +28,7 @@ latest checkpoint of a run that is still training. Training curves:
 (``--plot-before``: the earlier phases RUN2 was initialised from, drawn first on
 one step axis).
 
-Gemma-3-270M (``--target gemma3``, :func:`specdec.models.gemma3.load_gemma3`)::
+Gemma-3-270M (``--target gemma3``, :func:`specdec.models.gemma3.load_gemma3`):
 
     python -m specdec.train.recipes --target gemma3 --out RUN --threads 1 --time-budget 7200
     python -m specdec.train.recipes --target gemma3 --out RUN --export

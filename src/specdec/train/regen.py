@@ -5,7 +5,7 @@ A draft head is judged on the text the *target* writes, but public corpora
 assistant turns of its training conversations with the target; this module
 does the same: for each training record whose first message is a user turn,
 it asks the target for an answer (greedy, or sampled at ``temperature``) and
-writes a ShareGPT-style JSONL record::
+writes a ShareGPT-style JSONL record:
 
     {"id": "<record id>#regen", "temperature": 0.0, "finished": true,
      "conversations": [{"from": "human", "value": PROMPT}, {"from": "gpt", "value": ANSWER}]}

@@ -6,7 +6,7 @@ same at every node, the expected number of tokens a tree emits per step
 (accepted drafts + the bonus) is ``1 + sum over children b of a_b * (tokens of
 child b's subtree)``. :func:`sequoia_tree` maximises it over all trees of at
 most ``num_nodes`` draft nodes and depth ``<= max_depth`` by the dynamic
-programme of docs/trees.md (``sequoia``)::
+programme of docs/trees.md (``sequoia``):
 
     T[1][l][0] = 1
     T[m][l][b] = max_y  T[y][l][b-1] + a_b * max_b' T[m-y][l-1][b']

@@ -1,6 +1,6 @@
 """EAGLE head checkpoints: specdec's own format and the public reference layouts.
 
-Own format (a folder)::
+Own format (a folder):
 
     config.json         {"format": "specdec-eagle", "format_version": 1, "config": {EagleConfig fields},
                          "target": {"num_hidden_layers": N, "feature_layers": [...]}, "meta": {...}}
