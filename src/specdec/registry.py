@@ -49,8 +49,8 @@ import attrs
 
 from specdec.errors import InvalidConfigError, RegistryConflictError, UnknownNameError
 
-__all__ = ["ROLES", "register", "get", "list_registered", "origin", "unregister", "Override",
-           "RegistryOverrideWarning", "overrides"]
+__all__ = ["ROLES", "draft_factory", "list_draft_factories", "register", "get", "list_registered", "origin",
+           "unregister", "Override", "RegistryOverrideWarning", "overrides"]
 
 ROLES: tuple[str, ...] = ("tree", "verifier", "draft", "target", "method")
 
@@ -60,6 +60,8 @@ _ORIGINS: dict[str, dict[str, str]] = {role: {} for role in ROLES}
 _REPLACED: dict[str, dict[str, tuple[Any, str]]] = {role: {} for role in ROLES}
 """Per role, for each name another module replaced (:func:`overrides`), the replaced
 entry and its owner (the first ones, through a chain of replacements)."""
+_DRAFT_FACTORIES: dict[str, tuple[Any, Callable[[Any], Any]]] = {}
+"""Per draft name, the entry and the ``factory`` it declared when it registered (:func:`draft_factory`)."""
 
 _FORWARDING_MODULES = frozenset({__name__, "specdec.methods"})
 """Modules whose frames :func:`_registering_module` steps over: this one, and
@@ -97,7 +99,8 @@ def _check_role(role: str) -> dict[str, Any]:
     return _REGISTRY[role]
 
 
-def register(role: str, name: str, *, override: bool = False) -> Callable[[T], T]:
+def register(role: str, name: str, *, override: bool = False,
+             factory: Callable[[Any], Any] | None = None) -> Callable[[T], T]:
     """Decorator registering ``obj`` under ``role``/``name``.
 
     Args:
@@ -105,12 +108,20 @@ def register(role: str, name: str, *, override: bool = False) -> Callable[[T], T
         name: the public name (lower case, ``-`` separated by convention).
         override: allow replacing an existing entry; otherwise registering a
             taken name raises :class:`~specdec.errors.RegistryConflictError`.
+        factory: drafts only: how a draft is built for a given target, a callable
+            taking a :class:`specdec.drafts.setting.DraftSetting` and returning the
+            draft. ``specdec bench`` (``method@NAME`` rows) and the conformance
+            command build the draft with it (:func:`draft_factory`); a draft
+            registered without one is refused by name there.
 
     The object gets a ``registry_name`` attribute when it allows one.
     """
     table = _check_role(role)
     if not isinstance(name, str) or not name:
         raise ValueError(f"registry names must be non-empty strings, got {name!r}")
+    if factory is not None and (role != "draft" or not callable(factory)):
+        raise InvalidConfigError(f"register({role!r}, {name!r}, factory={factory!r}): a factory is declared by a "
+                                 "draft only, and is a callable taking a DraftSetting")
 
     def decorator(obj: T) -> T:
         module = _registering_module()
@@ -127,6 +138,8 @@ def register(role: str, name: str, *, override: bool = False) -> Callable[[T], T
             module = _replace(role, name, obj, module)
         table[name] = obj
         _ORIGINS[role][name] = module
+        if role == "draft":
+            _set_factory(name, obj, factory)
         try:
             obj.registry_name = name  # type: ignore[attr-defined]
         except (AttributeError, TypeError):
@@ -144,6 +157,8 @@ def unregister(role: str, name: str) -> None:
     del table[name]
     del _ORIGINS[role][name]
     _REPLACED[role].pop(name, None)
+    if role == "draft":
+        _set_factory(name, None, None)
 
 
 def _replace(role: str, name: str, obj: Any, module: str) -> str:
@@ -174,6 +189,47 @@ def overrides() -> list[Override]:
     _ensure_builtins_loaded()
     return [Override(role, name, owner=_REPLACED[role][name][1], by=_ORIGINS[role][name])
             for role in ROLES for name in sorted(_REPLACED[role])]
+
+
+def _set_factory(name: str, obj: Any, factory: Callable[[Any], Any] | None) -> None:
+    if factory is None:
+        _DRAFT_FACTORIES.pop(name, None)
+    else:
+        _DRAFT_FACTORIES[name] = (obj, factory)
+
+
+def _factory_of(name: str) -> Callable[[Any], Any] | None:
+    """The factory the current entry ``name`` declared (None: none, or one of an entry since replaced)."""
+    entry = _DRAFT_FACTORIES.get(name)
+    return entry[1] if entry is not None and entry[0] is _REGISTRY["draft"].get(name) else None
+
+
+def draft_factory(name: str) -> Callable[[Any], Any]:
+    """The ``factory`` the registered draft ``name`` declared (:func:`register`): it takes a
+    :class:`specdec.drafts.setting.DraftSetting` and returns the draft.
+
+    Raises:
+        UnknownNameError: no draft ``name`` is registered.
+        InvalidConfigError: the draft declared no factory (naming it, its module, and how to declare one).
+    """
+    _ensure_builtins_loaded()
+    table = _check_role("draft")
+    if name not in table:
+        raise UnknownNameError(_unknown_message("draft", name, table))
+    factory = _factory_of(name)
+    if factory is None:
+        raise InvalidConfigError(
+            f"draft {name!r} (module {_ORIGINS['draft'][name]!r}) declares no factory, so it cannot be built for "
+            f"a given target: register it with register('draft', {name!r}, factory=FACTORY), FACTORY(setting: "
+            "specdec.drafts.setting.DraftSetting) -> DraftModel"
+        )
+    return factory
+
+
+def list_draft_factories() -> list[str]:
+    """Sorted names of the registered drafts that declared a ``factory`` (:func:`draft_factory`)."""
+    _ensure_builtins_loaded()
+    return sorted(n for n in _REGISTRY["draft"] if _factory_of(n) is not None)
 
 
 def origin(role: str, name: str) -> str:
@@ -227,6 +283,8 @@ def _discard_since(snapshot: _Snapshot, discard: Callable[[str], bool]) -> None:
                     del table[name]
                     del _ORIGINS[role][name]
                     _REPLACED[role].pop(name, None)
+                    if role == "draft":
+                        _set_factory(name, None, None)
                 else:
                     table[name], _ORIGINS[role][name], replaced = before
                     if replaced is None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,65 @@ def test_a_plugin_method_is_benched(capsys, tiny_dirs, tmp_path, plugin):
     assert config[f"plugin:{module}"]["sha256"] == file_sha256(plugin / "zz_bench_plugin.py")
 
 
+BIGRAM = Path(__file__).resolve().parents[1] / "conformance" / "outside" / "good_bigram.py"
+"""The outside bigram draft the conformance tests prove (tests/conformance/test_outside_plugins.py)."""
+
+
+@pytest.fixture
+def bigram():
+    """The outside bigram draft plug-in, by file (``outside-bigram``, with a factory); removed afterwards."""
+    yield BIGRAM
+    if "outside-bigram" in list_registered("draft"):
+        unregister("draft", "outside-bigram")
+    for name, module in list(sys.modules.items()):  # imported from its file (under the name load_plugin gives it)
+        if getattr(module, "__file__", None) == str(BIGRAM):
+            del sys.modules[name]
+
+
+def test_a_plugin_draft_is_benched_by_name(capsys, tiny_dirs, tmp_path, bigram):
+    """``--plugin FILE --methods sd@NAME``: a registered draft with a factory is a draft kind; the bench builds
+    it for its target with the factory, runs it (lossless: equal to the baseline at T=0), describes it, and
+    the run log records its module's file hash."""
+    out = tmp_path / "out"
+    code, stdout, err = _run(
+        capsys, "--plugin", bigram, "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+        "--prompts", tiny_dirs["prompts"], "--methods", "sd@outside-bigram", "--budget", "3", "--depth", "2",
+        "--num-prompts", "1", "--max-new-tokens", "5", "--seeds", "0", "--ignore-eos", "--out", out, "--no-plots",
+    )
+    assert code == 0, err
+    assert "draft outside-bigram: registered draft 'outside-bigram' (OutsideBigram, module '" in err
+    assert "draft outside-bigram: registered draft 'outside-bigram'" in stdout  # the report names it too
+    records = {(r["method"], r["temperature"]): r for r in json.loads((out / "results.json").read_text())}
+    assert set(records) == {(m, t) for m in ("autoregressive", "sd@outside-bigram") for t in (0.0, 1.0)}
+    for t in (0.0, 1.0):
+        row = records[("sd@outside-bigram", t)]
+        assert row["draft"] == "outside-bigram" and row["new_tokens"] == 5
+    assert records[("sd@outside-bigram", 0.0)]["matches_autoregressive"] == 1.0
+    header = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
+    entry = header["config"]["draft_sha256"]["outside-bigram"]
+    assert entry == {"source": str(BIGRAM), "sha256": hashlib.sha256(BIGRAM.read_bytes()).hexdigest()}, entry
+
+
+def test_a_draft_without_a_factory_is_refused_by_name(capsys, no_work, tmp_path):
+    """A registered draft that declares no factory cannot be built for the bench's target: refused before any
+    work, naming the draft, its module and how to declare a factory; an unknown kind lists the kinds."""
+    plugin = tmp_path / "zz_bench_nofactory.py"
+    plugin.write_text("from specdec.drafts.ngram import NgramDraft\nfrom specdec.registry import register\n\n\n"
+                      "@register('draft', 'zz-no-factory')\nclass NoFactory(NgramDraft):\n    pass\n")
+    try:
+        code, _, err = _run(capsys, "--plugin", plugin, "--methods", "sd@zz-no-factory")
+        assert code == 2
+        assert "the bench cannot build the draft 'zz-no-factory'" in err
+        assert "declares no factory" in err and "register('draft', 'zz-no-factory', factory=" in err
+        code, _, err = _run(capsys, "--plugin", plugin, "--methods", "sd@zz-nope")
+        assert code == 2 and "unknown draft kind 'zz-nope'" in err and "lm, lm-full, eagle2, eagle3, ngram" in err
+    finally:
+        unregister("draft", "zz-no-factory")
+        for name, module in list(sys.modules.items()):
+            if getattr(module, "__file__", None) == str(plugin):
+                del sys.modules[name]
+
+
 def test_without_the_plugin_its_method_is_unknown(capsys, no_work):
     code, _, err = _run(capsys, "--methods", "zz-bench-sd")
     assert code == 2 and "unknown method 'zz-bench-sd' in --methods" in err
@@ -124,3 +185,37 @@ def test_a_ray_worker_imports_the_plugins_before_its_models(plugin, monkeypatch)
     assert "zz-bench-sd" in list_registered("method") and str(plugin) in sys.path
     broken = workers._Worker({**spec, "plugins": [("zz_bench_missing", str(plugin))]}, None)
     assert broken.error is not None and broken.error.startswith("PluginError: plug-in module 'zz_bench_missing'")
+
+
+def test_the_draft_kinds_come_from_the_registry(tmp_path):
+    """One function gives the bench's draft kinds: the built-in ones, then every registered draft with a
+    factory (read at the call); the rows, the batch refusal and the run log's draft source follow it."""
+    from specdec.bench.hashes import draft_source
+    from specdec.bench.kinds import BUILTIN_DRAFT_KINDS, draft_has_rows, draft_kinds
+    from specdec.bench.rows import batch_refusal, parse_rows
+    from specdec.drafts.ngram import NgramDraft
+    from specdec.errors import InvalidConfigError, PluginError
+    from specdec.registry import register
+
+    assert draft_kinds() == BUILTIN_DRAFT_KINDS == ("lm", "lm-full", "eagle2", "eagle3", "ngram")
+    one_row = type("ZZOneRow", (NgramDraft,), {"supports_rows": False})
+    register("draft", "zz-kind", factory=lambda s: one_row(s.vocab_size))(one_row)
+    try:
+        assert draft_kinds() == (*BUILTIN_DRAFT_KINDS, "zz-kind")
+        assert draft_has_rows("ngram") and not draft_has_rows("zz-kind")
+        (row,) = parse_rows("sd@zz-kind", ["lm", "zz-kind"], add_baseline=False)
+        assert (row.name, row.draft) == ("sd@zz-kind", "zz-kind")
+        assert "the zz-kind draft has no rows mode" in (batch_refusal(row) or "")
+        with pytest.raises(InvalidConfigError, match="asks for the zz-kind draft, which is not available"):
+            parse_rows("sd@zz-kind", ["lm"])
+        source = draft_source("smollm2", "auto", {}, "zz-kind")  # the module that registered it
+        assert source == Path(__file__)
+        register("draft", "lm", factory=lambda s: NgramDraft(s.vocab_size))(type("ZZLm", (NgramDraft,), {}))
+        with pytest.raises(PluginError, match=r"draft 'lm' \(module '.*'\) declares a factory but 'lm' is a "
+                                              "built-in bench draft kind"):
+            draft_kinds()
+    finally:
+        for name in ("zz-kind", "lm"):
+            if name in list_registered("draft"):
+                unregister("draft", name)
+    assert draft_kinds() == BUILTIN_DRAFT_KINDS

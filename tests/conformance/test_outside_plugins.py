@@ -29,8 +29,8 @@ def run(*args: str, cwd: Path, module: str = "specdec.testing.conformance", time
 
 
 def report(stdout: str, role: str, name: str) -> str:
-    """The report block of ``role`` ``name`` in the command's output: its PASS/FAIL line and the lines under it."""
-    match = re.search(rf"^(PASS|FAIL)  {role} '{re.escape(name)}'.*?(?=^\S|\Z)", stdout, re.MULTILINE | re.DOTALL)
+    """The report block of ``role`` ``name`` in the command's output: its PASS/FAIL/SKIP line and the lines under it."""
+    match = re.search(rf"^(PASS|FAIL|SKIP)  {role} '{re.escape(name)}'.*?(?=^\S|\Z)", stdout, re.MULTILINE | re.DOTALL)
     assert match, f"no report for {role} {name!r} in:\n{stdout}"
     return match.group(0)
 
@@ -109,6 +109,28 @@ def test_pytest_plugin_form(tmp_path):
     assert "failed" not in done.stdout
 
 
+# ------------------------------------------------------------------ drafts (issue 56)
+def test_a_plugin_draft_is_proven(workdir):
+    """A draft with a factory is proven: its laws, its rows mode against its one-row answers, and the methods
+    ``sd`` and ``specinfer`` using it exact on a toy target; a draft without a rows mode has its rows case
+    reported as SKIP (never a pass); a draft without a factory is reported as SKIP, naming how to declare one."""
+    done = run("good_bigram", "good_bigram_one_row", "draft_no_factory", "--quick", "--quiet", cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "good_bigram: registers draft 'outside-bigram'" in done.stdout
+    block = report(done.stdout, "draft", "outside-bigram")
+    assert block.startswith("PASS") and "SKIP" not in block, block
+    for suite, n in (("laws", 3), ("rows", 1), ("whole-tree", 6), ("greedy", 1), ("batch", 1)):
+        assert f"{suite} {n}" in block, (suite, block)
+    block = report(done.stdout, "draft", "outside-bigram-one-row")
+    assert block.startswith("PASS") and "rows 1" not in block, block
+    assert "SKIP  rows: 3 ragged prompts, then rows 0 and 2: draft 'outside-bigram-one-row' (OneRowBigram) " \
+           "declares no rows mode" in block, block
+    block = report(done.stdout, "draft", "outside-bigram-no-factory")
+    assert block.startswith("SKIP  draft 'outside-bigram-no-factory': no case could run"), block
+    assert "declares no factory" in block and "register('draft', 'outside-bigram-no-factory', factory=" in block
+    assert "2 passed, 0 failed, 1 skipped" in done.stdout
+
+
 # ------------------------------------------------------------------ lossy mutants
 MUTANTS = {  # module: (role, name, the first failing case's id starts with, words of the report)
     "mutant_no_residual": ("verifier", "outside-mutant-no-residual", "per-node 1iid", ("must be p =", "measured")),
@@ -125,6 +147,10 @@ MUTANTS = {  # module: (role, name, the first failing case's id starts with, wor
                                 ("with its default verifier 'rejection-iid'", "differs: expected")),
     "mutant_later_sibling": ("tree", "outside-mutant-later-sibling", "whole-tree ",
                              ("with its default verifier 'rejection-iid'", "differs: expected")),
+    "mutant_bigram_rows": ("draft", "outside-mutant-bigram-rows", "rows: ",
+                           ("after 3 passing cases (laws 3)", "in rows mode, row 2", "alone gives")),
+    "mutant_bigram_dead_end": ("draft", "outside-mutant-bigram-dead-end", "laws T1",
+                               ("raised InvalidDistributionError", "entirely -inf")),
 }
 
 

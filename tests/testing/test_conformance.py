@@ -115,7 +115,7 @@ def test_a_verifier_that_raises_fails_that_case(registered) -> None:
 def test_suite_settings_refuse_an_unknown_suite() -> None:
     with pytest.raises(InvalidConfigError, match="per-node"):
         SuiteSettings(suites=("pre-node",))
-    assert set(SUITES) == {"per-node", "whole-tree", "composition", "statistical", "greedy", "batch"}
+    assert set(SUITES) == {"per-node", "whole-tree", "composition", "statistical", "greedy", "batch", "laws", "rows"}
 
 
 GOOD = '''

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.kinds import BUILTIN_DRAFT_KINDS
 from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_available
 from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
 from specdec.errors import InvalidConfigError
@@ -107,10 +108,15 @@ def draft_source(target: str, draft: str, heads: Mapping[int, str], kind: str) -
         target: ``--target`` (as :func:`~specdec.bench.settings.model_source` records it).
         draft: ``--draft`` (likewise).
         heads: ``{2: --eagle2-head, 3: --eagle3-head}``.
-        kind: ``"lm"``, ``"lm-full"`` (the same files as ``"lm"``), ``"eagle2"``, ``"eagle3"`` or ``"ngram"``.
+        kind: ``"lm"``, ``"lm-full"`` (the same files as ``"lm"``), ``"eagle2"``, ``"eagle3"``, ``"ngram"``, or a
+            registered draft with a factory (its source: the file of the module that registered it).
     """
     if kind == "ngram":
         return "model-free prompt lookup: no weights"
+    if kind not in BUILTIN_DRAFT_KINDS:  # a registered draft built by its factory: the module that registered it
+        module = origin("draft", kind)
+        file = getattr(sys.modules.get(module), "__file__", None)
+        return Path(file) if file else f"registered draft {kind!r} of module {module!r}, which has no file to hash"
     if kind in ("lm", "lm-full"):
         if draft == "auto":
             if target == "gemma3" and gemma3.cached_draft_lm_path() is not None:

@@ -19,7 +19,12 @@ Draft kinds:
   ``--eagle3-head``; by default the shipped heads for SmolLM2-135M-Instruct,
   and for Gemma-3-270M a head its user has trained and exported to the user
   cache, :func:`auto_head_path`: specdec ships none for Gemma);
-- ``"ngram"``: the model-free prompt-lookup draft (:data:`NGRAM_OPTIONS`), always available.
+- ``"ngram"``: the model-free prompt-lookup draft (:data:`NGRAM_OPTIONS`), always available;
+- every registered draft that declares a factory (``register("draft", NAME, factory=...)``,
+  :mod:`specdec.drafts.setting`), a plug-in's (``--plugin``) included: its factory builds it for the
+  bench's target (:func:`~specdec.bench.kinds.plugin_draft`).
+
+:func:`~specdec.bench.kinds.draft_kinds` lists them all, from the registry at the call.
 
 :func:`load_bench_models` resolves the command-line names; every failure is a
 :class:`~specdec.errors.SpecDecError` with a message naming the culprit.
@@ -37,6 +42,7 @@ import attrs
 import torch
 
 from specdec._extras import install_command, needs_extra
+from specdec.bench.kinds import BUILTIN_DRAFT_KINDS, draft_has_rows, draft_kinds, plugin_draft, unknown_draft_message
 from specdec.bench.prompts import render_prompt
 from specdec.drafts.base import DraftModel
 from specdec.drafts.eagle import hf_feature_fn, load_shipped, make_draft
@@ -49,15 +55,21 @@ from specdec.drafts.eagle.checkpoints import (
 )
 from specdec.drafts.hf import HFDraft
 from specdec.drafts.ngram import NgramDraft
+from specdec.drafts.setting import DraftSetting
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
 from specdec.models import gemma3, smollm2
 from specdec.models.hf_common import check_tokenizers_match, model_vocab_size, truncated_copy
+from specdec.registry import origin
 from specdec.targets.base import TargetModel
 from specdec.targets.hf import HFTarget
 
 __all__ = [
     "BenchModels",
-    "DRAFT_KINDS",
+    "BUILTIN_DRAFT_KINDS",
+    "draft_kinds",
+    "draft_has_rows",
+    "plugin_draft",
+    "unknown_draft_message",
     "DEFAULT_TARGET",
     "NAMED_TARGETS",
     "load_bench_models",
@@ -68,9 +80,6 @@ __all__ = [
     "auto_head_path",
     "missing_head_message",
 ]
-
-DRAFT_KINDS: tuple[str, ...] = ("lm", "lm-full", "eagle2", "eagle3", "ngram")
-"""Draft kinds a benchmark row can use."""
 
 class NgramOptions(TypedDict):
     """:class:`~specdec.drafts.ngram.NgramDraft`'s options of the ``ngram`` kind."""
@@ -370,6 +379,15 @@ def load_bench_models(
         descriptions["ngram"] = ("prompt lookup (model-free n-gram draft: max_ngram={max_ngram}, "
                                  "branches={branches})").format(**NGRAM_OPTIONS)
         log(f"ngram: {descriptions['ngram']}")
+
+    for kind in sorted(need_kinds - set(BUILTIN_DRAFT_KINDS)):  # registered drafts with a factory (plug-ins)
+        drafts[kind] = plugin_draft(kind, DraftSetting(vocab_size=vocab, target=plain, device=device,
+                                                       hf_model=hf_target, tokenizer=tokenizer))
+        targets[kind] = (HFTarget(hf_target, capture_layers=drafts[kind].target_layers, logits_device=None)
+                         if drafts[kind].needs_target_hidden else plain)
+        descriptions[kind] = (f"registered draft {kind!r} ({type(drafts[kind]).__name__}, module "
+                              f"{origin('draft', kind)!r}), built by its factory")
+        log(f"draft {kind}: {descriptions[kind]}")
 
     # --- EAGLE heads
     available = shipped_heads_available()

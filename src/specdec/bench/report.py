@@ -322,8 +322,8 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
 
     desc = inp["descriptions"]
     say(f"target: {desc.get('target', '?')}")
-    for kind in ("lm", "lm-full", "eagle2", "eagle3"):
-        if kind in desc and any(r.draft == kind for r in inp["rows"]):
+    for kind in dict.fromkeys(r.draft for r in inp["rows"] if r.draft):  # every draft kind a row used, in row order
+        if kind in desc:
             say(f"draft {kind}: {desc[kind]}")
     console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
                   "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "

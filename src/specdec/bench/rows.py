@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from specdec.bench.budget import method_tree, supports_budget
-from specdec.bench.models import DRAFT_KINDS
+from specdec.bench.kinds import draft_has_rows, draft_kinds, unknown_draft_message
 from specdec.errors import InvalidConfigError, UnknownNameError
 from specdec.methods import resolve_method
 from specdec.registry import get, list_registered
@@ -52,7 +52,8 @@ class RowSpec:
             a method name, or ``method@draft`` when the draft is not the default.
         kind: ``"autoregressive"``, ``"speculative"`` or ``"peer"``.
         method: registered method name (speculative rows).
-        draft: draft kind (``"lm"``, ``"lm-full"``, ``"eagle2"``, ``"eagle3"``, ``"ngram"``), None for the baseline.
+        draft: draft kind (one of :func:`~specdec.bench.kinds.draft_kinds`: ``"lm"``, ``"lm-full"``,
+            ``"eagle2"``, ``"eagle3"``, ``"ngram"``, a registered draft with a factory), None for the baseline.
         note: why the draft differs from the method's default, if it does.
         options: builder options written in the row (``rheo[m=2,proxy=residual]``),
             ``(name, value)`` pairs that override the budget's mapping
@@ -194,20 +195,18 @@ def parse_rows(text: str, available: Sequence[str], *, add_baseline: bool = True
                 glob = " (--methods takes method names, not glob patterns)" if any(c in entry for c in "*?[") else ""
                 raise UnknownNameError(
                     f"unknown method {method!r} in --methods; known: {', '.join(methods)}, {PEER} "
-                    f"(optionally method@draft with draft in {', '.join(DRAFT_KINDS)}){glob}"
+                    f"(optionally method@draft with draft in {', '.join(draft_kinds())}){glob}"
                 )
             budgeted = supports_budget(method)
             options = _parse_options(method, rest[:-1], entry) if bracket else ()
             label = f"{method}[{rest[:-1].strip()}]" if bracket else method
             note = ""
             if draft:
-                if draft not in DRAFT_KINDS:
-                    raise InvalidConfigError(
-                        f"unknown draft kind {draft!r} in {entry!r}; use one of: {', '.join(DRAFT_KINDS)}"
-                    )
+                if draft not in draft_kinds():
+                    raise InvalidConfigError(unknown_draft_message(draft, entry))
                 if draft not in available:
                     why = (f"no shipped {draft} head for this target; give --{draft}-head PATH"
-                           if draft.startswith("eagle") else f"available here: {', '.join(available)}")
+                           if draft in ("eagle2", "eagle3") else f"available here: {', '.join(available)}")
                     raise InvalidConfigError(f"{entry!r} asks for the {draft} draft, which is not available ({why})")
             else:
                 draft = DEFAULT_DRAFT.get(method, "lm")
@@ -242,8 +241,9 @@ def batch_refusal(row: RowSpec) -> str | None:
     cls = get("tree", method_tree(method))
     if not cls.batch_form:  # declared by the builder class (TreeBuilder.batch_form)
         return f"{row.name}: its tree builder ({method_tree(method)}) does not grow batches of trees yet"
-    if draft not in ("eagle2", "eagle3", "lm", "lm-full", "ngram"):
-        return f"{row.name}: the {draft} draft has no rows mode yet (the EAGLE heads, the draft LM and ngram have)"
+    if not draft_has_rows(draft):
+        return (f"{row.name}: the {draft} draft has no rows mode (its class does not declare supports_rows; "
+                "the EAGLE heads, the draft LM and ngram have one)")
     return None
 
 

@@ -19,6 +19,7 @@ import attrs
 
 from specdec.bench.budget import Budget, parse_budget
 from specdec.bench.hashes import HASH_KEY, draft_hashes, plugin_identity
+from specdec.bench.kinds import draft_kinds
 from specdec.bench.models import NAMED_TARGETS, auto_head_path, resolve_device
 from specdec.bench.prompts import BenchPrompt
 from specdec.bench.rows import RowSpec
@@ -164,8 +165,11 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
 
 
 def available_kinds(args: argparse.Namespace) -> list[str]:
-    """Draft kinds that will be loadable, decided from the flags alone (no loading)."""
-    kinds = ["lm", "lm-full", "ngram"]  # lm-full: the same draft LM; ngram: model-free, always available
+    """Draft kinds that will be loadable, decided from the flags alone (no loading): every kind of
+    :func:`~specdec.bench.kinds.draft_kinds` (the draft LM, ``lm-full`` the same draft LM, the
+    model-free ``ngram``, the registered drafts with a factory), the EAGLE heads when a head is found."""
+    heads = ("eagle2", "eagle3")  # loadable when --eagleV-head finds a head
+    kinds = [k for k in draft_kinds() if k not in heads]
     for v in (2, 3):
         spec = getattr(args, f"eagle{v}_head")
         if spec == "none":

@@ -11,9 +11,11 @@ draw enumerated by :func:`~specdec.testing.exact_law`:
   the tree is built) at the cost of one tree scoring per distinct tree.
 - :meth:`ExactLaws.token_law`: the law of the next ``L`` tokens, composing
   steps: ``sum_t P(step emits t) law(next L - |t| tokens | context + t)``,
-  memoised per context. Both models see only their last ``order`` tokens, so
+  memoised per context. Markov models see only their last ``order`` tokens, so
   the memo is keyed on those and the cost grows with the number of distinct
-  contexts, not with the number of random branches of ``L`` chained steps.
+  contexts, not with the number of random branches of ``L`` chained steps. Any
+  other draft (a plug-in's, built by its declared factory) is keyed on the whole
+  context: exact all the same, with less sharing.
 - :meth:`ExactLaws.completed_law`: one step completed with the target's own
   conditionals (what the later steps must produce when they are exact); if it
   equals the target's law from every context, generation is exact by induction.
@@ -44,6 +46,7 @@ import attrs
 import torch
 
 from specdec._deprecation import Renamed, deprecated_aliases
+from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
@@ -149,7 +152,9 @@ class ExactLaws:
         builder: the tree builder (its :meth:`~specdec.trees.base.TreeBuilder.build`).
         verifier: the verifier (its :meth:`~specdec.verify.base.Verifier.verify`).
         target: the target, a :class:`~specdec.testing.MarkovLM` (its exact law is known).
-        draft: the draft, a :class:`~specdec.testing.MarkovLM`.
+        draft: the draft: a :class:`~specdec.testing.MarkovLM`, or any
+            :class:`~specdec.drafts.base.DraftModel` whose laws depend on the context it
+            was begun with and the tree's nodes only (it is begun afresh on every context).
         sampling: the sampling configuration of the run.
         max_branches: the enumeration limit of one builder or verifier law
             (:class:`~specdec.testing.TooManyBranchesError` beyond it).
@@ -160,7 +165,7 @@ class ExactLaws:
         InvalidDistributionError: the verifier cannot serve ``sampling``.
     """
 
-    def __init__(self, builder: TreeBuilder, verifier: Verifier, target: MarkovLM, draft: MarkovLM,
+    def __init__(self, builder: TreeBuilder, verifier: Verifier, target: MarkovLM, draft: DraftModel,
                  sampling: SamplingConfig, *, max_branches: int = 200_000,
                  on_tree: Callable[[DraftTree], None] | None = None) -> None:
         if target.vocab_size != draft.vocab_size:
@@ -171,7 +176,8 @@ class ExactLaws:
         self.sampling = sampling
         self.max_branches = max_branches
         self.on_tree = on_tree
-        self.order = max(target.order, draft.order)
+        self.order = max(target.order, draft.order) if isinstance(draft, MarkovLM) else None
+        """Tokens of context the models read (the memo's key), None: the whole context (a draft that is not Markov)."""
         self.vocab_size = target.vocab_size
         self.branches = 0
         """Programs run so far (builder and verifier enumerations together)."""
@@ -179,6 +185,10 @@ class ExactLaws:
         self._chained: dict[tuple[tuple[int, ...], int], Law] = {}
 
     def _key(self, context: Sequence[int]) -> tuple[int, ...]:
+        if self.order is None:
+            if not context:
+                raise InvalidConfigError("a context needs at least one token")
+            return tuple(int(t) for t in context)
         if len(context) < self.order:
             raise InvalidConfigError(f"a context needs at least {self.order} tokens for order-{self.order} models")
         return tuple(int(t) for t in context[-self.order:])

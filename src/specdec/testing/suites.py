@@ -22,9 +22,14 @@ runs them and reports. Suites (docs/extending.md, "Which suite a rule needs"):
   chi-square test of the first three tokens at T=1 and with top-k/top-p warping.
 - ``greedy``: at T=0 the output equals plain greedy decoding token for token.
 - ``batch``: ``generate_batch`` of three ragged prompts equals each prompt
-  generated alone with its seed; a builder without a batch form
-  (:meth:`~specdec.trees.base.TreeBuilder.grows_batches` False) must be refused by
-  name instead, and its statistical suite generates seed by seed.
+  generated alone with its seed. When ``generate_batch`` refuses a builder without
+  a batch form (:meth:`~specdec.trees.base.TreeBuilder.grows_batches` False) or a
+  draft without a rows mode, by name, the case is *skipped* (:class:`Skipped`:
+  reported as SKIP with the reason, never as a pass); its statistical suite then
+  generates seed by seed.
+- ``laws`` and ``rows`` (drafts, :mod:`specdec.testing.draft_suites`): the draft's
+  laws are laws, its commit agrees with a fresh begin, and its rows mode answers
+  each row as the draft answers that row alone.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 import attrs
 import torch
 
+from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.generate import SpeculativeGenerator, autoregressive_generate
 from specdec.methods import Method
@@ -49,9 +55,9 @@ from specdec.testing.statistical import chi_square_test
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
-__all__ = ["SUITES", "Case", "Failure", "SuiteSettings", "method_cases", "tree_cases", "verifier_cases"]
+__all__ = ["SUITES", "Case", "Failure", "Skipped", "SuiteSettings", "method_cases", "tree_cases", "verifier_cases"]
 
-SUITES = ("per-node", "whole-tree", "composition", "statistical", "greedy", "batch")
+SUITES = ("per-node", "whole-tree", "composition", "statistical", "greedy", "batch", "laws", "rows")
 """Every suite, in the order the cases run."""
 
 T1 = SamplingConfig(temperature=1.0)
@@ -75,19 +81,31 @@ class Failure:
 
 
 @attrs.frozen
+class Skipped:
+    """Why a case could not run (a builder without a batch form, a draft without a rows mode):
+    reported as SKIP with the reason; neither a pass nor a failure.
+
+    Attributes:
+        reason: what could not run, and why.
+    """
+
+    reason: str
+
+
+@attrs.frozen
 class Case:
     """One named check of a plug-in.
 
     Attributes:
-        suite: the suite it belongs to (``per-node``, ``whole-tree``, ``composition``,
-            ``statistical``, ``greedy``, ``batch``).
+        suite: the suite it belongs to (one of :data:`SUITES`).
         id: a stable, readable id (suite, configuration, seed).
-        check: runs the case: None when it passes, else a :class:`Failure`.
+        check: runs the case: None when it passes, a :class:`Failure` when it fails, a
+            :class:`Skipped` when it cannot run.
     """
 
     suite: str
     id: str
-    check: Callable[[], Failure | None] = attrs.field(repr=False)
+    check: Callable[[], Failure | Skipped | None] = attrs.field(repr=False)
 
 
 @attrs.frozen
@@ -260,8 +278,14 @@ def _models() -> tuple[MarkovLM, MarkovLM]:
     return MarkovLM(target), MarkovLM(draft)
 
 
-def _generator(tree: str, verifier: str, options: Mapping[str, Any]) -> tuple[SpeculativeGenerator, MarkovLM]:
-    target, draft = _models()
+MakeDraft = Callable[[MarkovLM], DraftModel]
+"""Builds the draft of an end-to-end case for the toy target (a plug-in draft's declared factory)."""
+
+
+def _generator(tree: str, verifier: str, options: Mapping[str, Any],
+               make_draft: MakeDraft | None = None) -> tuple[SpeculativeGenerator, MarkovLM]:
+    target, markov_draft = _models()
+    draft = markov_draft if make_draft is None else make_draft(target)
     return SpeculativeGenerator(target=target, draft=draft, method=None, tree=tree, verifier=verifier,
                                 **dict(options)), target
 
@@ -291,9 +315,10 @@ def _statistical(tree: str, verifier: str, options: Mapping[str, Any], sid: str,
     return check
 
 
-def _greedy(tree: str, verifier: str, options: Mapping[str, Any]) -> Callable[[], Failure | None]:
+def _greedy(tree: str, verifier: str, options: Mapping[str, Any],
+            make_draft: MakeDraft | None = None) -> Callable[[], Failure | None]:
     def check() -> Failure | None:
-        gen, target = _generator(tree, verifier, options)
+        gen, target = _generator(tree, verifier, options, make_draft)
         for prompt in ([0, 1], [2, 3, 1], [3, 0]):
             got = gen.generate(prompt, 12, sampling=GREEDY, seed=0).tokens
             want = autoregressive_generate(target, prompt, 12, sampling=GREEDY, seed=0).tokens
@@ -304,19 +329,21 @@ def _greedy(tree: str, verifier: str, options: Mapping[str, Any]) -> Callable[[]
     return check
 
 
-def _batch(tree: str, verifier: str, options: Mapping[str, Any], sid: str) -> Callable[[], Failure | None]:
-    def check() -> Failure | None:
-        gen, _ = _generator(tree, verifier, options)
+def _batch(tree: str, verifier: str, options: Mapping[str, Any], sid: str,
+           make_draft: MakeDraft | None = None) -> Callable[[], Failure | Skipped | None]:
+    def check() -> Failure | Skipped | None:
+        gen, _ = _generator(tree, verifier, options, make_draft)
         prompts, seeds = [[0, 1], [2, 3, 1], [3, 0, 0, 2]], [5, 6, 7]
-        if not gen.builder.grows_batches(SAMPLINGS[sid]):  # no batch form (TreeBuilder.batch_form): refused by name
-            try:
-                gen.generate_batch(prompts, 8, sampling=SAMPLINGS[sid], seeds=seeds)
-            except InvalidConfigError as exc:
-                if type(gen.builder).__name__ in str(exc):
-                    return None
-                return Failure(f"generate_batch refused tree {tree!r} without naming it: {exc}")
-            return Failure(f"tree {tree!r} declares no batch form (grows_batches is False) but generate_batch ran it")
-        batch = gen.generate_batch(prompts, 8, sampling=SAMPLINGS[sid], seeds=seeds)
+        try:
+            batch = gen.generate_batch(prompts, 8, sampling=SAMPLINGS[sid], seeds=seeds)
+        except InvalidConfigError as exc:
+            # a declared limit, refused by name: the rows cannot be checked (SKIP, never a pass)
+            builder, draft = type(gen.builder).__name__, type(gen.draft).__name__
+            if not gen.builder.grows_batches(SAMPLINGS[sid]) and builder in str(exc):
+                return Skipped(f"tree {tree!r} ({builder}) has no batch form: generate_batch refuses it ({exc})")
+            if gen.draft is not None and not gen.draft.supports_rows and draft in str(exc):
+                return Skipped(f"the draft ({draft}) has no rows mode: generate_batch refuses it ({exc})")
+            raise
         for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
             alone = gen.generate(prompt, 8, sampling=SAMPLINGS[sid], seed=seed).tokens
             if list(batch.tokens[row]) != list(alone):
@@ -329,6 +356,7 @@ def _batch(tree: str, verifier: str, options: Mapping[str, Any], sid: str) -> Ca
 
 def _end_to_end(tree: str, verifier: str, options: Mapping[str, Any], settings: SuiteSettings,
                 *, greedy_only: bool) -> Iterator[Case]:
+    """The statistical, greedy and batch cases of ``tree`` with ``verifier`` on the toy models."""
     label = f"tree={tree} {dict(options)} verifier={verifier}"
     if not greedy_only:
         for sid in ("T1", "T0.8-topk2-topp0.9"):
