@@ -30,8 +30,8 @@ Properties, tested (``tests/kernels/test_fewrow.py``):
 The C++ source below is compiled on first use with the machine's own vector
 instructions (``-march=native``: AVX-512 or AVX2 on x86, NEON on ARM, through
 GCC's vector extensions) by :func:`torch.utils.cpp_extension.load_inline`
-(2.5-4.5 minutes on this project's 2-core VM, once per machine and Python
-environment). The build (issue 57):
+(30 s of compiler time: about 30 s on this project's idle 2-core VM, 2.5-4.5
+minutes when it is busy; once per machine and Python environment). The build (issue 57):
 
 - says so on stderr (what, its usual duration, the folder) and prints a
   progress line every 30 s;
@@ -187,8 +187,9 @@ BUILD_TIMEOUT_ENV = "SPECDEC_FEWROW_BUILD_TIMEOUT"
 BUILD_TIMEOUT_S = 900.0
 """The default wait for another process's build: well above a build on a loaded 2-core CPU (2.5-4.5 min)."""
 
-USUAL_BUILD = "about 3-4 minutes on a 2-core CPU"
-"""What the first-use announcement says a build takes (measured on this project's 2-core EPYC VM)."""
+USUAL_BUILD = "about 30 s on an idle 2-core CPU, 3-4 minutes on a busy one"
+"""What the first-use announcement says a build takes (this project's 2-core EPYC VM: 30 s of compiler
+CPU time, one compiler process; 192 s wall at a load average of 10)."""
 
 _MARKER = "specdec-build.json"
 _WHAT = "specdec's few-row CPU linear kernel"
