@@ -219,3 +219,30 @@ def test_the_draft_kinds_come_from_the_registry(tmp_path):
             if name in list_registered("draft"):
                 unregister("draft", name)
     assert draft_kinds() == BUILTIN_DRAFT_KINDS
+
+
+def test_a_draft_factory_that_fails_is_named():
+    """The bench builds a registered draft with its factory and checks what comes back, naming the draft."""
+    from specdec.bench.kinds import plugin_draft
+    from specdec.drafts.ngram import NgramDraft
+    from specdec.drafts.setting import DraftSetting
+    from specdec.errors import PluginError, VocabMismatchError
+    from specdec.registry import register
+
+    def broken(setting):
+        raise KeyError("a missing table")
+
+    cases = {"zz-raises": (broken, PluginError, r"the factory of draft 'zz-raises' \(module '.*'\) failed: "
+                                                r"KeyError: 'a missing table'"),
+             "zz-not-a-draft": (lambda s: "a string", PluginError, "returned str, not a DraftModel"),
+             "zz-other-vocab": (lambda s: NgramDraft(s.vocab_size + 1), VocabMismatchError,
+                                "built a draft over 8 tokens; the target has 7")}
+    try:
+        for name, (factory, error, message) in cases.items():
+            register("draft", name, factory=factory)(type(f"ZZ{len(name)}", (NgramDraft,), {}))
+            with pytest.raises(error, match=message):
+                plugin_draft(name, DraftSetting(vocab_size=7))
+    finally:
+        for name in cases:
+            if name in list_registered("draft"):
+                unregister("draft", name)
