@@ -9,10 +9,8 @@ without ``--overwrite`` included) before any model loads; bad input raises a
 :class:`~specdec.errors.SpecDecError`, which ``specdec.cli.main`` prints as one
 line and turns into exit status 2.
 
-One writer per folder: ``--out DIR`` is locked (:mod:`specdec.bench.folder_lock`)
-before its ``runs.jsonl`` is read, until the command ends; a second writer is
-refused naming the holder's pid. Ctrl-C prints one line (what is logged where;
-rerunning the same command resumes) and exits with status 130.
+One writer per folder: ``--out DIR`` is locked before its log is read; Ctrl-C
+prints one line and exits with status 130 (:mod:`specdec.bench.session`).
 
 The settings and their validation live in :mod:`specdec.bench.settings`, what
 the sweep needs from the models before it runs (profiles, ``--budget auto``)
@@ -27,6 +25,7 @@ import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ import attrs
 from specdec.bench import models as bench_models
 from specdec.bench import runner
 from specdec.bench.budget import Budget, budget_at, budget_text, dynamic_width, method_tree
-from specdec.bench.folder_lock import FolderLock, lock_folder
 from specdec.bench.hashes import HASH_KEY
 from specdec.bench.prepare import prepare_sweep
 from specdec.bench.prompts import load_prompts, select_prompts
@@ -50,6 +48,7 @@ from specdec.bench.runlog import (
     record_from_dict,
     write_header,
 )
+from specdec.bench.session import INTERRUPTED, BenchSession, report_lock
 from specdec.bench.settings import (
     PRESETS,
     BenchSettings,
@@ -163,58 +162,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-_BENCH_LOCK_HINT = ("two writers would log the same generations twice; wait for it to finish (rerunning this command "
-                    "then resumes the sweep, or rebuilds the report of a finished one), or choose another folder")
-_REPORT_LOCK_HINT = ("pass --no-write to print the report of the generations logged so far without writing into the "
-                     "folder, or wait for it to finish")
-INTERRUPTED = 130
-"""``specdec bench``'s exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
-
-
-@attrs.define
-class _Session:
-    """What :func:`bench_main` needs once :func:`_bench` stops, however it stops: the Ray pools to
-    shut down, the folder lock to release, and what is logged (the line Ctrl-C prints).
-
-    Attributes:
-        pools: the Ray worker pools started.
-        lock: the ``--out`` folder's lock (:mod:`specdec.bench.folder_lock`).
-        out_dir: the ``--out`` folder.
-        log_path: the ``runs.jsonl`` of this sweep, once one exists (resumed, or its header written).
-        logged: generations that file holds (updated as each one is written).
-        expected: generations of the whole sweep.
-    """
-
-    pools: list[Any] = attrs.field(factory=list)
-    lock: FolderLock | None = None
-    out_dir: Path | None = None
-    log_path: Path | None = None
-    logged: int = 0
-    expected: int | None = None
-
-    def interrupted(self) -> str:
-        """The one line Ctrl-C prints: what is logged where (counted in the file: Ctrl-C may come between
-        a record's write and :attr:`logged`), and what rerunning does."""
-        if self.log_path is not None:
-            try:
-                logged = len(read_runlog(self.log_path).records)  # a line cut by Ctrl-C is not counted
-            except SpecDecError:
-                logged = self.logged
-            return (f"specdec bench: interrupted: {logged} of {self.expected} generations logged in "
-                    f"{self.log_path}; rerun the same command to resume the sweep")
-        if self.out_dir is not None:
-            return (f"specdec bench: interrupted before any generation was measured: nothing was logged in "
-                    f"{self.out_dir}; rerun the same command to start the sweep")
-        return "specdec bench: interrupted; nothing is logged without --out"
-
-
 def bench_main(args: argparse.Namespace) -> int:
-    """Run ``specdec bench``; returns the exit status (errors raise SpecDecError).
-
-    Ctrl-C prints one line on stderr (how many generations are logged where, and
-    that rerunning the same command resumes) and returns 130.
-    """
-    session = _Session()
+    """Run ``specdec bench``; returns the exit status (errors raise SpecDecError; Ctrl-C: one line, 130)."""
+    session = BenchSession()
     try:
         return _bench(args, session)
     except ImportError as exc:  # a missing optional package: one clear line, exit 2
@@ -223,13 +173,10 @@ def bench_main(args: argparse.Namespace) -> int:
         print(session.interrupted(), file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:
-        for pool in session.pools:  # Ray workers never outlive the command, whatever stopped it
-            pool.shutdown()
-        if session.lock is not None:
-            session.lock.release()
+        session.close()  # Ray workers never outlive the command, and the folder's lock goes, whatever stopped it
 
 
-def _bench(args: argparse.Namespace, session: _Session) -> int:
+def _bench(args: argparse.Namespace, session: BenchSession) -> int:
     import torch
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -266,11 +213,8 @@ def _bench(args: argparse.Namespace, session: _Session) -> int:
     if args.out is not None and not str(args.out).strip():
         raise InvalidConfigError("--out is empty: give a folder")
     identity = run_identity(args, settings, rows, prompts)
-    if args.out:  # one writer per folder: taken before the log is read (a second writer is refused here)
-        session.lock = lock_folder(args.out, command="specdec bench", hint=_BENCH_LOCK_HINT)
-        if session.lock.previous is not None:
-            log(f"took over the lock of a specdec bench that ended without releasing it "
-                f"({session.lock.previous.describe()})")
+    if args.out:  # one writer per folder: locked before the log is read (a second writer is refused here)
+        session.lock_out(args.out, log)
     out_dir, resume = (open_out_dir(args.out, identity, overwrite=getattr(args, "overwrite", False))
                        if args.out else (None, None))
     session.out_dir = out_dir
@@ -371,7 +315,6 @@ def _bench(args: argparse.Namespace, session: _Session) -> int:
     }
     if out_dir is not None and resume is None:
         session.log_path = write_header(out_dir, header["config"], header["resolved"])
-        session.logged = 0
     session.expected = expected
 
     # ---- 4. the benchmark (a resumed sweep skips the logged generations)
@@ -499,14 +442,8 @@ def escape_plain(text: str) -> str:
 def report_main(args: argparse.Namespace) -> int:
     """``specdec bench report DIR``: the table, goals and plots rebuilt from ``DIR/runs.jsonl`` alone."""
     out = os.path.expanduser(str(args.dir))
-    folder = Path(out) if not Path(out).is_file() else Path(out).parent
-    lock = (lock_folder(folder, command="specdec bench report", what="report folder", hint=_REPORT_LOCK_HINT)
-            if not args.no_write and folder.is_dir() else None)  # writing: not while a sweep writes there
-    try:
+    with report_lock(out, write=not args.no_write) or nullcontext():  # writing: not while a sweep writes there
         return _report(args, out)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _report(args: argparse.Namespace, out: str) -> int:
