@@ -87,7 +87,7 @@ def test_a_wrong_product_is_caught():
 
 
 def test_tune_linear_plan():
-    plan = tune_linear((32, 16), max_rows=6, repeats=1, cache=False)
+    plan = tune_linear((32, 16), max_rows=6, repeats=1, cache=False, large_rows=LARGE_ROWS)
     assert plan.shape == (32, 16) and plan.max_rows == 6 and len(plan.seconds) == 6
     assert set(plan.methods) <= set(LINEAR_METHODS)
     for timing, chosen in zip(plan.seconds, plan.methods):
@@ -251,7 +251,7 @@ def test_large_weights_tune_fewer_row_buckets():
     # a weight above large_numel (an LM head over a large vocabulary) measures the buckets up to 64 rows only
     model = _tiny_llama()
     with torch.no_grad():
-        plans = accelerate_linears(model, max_rows=2, repeats=1, min_numel=0, large_numel=97 * 32 - 1)
+        plans = accelerate_linears(model, rows=(1, 2, *LARGE_ROWS), repeats=1, min_numel=0, large_numel=97 * 32 - 1)
     assert [n for n, _ in plans[(97, 32)].buckets] == [n for n in LARGE_ROWS if n <= 64]
     assert [n for n, _ in plans[(64, 32)].buckets] == list(LARGE_ROWS)
     restore_linears(model)

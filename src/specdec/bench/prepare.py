@@ -26,7 +26,7 @@ from specdec.errors import InvalidConfigError
 from specdec.sampling import SamplingConfig
 from specdec import tune
 from specdec.trees.rheo import policy_options
-from specdec.trees.sequoia import measure_draft_level_time, measure_forward_times
+from specdec.trees.sequoia import measure_draft_level_time
 
 __all__ = ["CALIBRATION_STEPS_FACTOR", "prepare_sweep"]
 
@@ -143,12 +143,14 @@ def _auto_budget(models: BenchModels, kinds: Sequence[str], settings: BenchSetti
     sizes = sorted({n + 1 for n in auto_budget.AUTO_CANDIDATES} | {1})
     # the sizes in turn, the fastest of 5: a spell of load on this machine falls on every size alike and only
     # adds time, so the choice between near-tied budgets does not follow the noise (issue 48)
-    forward = measure_forward_times(models.target, prompt, sizes, repeats=5, warmup=1, batch_size=batch,
-                                    interleave=True, statistic="min")
+    # (issue 57: one prefill, not one per forward; a progress line per round)
+    forward = auto_budget.time_tree_forwards(models.target, prompt, sizes, repeats=5, warmup=1, batch_size=batch,
+                                             log=log)
     level_times: dict[str, dict[int, float]] = {}
     acceptance: dict[float, dict[str, tuple[str, tuple[float, ...]]]] = {float(t): {} for t in settings.temperatures}
     for kind in kinds:
         widths = (1, 10)
+        log(f"auto budget: timing draft {kind}'s levels of {widths[0]} and {widths[1]} nodes")
         level_times[kind] = {w: measure_draft_level_time(models.drafts[kind], prompt, w, repeats=3, batch_size=batch,
                                                          target=models.targets[kind]) for w in widths}
         for t in settings.temperatures:

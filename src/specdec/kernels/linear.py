@@ -58,12 +58,22 @@ import torch.nn.functional as F
 from specdec._cache import cache_root
 from specdec.kernels.fewrow import MAX_ROWS as FEWROW_MAX_ROWS
 from specdec.kernels.fewrow import fewrow_available, fewrow_unavailable_reason, linear_fewrow, pack_fewrow
+from specdec.kernels.tuning_scope import (
+    BUCKET_ROWS,
+    PROGRESS_S,
+    check_rows,
+    current_rows,
+    describe_rows,
+    expected_seconds,
+    say,
+)
 
 __all__ = [
     "LINEAR_METHODS",
     "LinearPlan",
     "RowDispatchLinear",
     "accelerate_linears",
+    "cached_plan",
     "dispatch_for",
     "linear_columns",
     "linear_onednn",
@@ -167,6 +177,9 @@ class LinearPlan:
             (ascending): more rows take the method of the largest bucket at or
             below their count (batched tree forwards carry tens to hundreds of
             rows); without buckets, ``"rows"``.
+        bucket_seconds: the measured seconds of each bucket (as ``seconds``); a
+            bucket of at most 16 rows won by ``"fewrow"`` hands more rows, up to
+            the next bucket, to the fastest other method measured there.
     """
 
     shape: tuple[int, int]
@@ -174,10 +187,11 @@ class LinearPlan:
     seconds: tuple[dict[str, float], ...] = attrs.field(eq=False, repr=False)
     threads: int
     buckets: tuple[tuple[int, str], ...] = ()
+    bucket_seconds: tuple[dict[str, float], ...] = attrs.field(default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         late = [n for n, m in enumerate(self.methods, 1) if m == "fewrow" and n > FEWROW_MAX_ROWS]
-        late += [n for n, m in self.buckets if m == "fewrow"]
+        late += [n for n, m in self.buckets if m == "fewrow" and n > FEWROW_MAX_ROWS]
         if late:
             raise ValueError(f"the 'fewrow' method takes at most {FEWROW_MAX_ROWS} rows; the plan gives it {late[0]}")
 
@@ -185,24 +199,31 @@ class LinearPlan:
     def max_rows(self) -> int:
         return len(self.methods)
 
+    @property
+    def measured_rows(self) -> tuple[int, ...]:
+        """The row counts measured: ``1..max_rows``, then the buckets'."""
+        return tuple(range(1, len(self.methods) + 1)) + tuple(n for n, _ in self.buckets)
+
     def method_for(self, rows: int) -> str:
         """The method for ``rows`` rows: the tuned one up to :attr:`max_rows`,
         then the largest bucket's at or below ``rows`` (``"rows"`` without buckets or for 0 rows).
-        Past the ``"fewrow"`` kernel's 16 rows, the fastest other method measured at :attr:`max_rows`
-        stands in for it until the first bucket."""
+        Past the ``"fewrow"`` kernel's 16 rows, the fastest other method measured at the
+        row count that chose it stands in for it until the next measured count."""
         if 1 <= rows <= len(self.methods):
             return self.methods[rows - 1]
-        if rows < 1:
+        if rows < 1 or not self.buckets:
             return "rows"
         method = self.methods[-1] if self.methods else "rows"
-        if method == "fewrow" and rows > FEWROW_MAX_ROWS:  # the kernel's limit: the next best measured at max_rows
-            last = {m: t for m, t in (self.seconds[-1] if self.seconds else {}).items() if m != "fewrow"}
-            method = min(last, key=lambda m: last[m]) if last else "rows"
-        for size, chosen in self.buckets:
+        timing = self.seconds[-1] if self.seconds else {}
+        for i, (size, chosen) in enumerate(self.buckets):
             if size > rows:
                 break
             method = chosen
-        return method if self.buckets else "rows"
+            timing = self.bucket_seconds[i] if i < len(self.bucket_seconds) else {}
+        if method == "fewrow" and rows > FEWROW_MAX_ROWS:  # the kernel's limit: the next best measured there
+            others = {m: t for m, t in timing.items() if m != "fewrow"}
+            method = min(others, key=lambda m: others[m]) if others else "rows"
+        return method
 
 
 def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
@@ -314,7 +335,8 @@ def _load_plan(key: tuple[Any, ...], repeats: int) -> LinearPlan | None:
         if entry is None:
             return None
         return LinearPlan(shape=tuple(entry["shape"]), methods=tuple(entry["methods"]), seconds=tuple(entry["seconds"]),
-                          threads=int(entry["threads"]), buckets=tuple((int(n), str(m)) for n, m in entry["buckets"]))
+                          threads=int(entry["threads"]), buckets=tuple((int(n), str(m)) for n, m in entry["buckets"]),
+                          bucket_seconds=tuple(entry.get("bucket_seconds", ())))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"ignoring the linear plan cache {path} ({exc}); plans are measured again", stacklevel=3)
         return None
@@ -332,7 +354,8 @@ def _store_plan(key: tuple[Any, ...], repeats: int, plan: LinearPlan) -> None:
             table = {}
         table[_file_key(key, repeats)] = {"shape": list(plan.shape), "methods": list(plan.methods),
                                  "seconds": [dict(t) for t in plan.seconds], "threads": plan.threads,
-                                 "buckets": [list(b) for b in plan.buckets]}
+                                 "buckets": [list(b) for b in plan.buckets],
+                                 "bucket_seconds": [dict(t) for t in plan.bucket_seconds]}
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table))
         os.replace(tmp, path)  # atomic: concurrent workers never read half a file
@@ -340,37 +363,85 @@ def _store_plan(key: tuple[Any, ...], repeats: int, plan: LinearPlan) -> None:
         warnings.warn(f"could not write the linear plan cache {path} ({exc})", stacklevel=3)
 
 
-LARGE_ROWS: tuple[int, ...] = (24, 32, 48, 64, 96, 128, 192, 256)
-"""Row counts beyond ``max_rows`` that :func:`tune_linear` also measures (:attr:`LinearPlan.buckets`)."""
+LARGE_ROWS: tuple[int, ...] = BUCKET_ROWS
+"""Row counts beyond ``max_rows`` that :func:`tune_linear` measures when asked for them
+(``large_rows=LARGE_ROWS``, :attr:`LinearPlan.buckets`); by default only those a one-row run
+reaches are (:data:`~specdec.kernels.tuning_scope.DEFAULT_ROWS`)."""
+
+
+def _plan_key(n_out: int, k_in: int, rows: Sequence[int], cands: tuple[str, ...]) -> tuple[Any, ...]:
+    """The cache key of a plan measuring ``rows``: the contiguous counts ``1..m``, then the others."""
+    prefix = 0
+    while prefix + 1 in rows:
+        prefix += 1
+    big = tuple(r for r in rows if r > prefix)
+    return ((n_out, k_in), prefix, cands, torch.get_num_threads(), big)
+
+
+def _row_counts(max_rows: int | None, large_rows: Sequence[int] | None, rows: Sequence[int] | None) -> tuple[int, ...]:
+    """The row counts :func:`tune_linear` measures for these arguments (its docstring)."""
+    if rows is not None:
+        return check_rows(rows)
+    if max_rows is None and large_rows is None:
+        return current_rows()
+    top = 16 if max_rows is None else max_rows
+    extra = [r for r in current_rows() if r > max(top, 16)] if large_rows is None else [int(r) for r in large_rows]
+    return tuple(range(1, top + 1)) + tuple(sorted({r for r in extra if r > top}))
+
+
+def cached_plan(shape: tuple[int, int], rows: Sequence[int], methods: Sequence[str] = LINEAR_METHODS,
+                repeats: int = 5) -> LinearPlan | None:
+    """The plan :func:`tune_linear` would return for these arguments without measuring, or None
+    (it is in neither the process's plans nor the plan file)."""
+    key = _plan_key(int(shape[0]), int(shape[1]), check_rows(rows), _check_methods(methods))
+    return _PLANS.get(key) or _load_plan(key, repeats)
+
+
+def _where_cached() -> str:
+    path = plan_file()
+    return f"cached in {path}" if path is not None else f"not cached: {PLAN_FILE_ENV}=0"
 
 
 def tune_linear(
     shape: tuple[int, int],
     *,
-    max_rows: int = 16,
+    max_rows: int | None = None,
     methods: Sequence[str] = LINEAR_METHODS,
     repeats: int = 5,
     cold_bytes: int = 32 * 2**20,
     cache: bool = True,
-    large_rows: Sequence[int] = LARGE_ROWS,
+    large_rows: Sequence[int] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> LinearPlan:
-    """Measure each method for ``1..max_rows`` rows, and at each of
-    ``large_rows`` beyond, on this machine and keep the fastest.
+    """Measure each method at each row count the caller will use, on this machine, and keep the fastest.
+
+    The row counts: ``rows`` when given; else the scope's
+    (:func:`~specdec.kernels.tuning_scope.tuning_rows`), by default
+    :data:`~specdec.kernels.tuning_scope.DEFAULT_ROWS` (1-16 and 24-64: a one-row
+    run's trees, baseline and draft levels), with ``max_rows`` replacing the counts
+    up to 16 by ``1..max_rows`` and ``large_rows`` replacing those above it. A count
+    that was not measured takes the method of the largest measured count below it
+    (``"rows"`` below the smallest).
 
     The weights are random float32 matrices of ``shape``; several copies
     (about ``cold_bytes`` in all, at most 64) are cycled so that a small
     weight is timed out of cache, as it is inside a model. Plans are cached
-    per ``(shape, max_rows, methods, threads)`` for the process and, with
+    per ``(shape, row counts, methods, threads)`` for the process and, with
     ``cache``, in a file shared by the processes of this machine
     (:func:`plan_file`, keyed also by CPU model, vector ISA, torch and oneDNN:
-    a Ray worker or a second run does not measure again).
+    a Ray worker or a second run does not measure again). A measurement
+    expected to take a second or more says so on stderr (the weight, the row
+    counts, about how long, the plan file), and again at least every 30 s
+    (:func:`~specdec.kernels.tuning_scope.tuning_log` sends the lines elsewhere).
 
     Args:
         shape: the weight's ``(N, K)``.
         max_rows: largest row count tuned one by one.
         large_rows: further row counts measured (those above ``max_rows``);
             a larger input takes the method of the largest one at or below
-            its count. ``()``: larger inputs take ``"rows"``.
+            its count (``LARGE_ROWS``: up to 256 rows; ``()``: none, larger
+            inputs take ``"rows"``).
+        rows: the row counts to measure (ints >= 1; overrides ``max_rows`` and ``large_rows``).
         methods: candidates (must include ``"rows"``; ``"onednn"`` is dropped
             where oneDNN is missing).
         repeats: timed calls per (rows, method), the methods interleaved; the fastest counts
@@ -385,13 +456,13 @@ def tune_linear(
     n_out, k_in = (int(s) for s in shape)
     if n_out < 1 or k_in < 1:
         raise ValueError(f"shape must be positive, got {shape}")
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise ValueError(f"max_rows must be an int >= 1, got {max_rows!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    counts = _row_counts(max_rows, large_rows, rows)
     cands = _check_methods(methods)
-    big = tuple(sorted({int(r) for r in large_rows if int(r) > max_rows}))
-    key = ((n_out, k_in), max_rows, cands, torch.get_num_threads(), big)
+    key = _plan_key(n_out, k_in, counts, cands)
     if cache and key in _PLANS:
         return _PLANS[key]
     if cache:
@@ -399,13 +470,19 @@ def tune_linear(
         if stored is not None:
             _PLANS[key] = stored
             return stored
+    prefix = key[1]
+    expect = expected_seconds((n_out, k_in), counts, len(cands), repeats, cold_bytes)
+    talk = expect >= 1.0
+    if talk:
+        say(f"tuning the CPU linear layout of a {n_out:,} x {k_in:,} weight for {describe_rows(counts)} rows "
+            f"({', '.join(cands)}; about {expect:.0f} s on a quiet 2-core CPU; once per machine, "
+            f"{_where_cached() if cache else 'not cached'})")
     copies = max(1, min(64, math.ceil(cold_bytes / (4 * n_out * k_in))))
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n_out, k_in, generator=gen) * 0.02 for _ in range(copies)]
     packed = [pack_onednn(w) for w in weights] if "onednn" in cands else []
     blocked = [pack_fewrow(w) for w in weights] if "fewrow" in cands else []
-    chosen: list[str] = []
-    seconds: list[dict[str, float]] = []
+    measured: dict[int, tuple[str, dict[str, float]]] = {}
 
     def fastest(n: int) -> tuple[str, dict[str, float]]:
         x = torch.randn(n, k_in, generator=gen)
@@ -420,14 +497,24 @@ def tune_linear(
         timing = {m: t / copies for m, t in timing.items()}
         return min(here, key=lambda m: (timing[m], m != "rows")), timing
 
+    started = last = time.perf_counter()
     with torch.no_grad():
-        for n in range(1, max_rows + 1):
-            method, timing = fastest(n)
-            seconds.append(timing)
-            chosen.append(method)
-        buckets = tuple((n, fastest(n)[0]) for n in big)
-    plan = LinearPlan(shape=(n_out, k_in), methods=tuple(chosen), seconds=tuple(seconds), threads=torch.get_num_threads(),
-                      buckets=buckets)
+        for i, n in enumerate(counts):
+            measured[n] = fastest(n)
+            now = time.perf_counter()
+            if talk and now - last >= PROGRESS_S and i + 1 < len(counts):
+                last = now
+                done = sum(1 + r / 8 for r in counts[: i + 1])
+                left = (now - started) * (sum(1 + r / 8 for r in counts) / done - 1)
+                say(f"  ... {n_out:,} x {k_in:,}: {i + 1} of {len(counts)} row counts in {now - started:.0f} s, "
+                    f"about {left:.0f} s left")
+    small = [measured[n] for n in range(1, prefix + 1)]
+    big = [(n, measured[n]) for n in key[4]]
+    plan = LinearPlan(shape=(n_out, k_in), methods=tuple(m for m, _ in small), seconds=tuple(t for _, t in small),
+                      threads=torch.get_num_threads(), buckets=tuple((n, m) for n, (m, _) in big),
+                      bucket_seconds=tuple(t for _, (_, t) in big))
+    if talk:
+        say(f"  ... {n_out:,} x {k_in:,} tuned in {time.perf_counter() - started:.1f} s")
     if cache:
         _PLANS[key] = plan
         _store_plan(key, repeats, plan)
@@ -528,30 +615,36 @@ def _linears(model: nn.Module) -> Iterable[nn.Linear]:
 def accelerate_linears(
     model: nn.Module,
     *,
-    max_rows: int = 16,
+    max_rows: int | None = None,
     methods: Sequence[str] = LINEAR_METHODS,
     repeats: int = 5,
     min_numel: int = 1 << 16,
     large_numel: int = 1 << 25,
+    rows: Sequence[int] | None = None,
 ) -> dict[tuple[int, int], LinearPlan]:
     """Install a tuned :class:`RowDispatchLinear` as the ``forward`` of every
     CPU float32 :class:`torch.nn.Linear` in ``model`` (in place; the module
     types, parameters and ``state_dict`` are unchanged).
 
-    Each distinct weight shape is tuned once (:func:`tune_linear`; about a
-    second for SmolLM2-135M's LM head, milliseconds for small shapes).
-    Calling it again re-installs. :func:`restore_linears` undoes it.
+    Each distinct weight shape is tuned once per machine (:func:`tune_linear`,
+    cached in :func:`plan_file`), at the row counts the caller will use
+    (``rows``; by default a one-row run's,
+    :data:`~specdec.kernels.tuning_scope.DEFAULT_ROWS`): on a quiet 2-core CPU
+    about 8 s for SmolLM2-135M's 49,152 x 576 LM head and 2-3 s for each other
+    shape, about 30 s for the model (more under load). When shapes must be
+    measured, a line on stderr says how many, about how long and where they are
+    cached, then one line per shape. Calling it again re-installs.
+    :func:`restore_linears` undoes it.
 
     Args:
         model: any module.
-        max_rows, methods, repeats: as in :func:`tune_linear`.
+        max_rows, rows, methods, repeats: as in :func:`tune_linear`.
         min_numel: layers whose weight has fewer elements keep ``F.linear``
             (for tiny weights the choice does not matter and tuning is wasted).
         large_numel: weights with more elements (an LM head over a large
-            vocabulary: Gemma-3's 262,144 x 640) measure the row buckets of
-            :data:`LARGE_ROWS` only up to 64 rows (larger inputs take the
-            64-row bucket's method): a full tuning of such a head costs
-            minutes on a 2-core CPU, most of it at 96-256 rows.
+            vocabulary: Gemma-3's 262,144 x 640) measure row counts only up to
+            64 (larger inputs take the 64-row count's method): such a head's
+            tuning at 96-256 rows costs minutes on a 2-core CPU.
 
     Returns:
         ``{weight shape: plan}`` for the layers changed (empty when none qualifies).
@@ -562,22 +655,38 @@ def accelerate_linears(
         >>> x = torch.randn(3, 8)
         >>> with torch.no_grad():
         ...     before = net(x)
-        ...     plans = accelerate_linears(net, max_rows=4, repeats=1, min_numel=0)
+        ...     plans = accelerate_linears(net, rows=[1, 2, 3, 4], repeats=1, min_numel=0)
         ...     after = net(x)
-        >>> list(plans), torch.allclose(before, after, atol=1e-6)
-        ([(4, 8)], True)
+        >>> list(plans), plans[(4, 8)].measured_rows, torch.allclose(before, after, atol=1e-6)
+        ([(4, 8)], (1, 2, 3, 4), True)
         >>> restore_linears(net)
         1
     """
-    plans: dict[tuple[int, int], LinearPlan] = {}
+    counts = _row_counts(max_rows, None, rows)
+    layers: list[tuple[nn.Linear, tuple[int, int]]] = []
+    wanted: dict[tuple[int, int], tuple[int, ...]] = {}
     for lin in _linears(model):
         w = lin.weight
         if w.device.type != "cpu" or w.dtype != torch.float32 or w.numel() < min_numel:
             continue
         shape = (int(w.shape[0]), int(w.shape[1]))
-        if shape not in plans:
-            large = LARGE_ROWS if w.numel() <= large_numel else tuple(r for r in LARGE_ROWS if r <= 64)
-            plans[shape] = tune_linear(shape, max_rows=max_rows, methods=methods, repeats=repeats, large_rows=large)
+        layers.append((lin, shape))
+        if shape not in wanted:
+            wanted[shape] = counts if w.numel() <= large_numel else tuple(r for r in counts if r <= 64) or counts[:1]
+    plans: dict[tuple[int, int], LinearPlan] = {}
+    todo = [shape for shape, r in wanted.items() if cached_plan(shape, r, methods, repeats) is None]
+    cands = len(_check_methods(methods)) if todo else 0
+    expect = sum(expected_seconds(shape, wanted[shape], cands, repeats, 32 * 2**20) for shape in todo)
+    started = time.perf_counter()
+    if expect >= 1.0:
+        say(f"tuning the CPU linear layouts of {type(model).__name__}: {len(todo)} weight shape(s) at "
+            f"{describe_rows(counts)} rows, about {expect:.0f} s on a quiet 2-core CPU (first use on this machine, "
+            f"{_where_cached()})")
+    for shape, r in wanted.items():
+        plans[shape] = tune_linear(shape, rows=r, methods=methods, repeats=repeats)
+    if expect >= 1.0:
+        say(f"tuned the CPU linear layouts of {type(model).__name__} in {time.perf_counter() - started:.0f} s")
+    for lin, shape in layers:
         lin.forward = RowDispatchLinear(lin, plans[shape])  # type: ignore[method-assign]  # installing a forward is the point (restore_linears undoes it)
     return plans
 
@@ -596,17 +705,19 @@ def dispatch_for(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    max_rows: int = 16,
+    max_rows: int | None = None,
     methods: Sequence[str] = LINEAR_METHODS,
+    rows: Sequence[int] | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A ``x -> F.linear(x, weight, bias)`` function with the tuned dispatch, for a bare
     weight (a target's LM head used by a draft; the rows of an LM head that a draft's
-    proposal vocabulary keeps). Same rules as :class:`RowDispatchLinear`."""
+    proposal vocabulary keeps). Same rules as :class:`RowDispatchLinear`; the row counts
+    tuned as in :func:`tune_linear`."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be [N, K], got shape {tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (int(weight.shape[0]),):
         raise ValueError(f"bias must be [N] = [{int(weight.shape[0])}], got shape {tuple(bias.shape)}")
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return lambda x: F.linear(x, weight, bias)
-    plan = tune_linear((int(weight.shape[0]), int(weight.shape[1])), max_rows=max_rows, methods=methods)
+    plan = tune_linear((int(weight.shape[0]), int(weight.shape[1])), max_rows=max_rows, methods=methods, rows=rows)
     return RowDispatchLinear(types.SimpleNamespace(weight=weight, bias=bias), plan)

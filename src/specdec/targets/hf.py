@@ -14,7 +14,7 @@ the committed context except its last token, the next tree's root.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -112,6 +112,14 @@ class HFTarget(TargetModel):
             threads: a 1-token forward 55 -> 35 ms, 5 tokens 85 -> 39 ms).
             Only float32 layers of at least 65,536 weights change; training
             and autograd keep ``F.linear``. The plans are in ``linear_plans``.
+            Tuned once per machine and cached (about 30 s for SmolLM2-135M on
+            a quiet 2-core CPU, with progress lines on stderr; docs/install.md).
+        linear_rows: the row counts (tokens per forward) to tune the dispatch
+            for; None: the scope's
+            (:func:`~specdec.kernels.tuning_scope.tuning_rows`), by default a
+            one-row run's (1-16 and 24-64: trees of up to 64 nodes + the root,
+            one-token decoding). Other counts take the method of the largest
+            tuned count below them.
 
     Logits are returned in float32 (float64 for a float64 model).
 
@@ -130,6 +138,9 @@ class HFTarget(TargetModel):
     """
 
     supports_batch = True
+    rescores_trees: ClassVar[bool] = True
+    """:meth:`score_tree` may be called again before :meth:`accept`: the previous tree is discarded
+    (a timing loop prefills once: :func:`specdec.bench.auto_budget.time_tree_forwards`)."""
 
     def __init__(
         self,
@@ -140,6 +151,7 @@ class HFTarget(TargetModel):
         logits_device: str | torch.device | None = "cpu",
         min_tree_tokens: int | str = "auto",
         cpu_linear: bool | str = "auto",
+        linear_rows: Sequence[int] | None = None,
     ) -> None:
         check_attention(model, "HFTarget")  # the tree's 4D mask must be honoured (docs/models.md)
         check_eval_mode(model, "HFTarget")
@@ -148,7 +160,7 @@ class HFTarget(TargetModel):
         device = next(model.parameters()).device
         self.linear_plans: dict[tuple[int, int], LinearPlan] = {}
         if resolve_cpu_linear(cpu_linear, device):
-            self.linear_plans = accelerate_linears(model)
+            self.linear_plans = accelerate_linears(model, rows=linear_rows)
         if min_tree_tokens == "auto":
             min_tree_tokens = 4 if device.type == "cpu" and not self.linear_plans else 1
         if not isinstance(min_tree_tokens, int) or isinstance(min_tree_tokens, bool) or min_tree_tokens < 1:
