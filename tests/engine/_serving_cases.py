@@ -20,6 +20,8 @@ from specdec.registry import get
 from specdec.rng import CounterRandom, RandomSource, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.trees.feed import DraftSpec, TreeFeed
+from specdec.verify.base import Verifier
+from specdec.verify.rejection import RejectionWORVerifier
 from tests.engine._per_row import CONFIGS
 
 V = 12
@@ -28,6 +30,15 @@ _g = torch.Generator().manual_seed(56)
 TARGET = torch.randn(V, V, generator=_g, dtype=torch.float64) * 1.5  # logits after token a: TARGET[a]
 DRAFT = TARGET + torch.randn(V, V, generator=_g, dtype=torch.float64)
 SAMPLED = [c for c in CONFIGS if not c.greedy]
+
+
+class WalkingWOR(RejectionWORVerifier):
+    """Rule 4 with no declared tensor form (a subclass declares its own): always the walk path."""
+
+    registry_name = "walking-wor"
+
+
+WALKERS: dict[str, type[Verifier]] = {"walking-wor": WalkingWOR}
 
 # name: (builder, its options, verifier, the rows' configurations)
 CASES: dict[str, tuple[str, dict[str, Any], str, list[SamplingConfig]]] = {
@@ -38,7 +49,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str, list[SamplingConfig]]] = {
     "rheo/mixed": ("rheo", {"K": 3, "m": 1, "B": 2, "depth": 2, "N": 5, "M": 4}, "mixed", CONFIGS),
     "chain/block": ("chain", {"depth": 3}, "block", CONFIGS),
     "static-iid/kseq": ("static", {"expansion": (3, 1), "mode": "iid"}, "kseq", SAMPLED),
-    "static-wor/traversal": ("static", {"expansion": (2, 2), "mode": "wor"}, "traversal", SAMPLED),
+    "static-wor/walking-wor": ("static", {"expansion": (2, 2), "mode": "wor"}, "walking-wor", CONFIGS),
     "eagle/greedy": ("eagle", {}, "greedy", [SamplingConfig(temperature=0.0)] * 4),
 }
 RANDOMS = ("torch", "counter")
@@ -49,7 +60,7 @@ def _source(kind: str, seed: int) -> RandomSource:
     return TorchRandom.seeded(seed) if kind == "torch" else CounterRandom(seed)
 
 
-def build(case: str, kind: str, trial: int) -> tuple[Any, torch.Tensor, str, list[SamplingConfig], RowStreams]:
+def build(case: str, kind: str, trial: int) -> tuple[Any, torch.Tensor, str | Verifier, list[SamplingConfig], RowStreams]:
     """The case's tree batch (drafted through :class:`TreeFeed` from the toy draft table), the
     target's logits (row 1's root NaN, row 2's draft flagged), the verifier and the verify sources."""
     name, options, verifier, configs = CASES[case]
@@ -66,7 +77,8 @@ def build(case: str, kind: str, trial: int) -> tuple[Any, torch.Tensor, str, lis
     flagged = torch.zeros(B, dtype=torch.bool)
     flagged[2] = True
     tree = attrs.evolve(tree, draft_bad=flagged)
-    return tree, logits, verifier, configs, RowStreams([_source(kind, s + 7) for s in seeds])
+    rule = WALKERS[verifier]() if verifier in WALKERS else verifier
+    return tree, logits, rule, configs, RowStreams([_source(kind, s + 7) for s in seeds])
 
 
 def outputs(case: str, kind: str, trial: int) -> dict[str, Any]:

@@ -6,19 +6,25 @@ A serving engine owns its model runner, its KV cache and its batch; it has the
 :class:`~specdec.sampling.SamplingConfig` per row and the rows' random sources, and:
 
 1. checks every input before it changes any state (shapes, devices, the number of
-   per-row configurations and sources, the verifier's support for each row's tree),
-   naming the row;
-2. processes each row's logits with its own configuration (:class:`RowSampling`: rows
-   with the same configuration are processed together, each row exactly as it would be
-   alone, so a row's ``p`` is bit-identical to its batch-1 ``p``);
-3. picks the verifier's rule itself (:func:`~specdec.engine.dispatch.choose_verification`):
-   its per-node tensor form (:func:`specdec.verify.fast.decide_tree_batch`), its path-level
-   tensor form (:func:`specdec.verify.fast_block.decide_block_batch`) or its walk, and
-   sizes the uniform table ``[B, n, C + 1]`` from the tree;
+   per-row configurations and sources, an empty batch, the verifier's support for each
+   row's tree), naming the argument and the row;
+2. checks, per row, that the verifier can serve the row's sampling exactly
+   (:meth:`Verifier.check_sampling <specdec.verify.base.Verifier.check_sampling>`: a
+   greedy-only rule at ``T > 0``); a row it cannot serve is *refused*: flagged
+   (:data:`FLAG_REFUSED`, its reason naming the rule), nothing drawn from its source,
+   the other rows untouched;
+3. decides each configuration group's rows through the step's own decision
+   (:data:`specdec.engine.step.decide_rows`, the path from
+   :func:`~specdec.engine.dispatch.choose_verification`): the rule's tensor form, its
+   path-level form or the verifier's walk, each row's logits processed under its own
+   configuration and its uniforms drawn from its own source. One executor: the step and the
+   serving call run the same code, so a row emits what specdec's own loop would emit;
 4. returns :class:`EngineVerification`: device tensors, accepted slots and emitted tokens
-   padded with ``-1``, counts, and a per-row ``bad`` flag: a row whose target logits were
-   NaN / +inf / all -inf at a node the verifier visited (or whose draft was flagged while
-   building) emits nothing and is flagged; the other rows are verified as usual.
+   padded with ``-1``, counts, and per-row ``bad`` flags with their cause (``flag``,
+   :meth:`EngineVerification.reasons`): a row whose target logits were NaN / +inf / all -inf
+   at a node the verifier visited, whose draft was flagged while building, whose tree holds
+   a token outside the vocabulary, or that the rule cannot serve, emits nothing; the other
+   rows are verified as usual.
 
 The tensor paths make no host read (the caller reads what it needs); the walk reads each
 row's tree. Every row's output law is its own configuration's target law (exact by
@@ -34,18 +40,31 @@ import attrs
 import torch
 
 from specdec.engine.dispatch import choose_verification
-from specdec.engine.row_sampling import RowSampling
-from specdec.engine.step import walk_decision
-from specdec.errors import InvalidConfigError, InvalidDistributionError, UnsupportedTreeError
+from specdec.engine.options import StepOptions
+from specdec.engine.row_sampling import RowSampling, scatter_decisions
+from specdec.engine.step import decide_rows
+from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
-from specdec.sampling import SamplingConfig, process_logits, row_is_bad
+from specdec.sampling import SamplingConfig
 from specdec.tree_batch import TreeBatch
-from specdec.verify.base import Verifier, VerifyResult
-from specdec.verify.fast import TreeDecision, verify_tree_batch
-from specdec.verify.fast_block import decide_block_batch
+from specdec.verify.base import Verifier
+from specdec.verify.decision import TreeDecision
 
-__all__ = ["EngineVerification", "RowSampling", "verify_for_engine"]
+__all__ = ["EngineVerification", "FLAG_CAUSES", "RowSampling", "verify_for_engine"]
+
+FLAG_NONE, FLAG_REFUSED, FLAG_TOKENS, FLAG_DRAFT, FLAG_TARGET = range(5)
+FLAG_CAUSES = (
+    None,
+    "refused: the verifier cannot serve the row's sampling exactly",
+    "the row's tree holds a token outside the vocabulary",
+    "the draft's logits were bad at a node the builder expanded",
+    "the target's logits were NaN, +inf or all -inf at a node the verifier visited",
+)
+"""Why a row was flagged, by :attr:`EngineVerification.flag` code (``0``: not flagged); when several
+apply, the lowest code is given (a refused row is never verified)."""
+
+_SERVE_OPTIONS = StepOptions(validate=False)
 
 
 @attrs.frozen(eq=False)
@@ -57,10 +76,11 @@ class EngineVerification:
         tokens: ``[B, D + 1]`` int64 emitted tokens (accepted tokens, then the bonus), ``-1`` padded.
         num_accepted: ``[B]`` int64 (0 on a bad row).
         num_emitted: ``[B]`` int64 ``num_accepted + 1``, 0 on a bad row.
-        bad: ``[B]`` bool: the row's target logits were bad at a visited node, or its draft was
-            flagged while building (:attr:`TreeBatch.draft_bad <specdec.tree_batch.TreeBatch.draft_bad>`);
-            the row emitted nothing.
+        bad: ``[B]`` bool: the row was flagged (``flag > 0``) and emitted nothing.
         path: the verification path taken (``"tensor"``, or ``"walk"``).
+        flag: ``[B]`` int64 why each row was flagged, a code of :data:`FLAG_CAUSES` (0: not flagged).
+        refusals: per row, the message of the verifier's refusal (naming the rule and the row's
+            temperature) for a row it cannot serve, None for the others (host values: no read).
     """
 
     accepted: torch.Tensor
@@ -69,13 +89,36 @@ class EngineVerification:
     num_emitted: torch.Tensor
     bad: torch.Tensor
     path: str
+    flag: torch.Tensor
+    refusals: tuple[str | None, ...] = ()
+
+    def reasons(self) -> list[str | None]:
+        """Per row, why it was flagged (``"row b: ..."``), or None; one host read of :attr:`flag`."""
+        out: list[str | None] = []
+        for b, code in enumerate(self.flag.tolist()):
+            refusal = self.refusals[b] if b < len(self.refusals) else None
+            if code == FLAG_NONE:
+                out.append(None)
+            elif code == FLAG_REFUSED and refusal is not None:
+                out.append(f"row {b}: refused: {refusal}")
+            else:
+                out.append(f"row {b}: {FLAG_CAUSES[code]}")
+        return out
 
 
-def _check_trees(tree: TreeBatch, verifier: Verifier) -> None:
-    """The verifier supports every row's tree (host reads), naming the row."""
+def _check_trees(tree: TreeBatch, verifier: Verifier, outside: torch.Tensor) -> None:
+    """The verifier supports every row's tree (host reads), naming the row. A row with a token
+    outside the vocabulary (``outside[b]``, read only then) has no valid host tree: it is left to
+    its flag; any other malformed tree raises, naming the row."""
     for b in range(tree.batch_size):
         try:
-            verifier.check_tree(tree.tree(b))
+            host = tree.tree(b)
+        except MalformedTreeError as exc:
+            if bool(outside[b]):
+                continue
+            raise MalformedTreeError(f"row {b}: {exc}") from exc
+        try:
+            verifier.check_tree(host)
         except UnsupportedTreeError as exc:
             raise UnsupportedTreeError(f"row {b}: {exc}") from exc
 
@@ -91,8 +134,10 @@ def verify_for_engine(
 ) -> EngineVerification:
     """Verify a drafted tree batch against the target's logits (module docstring).
 
+    Runs without autograd (``torch.no_grad``): logits that require grad are verified as their values.
+
     Args:
-        tree: ``B`` trees, ``n`` slots each (the builder's :class:`~specdec.tree_batch.TreeBatch`).
+        tree: ``B >= 1`` trees, ``n`` slots each (the builder's :class:`~specdec.tree_batch.TreeBatch`).
         logits: ``[B, n, V]`` the target's raw logits at every slot, on the tree's device.
         verifier: a registry name (``"rejection-wor"``, ``"mixed"``, ...) or a verifier.
         sampling: one configuration for every row, one per row, or a :class:`RowSampling`
@@ -102,33 +147,55 @@ def verify_for_engine(
             a caller that drafted with the verifier's own builder may skip it).
 
     Raises:
-        InvalidConfigError: logits of the wrong shape, device or dtype; per-row configurations or
-            sources of the wrong length; an unknown verifier name.
+        InvalidConfigError: an empty batch; logits of the wrong shape, device or dtype; per-row
+            configurations or sources of the wrong length; an unknown verifier name.
         UnsupportedTreeError: (``check_trees``) a row's tree has children the verifier cannot
             verify losslessly, naming the row.
     """
+    with torch.no_grad():
+        return _verify(tree, logits, verifier, sampling, rng, check_trees)
+
+
+def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
+            sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling, rng: RandomSource,
+            check_trees: bool) -> EngineVerification:
     rule_of = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     B = tree.batch_size
+    if B == 0:
+        raise InvalidConfigError("tree: an empty batch (0 rows); verify_for_engine needs at least one row")
     sources = len(rng.sources) if isinstance(rng, RowStreams) else (None if B == 1 else 1)
     _check_shapes(tree, logits, sources)
-    if check_trees:
-        _check_trees(tree, rule_of)
     rows = RowSampling.of(sampling, B, tree.device)
-    bad_rows = row_is_bad(logits)  # [B, n]
-    p = rows.process(torch.where(bad_rows.unsqueeze(-1), torch.zeros_like(logits), logits))  # [B, n, V]
+    oov = _tokens_outside(tree)  # [B, n] valid slots whose token is outside [0, V)
+    oov_rows = oov.any(dim=-1)  # [B]
+    if check_trees:
+        _check_trees(tree, rule_of, oov_rows)
+    refusals = _refusals(rule_of, rows)
+    # the rows' tokens, outside-vocabulary ones replaced (those rows are flagged): no gather leaves the vocabulary
+    served = attrs.evolve(tree, tokens=torch.where(oov, 0, tree.tokens))
+    # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every group
     verification = choose_verification(rule_of, rows.configs[0], "torch", logits.device, draws_tables=rng.draws_tables)
-    if verification.path == "walk":
-        decision = _walk(rule_of, tree, p, bad_rows, rng)
-    else:
-        u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
-        if verification.path_rule is not None:
-            decision = decide_block_batch(tree, p, u, bad_rows)
+    row_rngs: list[RandomSource] = list(rng.sources) if isinstance(rng, RowStreams) else [rng]
+    refused = torch.zeros(B, dtype=torch.bool, device=tree.device)
+    parts: list[tuple[torch.Tensor, TreeDecision]] = []
+    for (config, index), g_rows in zip(rows.groups, rows.group_rows()):
+        if refusals[g_rows[0]] is not None:  # a group shares its configuration: refused as a whole, nothing drawn
+            refused.index_fill_(0, index, True)
+            continue
+        if rows.uniform:
+            g_tree, g_logits, g_rng = served, logits, rng
         else:
-            assert verification.rule is not None
-            decision = verify_tree_batch(verification.rule, tree, p, u, bad_rows)
-    bad = decision.bad_visited
-    if tree.draft_bad is not None:
-        bad = bad | tree.draft_bad.to(bad.device)
+            g_tree, g_logits = _rows_of(served, index, g_rows), logits.index_select(0, index)
+            g_rng = rng.subset(g_rows) if isinstance(rng, RowStreams) else rng
+        decision, _ = decide_rows(verification, rule_of, g_tree, g_logits, config, g_rng, [row_rngs[r] for r in g_rows],
+                                  None, _SERVE_OPTIONS, None, g_rows, flag_bad=True)
+        parts.append((index, decision))
+    decision = _assemble(parts, refused, tree)
+    draft_bad = tree.draft_bad.to(refused.device) if tree.draft_bad is not None else torch.zeros_like(refused)
+    target_bad = decision.bad_visited.to(refused.device)
+    flag = torch.where(refused, FLAG_REFUSED, torch.where(oov_rows, FLAG_TOKENS, torch.where(
+        draft_bad, FLAG_DRAFT, torch.where(target_bad, FLAG_TARGET, FLAG_NONE))))
+    bad = (flag > 0).to(decision.accepted.device)
     keep = ~bad.view(B, 1)
     return EngineVerification(
         accepted=torch.where(keep, decision.accepted, -1),
@@ -137,12 +204,59 @@ def verify_for_engine(
         num_emitted=torch.where(bad, 0, decision.num_accepted + 1),
         bad=bad,
         path=verification.path,
+        flag=flag,
+        refusals=refusals,
     )
+
+
+def _refusals(verifier: Verifier, rows: RowSampling) -> tuple[str | None, ...]:
+    """Per row, the verifier's refusal of the row's sampling (host values, no read), or None."""
+    message: dict[SamplingConfig, str | None] = {}
+    for config, _ in rows.groups:
+        try:
+            verifier.check_sampling(config)
+            message[config] = None
+        except (InvalidConfigError, InvalidDistributionError) as exc:
+            message[config] = str(exc)
+    return tuple(message[c] for c in rows.configs)
+
+
+def _tokens_outside(tree: TreeBatch) -> torch.Tensor:
+    """``[B, n]`` bool: valid slots (root included) whose token is outside ``[0, V)`` (no host read)."""
+    slots = torch.arange(tree.node_slots, device=tree.device).view(1, -1)
+    valid = slots < tree.num_nodes.view(-1, 1)
+    return valid & ((tree.tokens < 0) | (tree.tokens >= tree.vocab_size))
+
+
+def _rows_of(tree: TreeBatch, index: torch.Tensor, rows: Sequence[int]) -> TreeBatch:
+    """Rows ``rows`` of ``tree`` (``index`` on the device): the host trees, if any, picked by the host
+    row numbers (no device read)."""
+    if tree.host_trees is None:
+        return tree.select_rows(index)
+    hosts = tree.host_trees
+    return attrs.evolve(attrs.evolve(tree, host_trees=None).select_rows(index), host_trees=tuple(hosts[r] for r in rows))
+
+
+def _assemble(parts: list[tuple[torch.Tensor, TreeDecision]], refused: torch.Tensor, tree: TreeBatch) -> TreeDecision:
+    """The groups' decisions in row order; refused rows get an empty decision (they are flagged)."""
+    B, D = tree.batch_size, tree.max_depth
+    if len(parts) == 1 and parts[0][0].numel() == B:
+        return parts[0][1]
+    dev = refused.device
+    none = TreeDecision(torch.full((B, D), -1, dtype=torch.int64, device=dev), torch.zeros(B, dtype=torch.int64, device=dev),
+                        torch.full((B, D + 1), -1, dtype=torch.int64, device=dev), torch.full((B,), -1, dtype=torch.int64, device=dev),
+                        torch.zeros(B, dtype=torch.int64, device=dev), torch.zeros(B, dtype=torch.bool, device=dev),
+                        torch.zeros(B, dtype=torch.int64, device=dev))
+    if not parts:
+        return none
+    return scatter_decisions([(torch.arange(B, device=dev), none), *parts], B)
 
 
 def _check_shapes(tree: TreeBatch, logits: torch.Tensor, sources: int | None) -> None:
     """Shapes, device and dtype of the logits; one source per row (no host read)."""
     B, n = tree.batch_size, tree.node_slots
+    if not isinstance(logits, torch.Tensor):
+        raise InvalidConfigError(f"logits must be a [B, n, V] tensor, got {type(logits).__name__}")
     if logits.dim() != 3 or tuple(logits.shape) != (B, n, tree.vocab_size):
         raise InvalidConfigError(
             f"logits must be [B, n, V] = [{B}, {n}, {tree.vocab_size}] for this tree batch, got {tuple(logits.shape)}"
@@ -153,21 +267,3 @@ def _check_shapes(tree: TreeBatch, logits: torch.Tensor, sources: int | None) ->
         raise InvalidConfigError(f"logits must be floating point, got {logits.dtype}")
     if sources is not None and sources != B:
         raise InvalidConfigError(f"rng: {sources} row streams for {B} rows (one source per row: RowStreams)")
-
-
-def _walk(verifier: Verifier, tree: TreeBatch, p: torch.Tensor, bad_rows: torch.Tensor,
-          rng: RandomSource) -> TreeDecision:
-    """The verifier's own walk on each row's host tree, each row with its own source; a row whose
-    visited logits are bad is flagged (its outputs -1), the others verified."""
-    sources = rng.sources if isinstance(rng, RowStreams) else [rng]
-    flags = bad_rows.cpu()
-    results: list[VerifyResult | None] = []
-    for b in range(tree.batch_size):
-        host = tree.tree(b)
-        row_p = p[b, : host.num_nodes].clone()
-        row_p[flags[b, : host.num_nodes]] = float("nan")  # a bad row raises where the walk reads it
-        try:
-            results.append(verifier.verify(host, row_p, sources[b]))
-        except InvalidDistributionError:
-            results.append(None)
-    return walk_decision(results, tree.max_depth, p.device)

@@ -42,7 +42,7 @@ from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_from_logits
 from specdec.verify.optimum import NodeOptimum, tree_node_optimum
 
-__all__ = ["StepClock", "StepOutcome", "commit_step", "emitted_logprobs", "read_step", "run_step"]
+__all__ = ["StepClock", "StepOutcome", "commit_step", "decide_rows", "emitted_logprobs", "read_step", "run_step"]
 
 
 class StepClock:
@@ -175,24 +175,30 @@ def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | Non
 
 def _walk(
     verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
-    rngs: Sequence[RandomSource], rows: Sequence[int] | None,
-) -> tuple[TreeDecision, list[VerifyResult], list[int]]:
+    rngs: Sequence[RandomSource], rows: Sequence[int] | None, flag_bad: bool = False,
+) -> tuple[TreeDecision, list[VerifyResult | None], list[int]]:
     """The walk path: the verifier's own :meth:`~specdec.verify.base.Verifier.verify` on each
     row's host view, each row with its own source; host reads (its cost per step: the tree's
-    host view and the visited rows of ``p``)."""
+    host view and the visited rows of ``p``). ``flag_bad`` (the serving call): a row whose
+    visited target logits are bad is flagged in ``bad_visited`` (result None) instead of raising,
+    and a row whose draft was flagged is walked like the others (the caller flags it)."""
     B, D = tree.batch_size, tree.max_depth
-    results, nodes = [], []
+    results: list[VerifyResult | None] = []
+    nodes = []
     for b in range(B):
         host = tree.tree(b)
-        if tree.draft_bad is not None and bool(tree.draft_bad[b]):
+        if not flag_bad and tree.draft_bad is not None and bool(tree.draft_bad[b]):
             raise _draft_bad(rows, b)
         p = process_logits(logits[b, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
         try:
             results.append(verifier.verify(host, p, rngs[b]))
         except InvalidDistributionError as exc:
-            if rows is None:
+            if flag_bad:
+                results.append(None)
+            elif rows is None:
                 raise
-            raise InvalidDistributionError(f"{_prefix(rows, b)}{exc}") from exc
+            else:
+                raise InvalidDistributionError(f"{_prefix(rows, b)}{exc}") from exc
         nodes.append(host.num_nodes)
     return walk_decision(results, D, logits.device), results, nodes
 
@@ -206,14 +212,15 @@ def walk_decision(results: Sequence[VerifyResult | None], max_depth: int, device
     num = torch.zeros(B, dtype=torch.int64)
     attempted = torch.zeros(B, dtype=torch.int64)
     stop = torch.zeros(B, dtype=torch.int64)
+    bad = torch.zeros(B, dtype=torch.bool)
     for b, r in enumerate(results):
         if r is None:
+            bad[b] = True
             continue
         accepted[b, : r.num_accepted] = torch.tensor(r.accepted_nodes, dtype=torch.int64)
         tokens[b, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.int64)
         num[b], attempted[b] = r.num_accepted, r.attempted_depths
         stop[b] = r.accepted_nodes[-1] if r.accepted_nodes else 0
-    bad = torch.tensor([r is None for r in results], dtype=torch.bool)
     return TreeDecision(accepted.to(device), num.to(device), tokens.to(device),
                         tokens.gather(1, num.view(B, 1)).view(B).to(device), attempted.to(device), bad.to(device),
                         stop.to(device))
@@ -344,14 +351,18 @@ def run_step(
 def _decide(
     verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
     rng: RandomSource, row_rngs: Sequence[RandomSource], verify_rng: RowStreams | None, options: StepOptions,
-    compiler: Any, rows: Sequence[int] | None,
+    compiler: Any, rows: Sequence[int] | None, *, flag_bad: bool = False,
 ) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int]] | None]:
     """The dispatched verification of one configuration's rows: the decision, and the walk's
-    results and node counts (None on the tensor paths: :func:`read_step` decodes them)."""
+    results and node counts (None on the tensor paths: :func:`read_step` decodes them).
+    ``flag_bad``: the walk flags a row with bad visited logits instead of raising (the tensor
+    paths always flag, in ``bad_visited``); the serving call's mode (:data:`decide_rows`)."""
     B = tree.batch_size
     if verification.path == "walk":
-        decision, results, nodes = _walk(verifier, tree, logits, sampling, row_rngs, rows)
-        return decision, (results, nodes)
+        decision, walked, nodes = _walk(verifier, tree, logits, sampling, row_rngs, rows, flag_bad)
+        if flag_bad:
+            return decision, None
+        return decision, ([r for r in walked if r is not None], nodes)
     if verification.path_rule is not None:  # a path-level rule's tensor form (rule 8 on chains)
         u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
         return decide_block_from_logits(tree, logits, u, sampling), None
@@ -372,6 +383,11 @@ def _decide(
     compiled: tuple[Any, ...] = () if compiler is None else (compiler.decide, compiler.decide_scores)
     return decide_from_logits(verification.rule, tree, logits, u, sampling, *compiled, rows=verification.rows,
                               decide_walk=None if compiler is None else compiler.decide_walk), None
+
+
+decide_rows = _decide
+"""The step's decision of one configuration's rows (:func:`_decide`), shared with the serving call
+(:func:`specdec.engine.serving.verify_for_engine`, ``flag_bad=True``): one executor for both."""
 
 
 def step_optimum(tree: TreeBatch, logits: torch.Tensor, results: Sequence[VerifyResult],
