@@ -132,6 +132,16 @@ def test_a_corrupt_header_is_refused_naming_the_field(tmp_path, config, message)
     folder = _log(tmp_path / "h", header=header)
     with pytest.raises(InvalidConfigError, match=f"runs.jsonl:1: {message}"):
         read_runlog(folder)
+
+
+def test_a_corrupt_header_rows_or_count_is_refused(tmp_path):
+    header = json.loads(json.dumps(HEADER))
+    header["resolved"]["rows"] = [ROWS[0], {**ROWS[1], "colour": "red"}]
+    with pytest.raises(InvalidConfigError, match="runs.jsonl:1: the header's resolved.rows is not a list of rows"):
+        read_runlog(_log(tmp_path / "r", header=header))
+    header["resolved"]["rows"] = ROWS[:1]
+    with pytest.raises(InvalidConfigError, match="resolved.rows names .'autoregressive'. are not config.rows"):
+        read_runlog(_log(tmp_path / "n", header=header))
     header = json.loads(json.dumps(HEADER))
     header["resolved"]["expected_runs"] = "many"
     with pytest.raises(InvalidConfigError, match="runs.jsonl:1: the header's resolved.expected_runs is not an integer"):

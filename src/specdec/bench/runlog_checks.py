@@ -9,7 +9,7 @@ steps``, both non-increasing with the depth, and with per-depth counts
 ``emitted == steps + sum(depth_accepted)``: each step emits its accepted drafts
 and one bonus token), and the place of the generation in the sweep its header
 describes (row, temperature, seed, prompt, and the unit those make). The
-header's fields that the checks use are checked first. A failed check is an
+header's fields that the checks and the report's rows use are checked first. A failed check is an
 :class:`~specdec.errors.InvalidConfigError` naming the file and the line.
 
 Every log that specdec has written passes: these are what its writer does.
@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from specdec.bench.rows import RowSpec
 from specdec.bench.sweep import bench_units
 from specdec.errors import InvalidConfigError
 
@@ -99,6 +100,17 @@ def sweep_shape(header: Mapping[str, Any], where: str) -> SweepShape:
     rows = cfg.get("rows") or []
     if not isinstance(rows, list) or not all(isinstance(r, str) for r in rows):
         raise bad("config.rows", f"is not a list of row names ({_short(rows)})")
+    described = res.get("rows")
+    if described is not None:  # the report builds its rows from these (synthetic logs may leave them out)
+        fields = attrs.fields_dict(RowSpec)
+        if not isinstance(described, list) or not all(
+                isinstance(r, dict) and set(r) <= set(fields) and isinstance(r.get("name"), str)
+                and isinstance(r.get("kind"), str) for r in described):
+            raise bad("resolved.rows", f"is not a list of rows (objects with {', '.join(fields)}: name and kind "
+                                       "strings)")
+        if [r["name"] for r in described] != rows:
+            raise bad("resolved.rows", f"names {_short([r['name'] for r in described], 80)} are not config.rows "
+                                       f"{_short(rows, 80)}")
     temps_raw = cfg.get("temperatures") or []
     temps = [_finite(t) for t in temps_raw] if isinstance(temps_raw, list) else [None]
     if any(t is None or t < 0 for t in temps):
