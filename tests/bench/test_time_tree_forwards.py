@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from specdec.bench import auto_budget
+from specdec.bench import auto_budget, forward_timing
 from specdec.bench.auto_budget import time_tree_forwards
 from specdec.errors import ContextOverflowError, InvalidConfigError, MeasurementError
 from specdec.models import CallableLM
@@ -69,8 +69,8 @@ def test_a_target_that_does_not_rescore_is_prefilled_before_every_forward(monkey
 def test_a_rescored_tree_gives_the_logits_of_a_fresh_prefill():
     # what makes one prefill enough: scoring again before accept discards the previous tree
     target = _target()
-    chain = auto_budget._chain([3, 4, 5, 6], 4, 50)
-    short = auto_budget._chain([3, 4, 5, 6], 2, 50)
+    chain = forward_timing._chain([3, 4, 5, 6], 4, 50)
+    short = forward_timing._chain([3, 4, 5, 6], 2, 50)
     target.prefill([3, 4, 5, 6])
     fresh = target.score_tree(chain)
     target.score_tree(short)

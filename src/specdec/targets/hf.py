@@ -140,7 +140,7 @@ class HFTarget(TargetModel):
     supports_batch = True
     rescores_trees: ClassVar[bool] = True
     """:meth:`score_tree` may be called again before :meth:`accept`: the previous tree is discarded
-    (a timing loop prefills once: :func:`specdec.bench.auto_budget.time_tree_forwards`)."""
+    (a timing loop prefills once: :func:`specdec.bench.forward_timing.time_tree_forwards`)."""
 
     def __init__(
         self,
