@@ -90,9 +90,9 @@ def test_bad_input_is_refused_clearly(model):
         vocab_size = VOCAB
         prefill = score_tree = accept = lambda self, *args: None
 
-    one_row = OneRow()
-    with pytest.raises(InvalidConfigError, match="no batch mode"):
-        autoregressive_generate_batch(one_row, [[1], [2]], 4, S)
+    one_row = OneRow()  # no batch mode: served by one copy per row (specdec.adapters.TargetRowCopies)
+    with pytest.raises(InvalidConfigError, match="max_new_tokens"):  # still checked before any copy or forward
+        autoregressive_generate_batch(one_row, [[1], [2]], 0, S)
     with pytest.raises(InvalidConfigError, match="must be a TargetModel"):
         autoregressive_generate_batch(object(), [[1]], 4, S)
 
@@ -248,9 +248,13 @@ def test_speculative_rows_refuse_what_they_cannot_run():
 
     from specdec.batch import speculative_stream_batch
 
-    with pytest.raises(InvalidConfigError, match="grow B trees in one set of tensor ops"):
-        next(speculative_stream_batch(HFTarget(model), HFDraft(model), PerNode(depth=2), RejectionIIDVerifier(),
-                                      [[1], [2]], 4, specdec.SamplingConfig()))
+    # a builder that only builds host trees runs in batches through the adapters (specdec.adapters.host_feed)
+    rows = [[], []]
+    for chunk in speculative_stream_batch(HFTarget(model), HFDraft(model), PerNode(depth=2), RejectionIIDVerifier(),
+                                          [[1], [2]], 4, specdec.SamplingConfig()):
+        for r, new in chunk.items():
+            rows[r].extend(new)
+    assert [len(r) for r in rows] == [4, 4]
     from specdec.drafts.eagle import make_draft
 
     with pytest.raises(InvalidConfigError, match="not supported with batches"):

@@ -153,10 +153,21 @@ def test_bad_input_is_refused_naming_the_level_and_changes_nothing():
         TreeFeed(ChainTreeBuilder(depth=2), [1], SamplingConfig(), TorchRandom.seeded(0), DraftSpec(V))
 
 
-def test_a_builder_without_a_feed_form_says_so():
+def test_a_builder_with_only_a_host_build_is_fed_row_by_row():
+    """A builder that redefines build() (per-tree authoring) runs through the feed (specdec.adapters):
+    the same tree as its build() with the same draws, one request per draft call."""
     class HostChain(ChainTreeBuilder):
         def build(self, root_token, draft, sampling, rng):
             return super().build(root_token, draft, sampling, rng)
 
-    with pytest.raises(InvalidConfigError, match="HostChain redefines build\\(\\).*no caller-driven form"):
-        _feed(HostChain(depth=2))
+    draft = CallableLM(lambda prefixes: torch.stack([T1[p[-1]] for p in prefixes]), V)
+    draft.begin([1])
+    expected = HostChain(depth=2).build(1, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(0))
+    feed, levels = _feed(HostChain(depth=2)), []
+    while feed.request is not None:
+        r = feed.request
+        levels.append(r.level)
+        feed.give(r.level, T1[torch.tensor([1])] if r.level == 0 else T1[r.tokens])
+    assert levels == [0, 1]  # the root, then the first draft's node (the chain's second draft needs its law)
+    got = feed.tree.tree(0)
+    assert got.tokens.tolist() == expected.tokens.tolist() and got.parents.tolist() == expected.parents.tolist()

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import attrs
 import torch
 
+from specdec.adapters import rows_draft, rows_target
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification, choose_verification
 from specdec.engine.options import StepOptions
@@ -182,24 +183,11 @@ def run_rows(
             sampling = per_row.configs[0]
     if len(sources) != B:
         raise InvalidConfigError(f"{len(sources)} random sources for {B} rows")
-    if B > 1 and not target.supports_batch:
-        raise InvalidConfigError(
-            f"{type(target).__name__} has no batch mode (prefill_batch / accept_rows / keep_rows; "
-            "TargetModel.supports_batch): use HFTarget or CallableLM for several rows"
-        )
-    if B > 1 and draft is not None and not draft.supports_rows:
-        raise InvalidConfigError(
-            f"batched speculative generation needs a draft with a rows mode (the EAGLE heads, HFDraft, CallableLM, "
-            f"NgramDraft; DraftModel.supports_rows); {type(draft).__name__} has none"
-        )
-    configs = [sampling] if per_row is None else [c for c, _ in per_row.groups]
-    if B > 1 and not all(builder.grows_batches(c) for c in configs):
-        raise InvalidConfigError(
-            f"batched generation needs builders that grow B trees in one set of tensor ops (TreeBuilder.grows_batches: "
-                f"the level-wise "
-            f"eagle and rheo, the shaped chain, static and sequoia); {type(builder).__name__} does not "
-            "(or has per-node hooks overridden)"
-        )
+    held_target = target  # a one-row target serves several rows as one copy per row (specdec.adapters)
+    target = rows_target(target, B)
+    held_draft = draft  # the model object a generation holds (specdec.lease)
+    if draft is not None:  # a one-row draft serves several rows as one copy per row (specdec.adapters)
+        draft = rows_draft(draft, B)
     if B > 1 and compiler is not None:
         raise InvalidConfigError("batched generation does not compile the step yet: compile= is not supported with batches")
     depth = builder.max_depth
@@ -213,6 +201,7 @@ def run_rows(
         if draft is not None:
             _check_context(rows, max_new_tokens, depth, draft.max_length, "draft", named)
     eos_ids = set(eos)
+    configs = [sampling] if per_row is None else [c for c, _ in per_row.groups]
     for config in configs:
         verifier.check_sampling(config)  # temperature-dependent compatibility, before any forward
     device = target.device
@@ -244,7 +233,7 @@ def run_rows(
     contexts = ([torch.tensor(r, dtype=torch.int64, device=device) for r in rows]
                 if logits_processor is not None else None)
     t0 = time.perf_counter()
-    with hold(what, target=target, draft=draft):  # one generation per model at a time (specdec.lease)
+    with hold(what, target=held_target, draft=held_draft):  # one generation per model at a time (specdec.lease)
         # size the preallocated KV caches once: the committed context plus one step's tree nodes
         positions = max(len(r) for r in rows) + steps_cap + builder.max_nodes + depth
         target.reserve(positions)

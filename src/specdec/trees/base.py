@@ -8,13 +8,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from specdec.adapters import host_feed
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode
 from specdec.tree_batch import TreeBatch
-from specdec.trees.feed import Build, DraftSpec
+from specdec.trees.feed import Build, DraftSpec, drive
 
 __all__ = ["TreeBuilder"]
 
@@ -85,37 +86,34 @@ class TreeBuilder(ABC):
         *,
         compiler: Any = None,
     ) -> TreeBatch:
-        """The step path's form of :meth:`build`: the tree as a one-tree
-        :class:`~specdec.tree_batch.TreeBatch` on the draft's device. The
-        level-wise builders grow it with tensor ops (and compile their levels
-        and layout with ``compiler``, a :class:`~specdec.engine.compiler.StepCompiler`); the default stacks :meth:`build`'s tree
-        (host work) and ignores ``compiler``. ``draft`` is None only for a builder
-        that drafts nothing (:class:`~specdec.trees.root_only.RootOnlyBuilder`);
-        the others raise :class:`~specdec.errors.InvalidConfigError` on it."""
-        if isinstance(root_token, torch.Tensor):
-            root_token = int(root_token.reshape(-1)[0])
-        return TreeBatch.from_trees([self.build(root_token, self._require_draft(draft), sampling, rng)])
+        """The step's build: the trees of the ``B`` rows whose roots are ``root_token`` (``[B]``
+        int64, or one int) as a :class:`~specdec.tree_batch.TreeBatch` on the draft's device,
+        answering :meth:`feed_build`'s requests with ``draft``
+        (:func:`specdec.trees.feed.drive`). ``draft`` is None only for a builder that drafts
+        nothing (:class:`~specdec.trees.root_only.RootOnlyBuilder`); the others raise
+        :class:`~specdec.errors.InvalidConfigError` on it."""
+        if not isinstance(root_token, torch.Tensor):
+            root_token = torch.tensor([int(root_token)], dtype=torch.int64)
+        draft = self._require_draft(draft)
+        return drive(self.feed_build(root_token.reshape(-1), DraftSpec.of(draft), sampling, rng, compiler=compiler),
+                     draft)
 
     def feed_build(self, roots: torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
                    compiler: Any = None) -> Build:
-        """The caller-driven form of :meth:`build_batch` (:mod:`specdec.trees.feed`): a
-        generator that yields each level's :class:`~specdec.draft_request.DraftRequest` and
-        receives that level's draft logits, then returns the tree batch. The level-wise and
-        shaped builders (every built-in one) define it, and their :meth:`build_batch` drives it
-        with the draft model. The default: a builder with a host :meth:`build` only has no
-        caller-driven form.
+        """The batch contract (:mod:`specdec.trees.feed`): a generator that yields each draft
+        call's :class:`~specdec.draft_request.DraftRequest` over the ``B`` rows and receives that
+        call's draft logits, then returns the tree batch. The level-wise and shaped builders
+        (every built-in one) grow all rows with tensor ops. The default runs the per-tree
+        :meth:`build` of every row through :func:`specdec.adapters.host_feed` (each row on its
+        own random source, the draft calls merged across rows), so a builder that only writes
+        :meth:`build` runs in batches, per-request sampling, the serving feed and the bench.
 
         Args:
             roots: ``[B]`` int64 the rows' last committed tokens.
             spec: the drafter's vocabulary (:class:`~specdec.trees.feed.DraftSpec`).
-
-        Raises:
-            InvalidConfigError: (the default) the builder has no caller-driven form.
+            rng: one random source per row (a :class:`~specdec.rng.RowStreams` for ``B > 1``).
         """
-        raise InvalidConfigError(
-            f"tree builder {type(self).__name__} has no caller-driven form (it builds host trees from a "
-            "DraftModel in build()); wrap the draft runner as a DraftModel, or give the builder a feed_build"
-        )
+        return host_feed(self.build, roots, spec, sampling, rng)
 
     def _require_draft(self, draft: DraftModel | None) -> DraftModel:
         """``draft``, or :class:`~specdec.errors.InvalidConfigError` for None (a builder that drafts needs one)."""

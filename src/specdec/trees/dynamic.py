@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from specdec.adapters import host_feed
 from specdec.drafts.base import DraftModel
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
@@ -387,11 +388,6 @@ class DynamicTreeBuilder(TreeBuilder):
         as whole graphs; the level's draws then come from a uniform table drawn
         per level (the same law, another use of the stream)."""
         draft = self._require_draft(draft)
-        if self._level_fn_if_exact(sampling) is None:  # (the reference reads the root on the host: int() of a one-element tensor)
-            return TreeBatch.from_trees(
-                [self.build_reference(int(root_token), draft, sampling, rng)],
-                max_children=self.children_per_node, max_depth=self.depth,
-            )
         return drive(self.feed_build(root_token, DraftSpec.of(draft), sampling, rng, compiler=compiler), draft)
 
     def feed_build(self, roots: int | torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
@@ -399,16 +395,14 @@ class DynamicTreeBuilder(TreeBuilder):
         """The caller-driven build (:func:`~specdec.trees.levelwise.levelwise_build`): the root's
         draft logits, then one request per level for the beam's ``B`` nodes of every tree.
 
-        Raises:
-            InvalidConfigError: the builder has no tensor level function under ``sampling``
-                (a subclass that redefines the per-node proposal builds host trees only).
+        A subclass without a tensor level function under ``sampling`` (one that redefines a
+        per-node hook) runs :meth:`build_reference` per row (:func:`specdec.adapters.host_feed`).
         """
         level = self._level_fn_if_exact(sampling)
-        if level is None:
-            raise InvalidConfigError(
-                f"tree builder {type(self).__name__} has no caller-driven form under {sampling}: it builds its "
-                "trees node by node (build_reference) from a DraftModel"
-            )
+        if level is None:  # the per-node form, row by row (specdec.adapters)
+            if not isinstance(roots, torch.Tensor):
+                roots = torch.tensor([int(roots)], dtype=torch.int64)
+            return host_feed(self.build_reference, roots.reshape(-1), spec, sampling, rng)
         return levelwise_build(
             roots, spec, self.construction(sampling), rng, level,
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]

@@ -43,7 +43,8 @@ from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig
 from specdec.tree_batch import TreeBatch
 
-__all__ = ["Build", "DraftSpec", "FeedBuilder", "TreeFeed", "config_groups", "drive", "group_build", "group_sources"]
+__all__ = ["Build", "DraftSpec", "FeedBuilder", "TreeFeed", "config_groups", "drive", "group_build", "group_sources",
+           "merged_build"]
 
 Build = Generator[DraftRequest, torch.Tensor, TreeBatch]
 """A tree build: yields :class:`~specdec.draft_request.DraftRequest`, receives ``[B, W]`` /
@@ -296,35 +297,57 @@ def group_build(
         InvalidConfigError: the builder has no caller-driven form, or the groups ask for the
             draft's proposal vocabulary and for the full vocabulary at the same level.
     """
-    B = int(roots.shape[0])
     index = [ix.to(roots.device) for _, ix in groups]
     try:
-        builds: list[Build | None] = [builder.feed_build(roots.index_select(0, ix), spec, cfg, rng)
-                                      for ix, (cfg, _), rng in zip(index, groups, rngs)]
+        builds: list[Build] = [builder.feed_build(roots.index_select(0, ix), spec, cfg, rng)
+                               for ix, (cfg, _), rng in zip(index, groups, rngs)]
     except InvalidConfigError as exc:
         raise InvalidConfigError(f"per-row sampling builds each configuration's trees through feed_build: {exc}") from exc
+    return (yield from merged_build(builds, index, roots))
+
+
+def merged_build(parts: Sequence[Build], index: Sequence[torch.Tensor], roots: torch.Tensor) -> Build:
+    """One build over ``B`` rows from builds over parts of them: each level yields ONE request over
+    all rows (each part's new nodes numbered after the draft ids already given; a part that asks
+    fewer nodes, or has finished, gets filler slots), hands each part its rows' logits, and stacks
+    the parts' trees in row order. :func:`group_build`'s merge, and the host builds' one
+    (:func:`specdec.adapters.host_feed`, one part per row).
+
+    Args:
+        parts: the parts' builds (not started).
+        index: each part's rows, ``[k]`` int64 on the roots' device; the parts partition ``0 .. B - 1``.
+        roots: ``[B]`` int64 the rows' last committed tokens.
+    """
+    B = int(roots.shape[0])
+    builds: list[Build | None] = list(parts)
     trees: list[TreeBatch | None] = [None] * len(builds)
     requests: list[DraftRequest | None] = []
-    for g, build in enumerate(builds):
-        assert build is not None
-        requests.append(_next(build, None, trees, g))
-    merged = _Numbering(len(builds), roots.device)
-    while any(r is not None for r in requests):
-        logits = yield merged.request(requests, index, roots, B)  # [B, W] at level 0, [B, k, W] after
-        for g, (build, asked) in enumerate(zip(builds, requests)):
-            if build is None or asked is None:
-                continue
-            part = logits.index_select(0, index[g])
-            if asked.level > 0:
-                part = part[:, : asked.new_nodes]
-            requests[g] = _next(build, part, trees, g)
-            if requests[g] is None:
-                builds[g] = None
-    parts = []
+    try:
+        for g, build in enumerate(builds):
+            assert build is not None
+            requests.append(_next(build, None, trees, g))
+        merged = _Numbering(len(builds), roots.device)
+        while any(r is not None for r in requests):
+            logits = yield merged.request(requests, index, roots, B)  # [B, W] at level 0, [B, k, W] after
+            for g, (build, asked) in enumerate(zip(builds, requests)):
+                if build is None or asked is None:
+                    continue
+                part = logits.index_select(0, index[g])
+                if asked.level > 0:
+                    part = part[:, : asked.new_nodes]
+                builds[g] = None  # (a part that raises is finished)
+                requests[g] = _next(build, part, trees, g)
+                if requests[g] is not None:
+                    builds[g] = build
+    finally:  # a part raised, or the merged build was abandoned: the other parts end too
+        for build in builds:
+            if build is not None:
+                build.close()
+    done = []
     for ix, tree in zip(index, trees):
         assert tree is not None
-        parts.append((ix, tree))
-    return TreeBatch.scatter_rows(parts, B)
+        done.append((ix, tree))
+    return TreeBatch.scatter_rows(done, B)
 
 
 def _next(build: Build, logits: torch.Tensor | None, trees: list[TreeBatch | None], g: int) -> DraftRequest | None:

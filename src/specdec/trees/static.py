@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from specdec.draft_request import DraftRequest
+from specdec.adapters import host_feed
 from specdec.drafts.base import DraftModel, laws_and_flags
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
@@ -490,14 +491,10 @@ class ShapedTreeBuilder(TreeBuilder):
         """The caller-driven build (:func:`static_build`): the root's draft logits, then one
         request per level for that level's expanded nodes (``compiler`` is not used).
 
-        Raises:
-            InvalidConfigError: a subclass that redefines :meth:`build` (host trees only).
+        A subclass that redefines :meth:`build` runs it per row (:func:`specdec.adapters.host_feed`).
         """
-        if self._host_build:
-            raise InvalidConfigError(
-                f"tree builder {type(self).__name__} redefines build(): it builds host trees from a DraftModel "
-                "and has no caller-driven form"
-            )
+        if self._host_build:  # its per-tree build, row by row (specdec.adapters)
+            return host_feed(self.build, roots, spec, sampling, rng)
         return self._shaped_build(roots, spec, sampling, rng)
 
     def law_top_k(self) -> int:
