@@ -9,6 +9,9 @@
   Face logits processor, up to the stop token.
 - Bad input: a grammar that admits no token at a node the verifier visits raises naming the
   node; scores of another width; the extra's absence is one line naming it.
+- Path rules (issue 57): ``block`` on chains (T = 1 and T = 0) and ``traversal`` on static and
+  Sequoia trees (T = 1) give the constrained law exactly, although a refused draft node's row is
+  all -inf; their tensor forms generate grammatical output (xgrammar's own at T = 0).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ xgr = pytest.importorskip("xgrammar")
 
 import specdec  # noqa: E402
 import specdec.processors as processors_module  # noqa: E402
+from specdec.engine import run_rows  # noqa: E402
 from specdec.errors import InvalidConfigError, InvalidDistributionError  # noqa: E402
 from specdec.grammar import GrammarProcessor  # noqa: E402
-from specdec.testing import MarkovLM, random_markov_logits  # noqa: E402
+from specdec.methods import compose  # noqa: E402
+from specdec.testing import MarkovLM, exact_law, random_markov_logits  # noqa: E402
 
 from .test_logits_processors import (  # noqa: E402
     GREEDY, METHODS, NUM_TOKENS, PROMPT, T1, deviation, models, parent_context, processed_law, speculative_law,
@@ -131,3 +136,71 @@ def test_without_the_extra_the_error_names_it():
             "try:\n    GrammarProcessor(None)\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "MissingExtraError" in out.stdout and "pip install 'specdec-trees[grammar]'" in out.stdout, out
+
+
+# ---------------------------------------------------------------- path rules (issue 57)
+# A draft node whose token the grammar refuses has an all -inf row; the path rules never accept
+# it (its weight is 0) and never read that row: their walks and tensor forms keep the constrained law.
+PATH_RULES = {
+    "chain/block": ("chain", "block", {"depth": 2}),
+    "static/traversal": ("static", "traversal", {"expansion": (2, 1), "mode": "wor"}),
+    "sequoia/traversal": ("sequoia", "traversal", {"num_nodes": 3, "max_depth": 2, "acceptance": (0.5, 0.2)}),
+}
+
+
+def _path_rule_law(case: str, sampling) -> dict:
+    tree, verifier, options = PATH_RULES[case]
+    target, draft = models()
+    builder, rule = compose(tree, verifier, options)
+
+    def program(rng):
+        reports = run_rows(target, draft, builder, rule, [list(PROMPT)], sampling, [rng], max_new_tokens=NUM_TOKENS,
+                           logits_processor=GrammarProcessor(small_grammar(), prompt_length=len(PROMPT)))
+        return tuple(t for report in reports for t in report.kept[0])
+
+    return exact_law(program)
+
+
+@pytest.mark.parametrize("case,sampling", [("chain/block", T1), ("chain/block", GREEDY), ("static/traversal", T1),
+                                           ("sequoia/traversal", T1)], ids=["block-T1", "block-T0", "static-T1", "sequoia-T1"])
+def test_path_rules_give_the_constrained_law_exactly(case, sampling):
+    target, _ = models()
+    reference = processed_law(target, GrammarProcessor(small_grammar(), prompt_length=len(PROMPT)), sampling, NUM_TOKENS)
+    law = _path_rule_law(case, sampling)
+    assert abs(math.fsum(law.values()) - 1.0) < 1e-9
+    assert deviation(law, reference) < 1e-9, f"{case}: {deviation(law, reference):.3e}"
+
+
+def _grammatical(grammar, tokens: list[int]) -> bool:
+    matcher = xgr.GrammarMatcher(grammar)
+    for token in tokens:
+        if not matcher.accept_token(token):
+            return False
+        if matcher.is_terminated():
+            break
+    return True
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["T1", "T0"])
+@pytest.mark.parametrize("method,options", [("sd", {"verifier": "block", "depth": 4}),
+                                            ("sequoia", {"verifier": "traversal"}),
+                                            ("specinfer", {"verifier": "traversal", "mode": "wor"})],
+                         ids=["sd-block", "sequoia-traversal", "specinfer-traversal"])
+def test_path_rules_tensor_forms_generate_under_a_grammar(method, options, temperature):
+    """The engine's tensor forms (``block``, ``traversal``): every run completes with grammatical
+    output (the forms flagged a refused node's row as a visited bad row and raised); at ``T = 0``
+    the output is xgrammar's own processor's."""
+    grammar = big_grammar()
+    sampling = specdec.SamplingConfig(temperature=temperature)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        target = MarkovLM(random_markov_logits(8, 2, g, scale=1.5).float())
+        draft = MarkovLM(random_markov_logits(8, 2, g, scale=1.5).float())
+        gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, **options)
+        out = gen.generate([0, 1], 16, sampling, seed=seed, logits_processor=GrammarProcessor(grammar))
+        assert out.stats.kernel_path == "torch"
+        assert _grammatical(grammar, out.tokens), (seed, out.tokens)
+        if temperature == 0.0:
+            ref = specdec.autoregressive_generate(target, [0, 1], 16, GREEDY,
+                                                  logits_processor=xgr.contrib.hf.LogitsProcessor(grammar)).tokens
+            assert _until_stop(out.tokens) == _until_stop(ref), (seed, out.tokens, ref)

@@ -30,7 +30,7 @@ from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, build_groups, group_sources, row_sources, scatter_decisions
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
-from specdec.verify.fast_block import decide_block_from_logits
+from specdec.verify.path_forms import decide_path_from_logits
 from specdec.processors import LogitsProcessorLike, process_batch_row
 from specdec.regions import model_call
 from specdec.rng import RandomSource, RowStreams
@@ -363,9 +363,9 @@ def _decide(
         if flag_bad:
             return decision, None
         return decision, ([r for r in walked if r is not None], nodes)
-    if verification.path_rule is not None:  # a path-level rule's tensor form (rule 8 on chains)
+    if verification.path_rule is not None:  # a path-level rule's tensor form (rules 7 and 8)
         u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
-        return decide_block_from_logits(tree, logits, u, sampling), None
+        return decide_path_from_logits(verification.path_rule, tree, logits, u, sampling), None
     assert verification.rule is not None
     if options.validate:  # every node's row that is not flagged bad (those raise only where visited)
         flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)

@@ -66,8 +66,10 @@ class PathRule:
 
     Attributes:
         name: the verifier's registry name.
-        form: which tensor form runs it: ``"block"`` (rule 8 on chains,
-            :func:`specdec.verify.fast_block.decide_block_batch`).
+        form: which tensor form runs it (:mod:`specdec.verify.path_forms`): ``"block"`` (rule 8
+            on chains, :func:`specdec.verify.fast_block.decide_block_batch`) or ``"traversal"``
+            (rule 7 on trees of sampled children,
+            :func:`specdec.verify.traversal_tensor.decide_traversal_batch`).
     """
 
     name: str
@@ -78,7 +80,7 @@ class PathRule:
             raise ValueError(f"PathRule.form must be one of {', '.join(PATH_FORMS)}, got {self.form!r}")
 
 
-PATH_FORMS = ("block",)
+PATH_FORMS = ("block", "traversal")
 """The path-level tensor forms the engine knows (:class:`PathRule`)."""
 
 

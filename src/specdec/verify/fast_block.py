@@ -82,7 +82,8 @@ def decide_block_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
         p: ``[B, n, V]`` the target's processed laws at every node.
         u: ``[B, n, C + 1]`` float64 uniforms (``C = tree.max_children >= 1``).
         bad_rows: ``[B, n]`` bool rows whose logits were bad (NaN, +inf, all -inf); a row
-            reading one of its chain's rows gets ``bad_visited`` (the walk reads them all).
+            reading one of its chain's rows gets ``bad_visited``: the rows of the nodes of weight
+            above 0 (the walk's; a node of weight 0 and the rows below it are never read).
 
     Returns:
         The :class:`~specdec.verify.fast.TreeDecision` of every row.
@@ -146,7 +147,9 @@ def decide_block_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     if bad_rows is None:
         bad = torch.zeros(B, dtype=torch.bool, device=dev)
     else:
-        bad = (bad_rows.to(dev)[rows, safe] & on_chain & (depth <= g.view(B, 1))).any(dim=1)
+        # the rows the rule reads: down to the first node of weight 0 (never accepted, nor anything below:
+        # its row, all -inf under a grammar that refuses its token, is never used)
+        bad = (bad_rows.to(dev)[rows, safe] & on_chain & (depth <= g.view(B, 1)) & (w > 0)).any(dim=1)
     return TreeDecision(accepted, tau, tokens, bonus, attempted, bad, stop)
 
 

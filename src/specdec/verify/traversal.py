@@ -200,6 +200,7 @@ class TraversalVerifier(WholeTreeVerifier):
 
     supported_kinds = frozenset({NodeKind.SAMPLED})
     supported_modes = frozenset({SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT})
+    path_rule = PathRule("traversal", "traversal")  # the engine's tensor form: specdec.verify.traversal_tensor
 
     def verify(self, tree: DraftTree, p: torch.Tensor, rng: RandomSource) -> VerifyResult:
         self.check_inputs(tree, p)
@@ -224,7 +225,10 @@ class TraversalVerifier(WholeTreeVerifier):
             last = len(children) - 1
             for i, child in enumerate(children):
                 x = int(tree.tokens[child])
-                found = self._visit(tree, p, draws, child, self.child_weight(w, P, q, x))
+                w_child = self.child_weight(w, P, q, x)
+                # weight 0 (p(x) = 0, e.g. a token a grammar refuses): the child and its subtree are
+                # rejected with probability 1; the walk does not enter them (nor read their rows)
+                found = self._visit(tree, p, draws, child, w_child) if w_child > 0 else None
                 if found is not None:
                     return [child] + found[0], found[1]
                 w, P = self.update(w, P, q)
@@ -294,21 +298,23 @@ class BlockVerifier(WholeTreeVerifier):
             return VerifyResult((), (draws.begin(0).categorical(_row(p, 0)),), 0)
         index = torch.tensor(chain, device=p.device)
         rows = p.index_select(0, index)
-        try:  # one check for the chain's rows; on failure, name the first bad one
+        try:  # one check for the chain's rows; on failure, check only the rows the rule reads
             check_distribution(rows, "p")
+            ratios = None
         except InvalidDistributionError:
-            for node in chain:
-                check_distribution(p[node], f"p[{node}]")
-            raise
+            ratios = []
         P = rows.to(F64)
         P = P / P.sum(dim=-1, keepdim=True)  # [g + 1, V]
         Q = torch.stack([tree.law_of(c).dense(tree.vocab_size, dtype=F64) for c in chain[1:]]).to(P.device)  # [g, V]
         x = torch.tensor([int(tree.tokens[c]) for c in chain[1:]], device=P.device)
         steps = torch.arange(g, device=P.device)
-        ratios = (P[steps, x] / Q[steps, x]).tolist()
+        ratios = (P[steps, x] / Q[steps, x]).tolist() if ratios is None else self._read_rows(p, chain, P, Q, x)
         w = [1.0]
         for ratio in ratios:
-            w.append(min(1.0, w[-1] * ratio))
+            w.append(min(1.0, w[-1] * ratio) if w[-1] > 0 else 0.0)
+        if len(ratios) < g:  # a node of weight 0 ends what the rule reads: the rows below are never used
+            w += [0.0] * (g - len(ratios))
+            P = torch.where(torch.tensor(w, device=P.device).unsqueeze(1) > 0, P, 0.0)
         W = torch.tensor(w[:g], dtype=F64, device=P.device).unsqueeze(1)
         R = torch.clamp_min(W * P[:g] - Q, 0)  # [g, V]
         rho = R.sum(dim=1).tolist()
@@ -325,6 +331,20 @@ class BlockVerifier(WholeTreeVerifier):
         bonus = draws.begin(chain[tau]).categorical(law)
         path = chain[1 : tau + 1]
         return VerifyResult(tuple(path), tuple(int(tree.tokens[i]) for i in path) + (bonus,), min(tau + 1, g))
+
+    @staticmethod
+    def _read_rows(p: torch.Tensor, chain: list[int], P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> list[float]:
+        """The chain's ratios ``p_i(x_{i+1}) / q_i(x_{i+1})`` down to the first node of weight 0, each
+        row checked before it is read (a node of weight 0 is never accepted, nor anything below it:
+        its row, e.g. all ``-inf`` under a grammar that refuses its token, is never read)."""
+        ratios: list[float] = []
+        for i, node in enumerate(chain[:-1]):
+            check_distribution(p[node], f"p[{node}]")
+            ratios.append(float(P[i, x[i]]) / float(Q[i, x[i]]))
+            if ratios[-1] <= 0:
+                return ratios
+        check_distribution(p[chain[-1]], f"p[{chain[-1]}]")
+        return ratios
 
     def stop_probability(self, rho: float, w: float) -> float:
         """``h = rho / (rho + 1 - w)``: the probability that the chain stops at a node of weight ``w``
