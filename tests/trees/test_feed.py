@@ -171,3 +171,28 @@ def test_a_builder_with_only_a_host_build_is_fed_row_by_row():
     assert levels == [0, 1]  # the root, then the first draft's node (the chain's second draft needs its law)
     got = feed.tree.tree(0)
     assert got.tokens.tolist() == expected.tokens.tolist() and got.parents.tolist() == expected.parents.tolist()
+
+
+def test_feed_bad_batches_are_refused_by_name():
+    """Issue 57 items 16 and 18 on the feed: too few sources and an empty batch name the argument."""
+    with pytest.raises(InvalidConfigError, match=r"rng: 2 random source\(s\) for 3 rows"):
+        TreeFeed(EagleTreeBuilder(K=2, B=2, depth=2, N=4), torch.tensor([1, 2, 3]), SamplingConfig(temperature=1.0),
+                 RowStreams([TorchRandom.seeded(0), TorchRandom.seeded(1)]), DraftSpec(V))
+    with pytest.raises(InvalidConfigError, match=r"rng: 1 random source\(s\) for 2 rows"):
+        TreeFeed(ChainTreeBuilder(depth=2), torch.tensor([1, 2]), [SamplingConfig(), SamplingConfig(temperature=1.0)],
+                 TorchRandom.seeded(0), DraftSpec(V))
+    with pytest.raises(InvalidConfigError, match="an empty batch"):
+        TreeFeed(ChainTreeBuilder(depth=2), torch.zeros(0, dtype=torch.int64), SamplingConfig(),
+                 RowStreams([TorchRandom.seeded(0)]), DraftSpec(V))
+
+
+def test_feed_reads_logits_that_require_grad_as_values():
+    """Issue 57 item 15 on the feed: top-p alone over V > 1024 with logits that require grad."""
+    big = 2048
+    feed = TreeFeed(ChainTreeBuilder(depth=2), torch.tensor([1]), SamplingConfig(temperature=1.0, top_p=0.9),
+                    TorchRandom.seeded(0), DraftSpec(big))
+    logits = torch.randn(1, big, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    while feed.request is not None:
+        r = feed.request
+        feed.give(r.level, logits if r.level == 0 else logits.unsqueeze(1).expand(1, r.new_nodes, big))
+    assert feed.tree.num_nodes.tolist() == [3]

@@ -126,7 +126,9 @@ class TreeFeed:
         compiler: a :class:`~specdec.engine.compiler.StepCompiler` (optional, level-wise builders).
 
     Raises:
-        InvalidConfigError: ``roots`` is not a ``[B]`` int64 tensor, or (on the CPU) holds an id
+        InvalidConfigError: an empty batch; ``rng`` is not one source per row (a
+            :class:`~specdec.rng.RowStreams` of ``B`` sources, or one source for one row);
+            ``roots`` is not a ``[B]`` int64 tensor, or (on the CPU) holds an id
             outside ``[0, V)``; ``spec.proposal_ids`` (on the CPU) are not distinct ascending ids
             in ``[0, V)``. Values on an accelerator are not read (no host read): keeping them in
             range is the engine's part.
@@ -151,7 +153,14 @@ class TreeFeed:
                  spec: DraftSpec, *, compiler: Any = None) -> None:
         if not isinstance(roots, torch.Tensor) or roots.dim() != 1 or roots.dtype != torch.int64:
             raise InvalidConfigError(f"roots must be a [B] int64 tensor, got {getattr(roots, 'shape', roots)!r}")
+        if roots.numel() == 0:
+            raise InvalidConfigError("roots: an empty batch (0 rows); a feed builds at least one tree")
         _check_ids(roots, spec)
+        B = int(roots.numel())
+        sources = len(rng.sources) if isinstance(rng, RowStreams) else 1
+        if sources != B:
+            raise InvalidConfigError(
+                f"rng: {sources} random source(s) for {B} rows; give one per row (a RowStreams of {B} sources)")
         self.device = roots.device
         if isinstance(sampling, SamplingConfig):
             self._build = builder.feed_build(roots, spec, sampling, rng, compiler=compiler)
@@ -172,8 +181,9 @@ class TreeFeed:
         self._advance(None)
 
     def _advance(self, logits: torch.Tensor | None) -> None:
-        try:
-            self._request = next(self._build) if logits is None else self._build.send(logits)
+        try:  # the runner's logits are read as values (a tensor that requires grad is not differentiated)
+            with torch.no_grad():
+                self._request = next(self._build) if logits is None else self._build.send(logits)
         except StopIteration as done:
             self._request, self._tree = None, done.value
 
