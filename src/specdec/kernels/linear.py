@@ -420,8 +420,9 @@ def tune_linear(
     :data:`~specdec.kernels.tuning_scope.DEFAULT_ROWS` (1-16 and 24-64: a one-row
     run's trees, baseline and draft levels), with ``max_rows`` replacing the counts
     up to 16 by ``1..max_rows`` and ``large_rows`` replacing those above it. A count
-    that was not measured takes the method of the largest measured count below it
-    (``"rows"`` below the smallest).
+    that was not measured takes the method of the largest measured count below it;
+    ``"rows"`` below the smallest, and past ``1..m`` when nothing beyond a contiguous
+    ``1..m`` was measured (``large_rows=()``).
 
     The weights are random float32 matrices of ``shape``; several copies
     (about ``cold_bytes`` in all, at most 64) are cycled so that a small
