@@ -237,7 +237,7 @@ class Claims(TreeBuilder):
 
     def build(self, root_token, draft, sampling, rng):
         raise NotImplementedError
-""", "declares batch_form = True but does not override build_batch"),
+""", "declares batch_form = True but overrides neither feed_build nor build_batch"),
     "unregistered default verifier": ("""
 from specdec.trees.chain import ChainTreeBuilder
 

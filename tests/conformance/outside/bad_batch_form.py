@@ -1,4 +1,4 @@
-"""Bad plug-in: a tree builder declaring batch_form = True without its own build_batch."""
+"""Bad plug-in: a tree builder declaring batch_form = True without its own feed_build (or build_batch)."""
 
 import attrs
 
@@ -9,4 +9,4 @@ from specdec.registry import register
 @register("tree", "outside-bad-batch-form")
 @attrs.frozen
 class ClaimsBatches(NucleusBuilder):
-    batch_form = True  # BUG: no build_batch of its own
+    batch_form = True  # BUG: no feed_build (tensor form) of its own
