@@ -1,13 +1,16 @@
 """Host sync-type events per step on every generation path (issue 42's goal: at most 4).
 
 SmolLM2-135M-Instruct target with the shipped EAGLE-3 head, 60-node depth-6 trees, T = 1,
-``--tokens`` new tokens, for ``eagle3`` and ``rheo``, on the paths a user can take:
+``--tokens`` new tokens, for ``eagle3``, ``rheo`` and ``sequoia-traversal`` (Sequoia trees verified
+by ``traversal``'s tensor form, issue 56), on the paths a user can take:
 
 - ``cpu_default``: ``kernel="auto"`` on the CPU (the tensor rule);
 - ``torch``: ``kernel="torch"``;
 - ``triton_interpreter``: ``kernel="triton"`` under ``TRITON_INTERPRET=1`` (the fused kernel on
   the device tree batch, what ``kernel="auto"`` runs on CUDA with Triton);
 - ``batch4``: ``generate_batch`` with 4 prompts (per batched step);
+- ``batch4_mixed``: the same with one sampling configuration per row (T = 1, T = 0.7 with
+  top-k 40, T = 1 with top-p 0.9, T = 0.5);
 - ``logits_processor``: a processor applied to every node in its own context;
 - ``logprobs``: ``return_logprobs=True``.
 
@@ -19,6 +22,7 @@ hardware, so they carry to a GPU; the interpreter path is slow (minutes per meth
 Usage::
 
     TRITON_INTERPRET=1 python benchmarks/sync_paths.py --json benchmarks/results/sync_paths.json
+    python benchmarks/sync_paths.py --methods sequoia-traversal --paths cpu_default,torch,batch4,batch4_mixed,logits_processor,logprobs
 """
 
 from __future__ import annotations
@@ -34,9 +38,15 @@ import torch
 import specdec
 from specdec.testing.counter import StepCounter
 
-METHODS = ("eagle3", "rheo")
-PATHS = ("cpu_default", "torch", "triton_interpreter", "batch4", "logits_processor", "logprobs")
-TREE = {"eagle3": {"N": 60, "depth": 6}, "rheo": {"N": 60, "depth": 6}}
+METHODS = ("eagle3", "rheo", "sequoia-traversal")
+PATHS = ("cpu_default", "torch", "triton_interpreter", "batch4", "batch4_mixed", "logits_processor", "logprobs")
+TREE: dict[str, dict[str, Any]] = {
+    "eagle3": {"N": 60, "depth": 6}, "rheo": {"N": 60, "depth": 6},
+    "sequoia-traversal": {"method": "sequoia", "verifier": "traversal", "num_nodes": 60, "max_depth": 6,
+                          "acceptance": (0.5, 0.2, 0.1, 0.05, 0.03, 0.02)},
+}
+MIXED = [specdec.SamplingConfig(temperature=1.0), specdec.SamplingConfig(temperature=0.7, top_k=40),
+         specdec.SamplingConfig(temperature=1.0, top_p=0.9), specdec.SamplingConfig(temperature=0.5)]
 
 
 def ban_token(token: int) -> Any:
@@ -71,12 +81,16 @@ def load_real() -> tuple[Any, Any, list[list[int]]]:
 
 def count(target: Any, draft: Any, prompts: list[list[int]], method: str, path: str, tokens: int) -> dict[str, Any]:
     kernel = {"torch": "torch", "triton_interpreter": "triton"}.get(path, "auto")
-    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, kernel=kernel, **TREE[method])
+    if path == "triton_interpreter" and method == "sequoia-traversal":  # a path rule: no fused kernel
+        return {"steps": 0, "tau": 0.0, "syncs_per_step": float("nan"), "sites": [], "kernel_path": "n/a"}
+    options = dict(TREE[method])
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=options.pop("method", method), kernel=kernel,
+                                       **options)
     sampling = specdec.SamplingConfig(temperature=1.0)
 
     def run(n: int) -> tuple[int, float]:
-        if path == "batch4":
-            out = gen.generate_batch(prompts[:4], n, sampling, seeds=[0, 1, 2, 3])
+        if path in ("batch4", "batch4_mixed"):
+            out = gen.generate_batch(prompts[:4], n, MIXED if path == "batch4_mixed" else sampling, seeds=[0, 1, 2, 3])
             return out.steps, out.tau
         extra: dict[str, Any] = {}
         if path == "logits_processor":
@@ -101,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--paths", default=",".join(PATHS))
+    ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -110,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, draft, prompts = load_real()
     out: dict[str, Any] = {"torch": torch.__version__, "tokens": args.tokens, "tree": TREE, "results": {}}
-    for method in METHODS:
+    for method in [m for m in args.methods.split(",") if m]:
         for path in paths:
             row = count(target, draft, prompts, method, path, args.tokens)
             out["results"][f"{method}/{path}"] = row
-            print(f"{method:7s} {path:20s} {row['syncs_per_step']:6.2f} syncs/step  ({row['steps']} steps, "
+            print(f"{method:17s} {path:20s} {row['syncs_per_step']:6.2f} syncs/step  ({row['steps']} steps, "
                   f"tau {row['tau']:.2f})  {'; '.join(row['sites'][:4])}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

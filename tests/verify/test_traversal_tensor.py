@@ -254,6 +254,20 @@ def test_a_traversal_step_reads_the_host_within_the_budget(method, options):
     assert _syncs_per_step(method, **options) <= BUDGET
 
 
+def test_a_mixed_sampling_batch_reads_the_host_within_the_budget():
+    """``generate_batch`` with one configuration per row: each group verified by traversal's tensor form
+    (the rows' parameter tensors, made once per call, spread over the call's steps)."""
+    target, draft = _models()
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="sequoia", verifier="traversal", **SEQUOIA)
+    mixed = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3),
+             SamplingConfig(temperature=1.0, top_p=0.9), SamplingConfig(temperature=0.5)]
+    prompts = [[1, 2], [3], [0, 4, 1], [2, 2]]
+    gen.generate_batch(prompts, 4, mixed, seeds=[0, 1, 2, 3])  # warm-up
+    with StepCounter() as counter:
+        out = gen.generate_batch(prompts, 64, mixed, seeds=[4, 5, 6, 7])
+    assert counter.syncs / out.steps <= BUDGET, counter.report()
+
+
 def test_the_counter_sees_the_walks_host_reads(monkeypatch):
     """Power: the same steps by the walk (no tensor form declared) read the host far more often."""
     monkeypatch.setattr(TraversalVerifier, "path_rule", None)

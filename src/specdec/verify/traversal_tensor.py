@@ -39,6 +39,9 @@ path, and one ``[B, V]`` bonus row; no host read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from specdec.rng_sources import inverse_cdf_rows
@@ -67,77 +70,141 @@ def _children(tree: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return table[:, : n * C].reshape(B, n, C), child, cell
 
 
-def traversal_weights(tree: TreeBatch, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+class TraversalState(NamedTuple):
+    """Every node's weights and final residual (:func:`traversal_weights`), ``[B, n]`` float64 unless said.
+
+    The final residual of a node with children, on its law's support (``a0 = p`` normalised there,
+    ``q0`` the law), is ``[a0 - C q0]+ / Z``, except at its children's tokens drawn without
+    replacement, ``[a0 - C_k q0]+ / Z`` with ``C_k`` (``C_after[..., k]``) the coefficient after the
+    ``k``-th child's rejection; off the support it is ``p / (total Z)``.
+    """
+
+    w_in: torch.Tensor  # the weight each node enters with (root 1, 0 for padding and unentered nodes)
+    w_final: torch.Tensor  # the weight its test uses (after all its children were rejected)
+    C: torch.Tensor  # the cumulative rejection coefficient
+    Z: torch.Tensor  # the residual's mass in units of the normalised row (1 without rejections)
+    C_after: torch.Tensor  # [B, n, C] the coefficient after each child's rejection
+
+
+def _levels(tree: TreeBatch, parent_node: torch.Tensor, n_children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                             torch.Tensor, list[list[int]]]:
+    """The nodes with children, depth by depth: ``(order [B, n] their slots sorted by depth then slot,
+    start [B, D] where each depth begins in it, count [B, D], [[width, most children] per depth])``.
+    The widths are the step's one host read (so that each depth's work covers its own nodes only)."""
+    B, n = tree.tokens.shape
+    D = max(tree.max_depth, 1)
+    nodes = torch.arange(n, device=tree.device)
+    depth = tree.depths.clamp(0, D - 1)
+    key = torch.where(parent_node, depth * n + nodes, D * n + nodes)
+    order = torch.argsort(key, dim=1)
+    count = torch.zeros(B, D, dtype=torch.int64, device=tree.device).scatter_add_(1, depth, parent_node.long())
+    most = torch.zeros(B, D, dtype=torch.int64, device=tree.device).scatter_reduce_(
+        1, depth, torch.where(parent_node, n_children, 0), "amax")
+    start = count.cumsum(1) - count
+    shape = torch.stack([count.amax(0), most.amax(0)], 1).tolist()  # the one host read: [D, 2]
+    return order, start, count, shape
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[b, idx[b, j]]`` for ``x`` ``[B, n, ...]`` and ``idx`` ``[B, W]``: ``[B, W, ...]``, a copy (one
+    ``index_select`` of whole rows, faster than advanced indexing on a CPU)."""
+    B, n = x.shape[:2]
+    flat = (idx + torch.arange(B, device=idx.device).view(B, 1) * n).view(-1)
+    return x.reshape(B * n, *x.shape[2:]).index_select(0, flat).view(*idx.shape, *x.shape[2:])
+
+
+def traversal_weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor]) -> TraversalState:
     """Every node's entry and final sequence weights and final residual (the module docstring's first point).
 
     Args:
         tree: ``B`` trees of sampled children.
-        p: ``[B, n, V]`` the target's laws at every node, up to a positive factor per row (finite).
-
-    Returns:
-        ``(w_in [B, n], w_final [B, n], A [B, n, L], Z [B, n])`` float64: the weight each node
-        enters with (root 1; 0 for padding), the weight its test uses, and its final residual
-        ``A / Z`` on the support of its law (``p(x) / (total Z)`` off it, ``total`` the row's sum).
+        rows_of: ``idx [B, W]`` node slots -> ``[B, W, V]`` the target's laws there, up to a positive
+            factor per row (finite); called once per depth, for the nodes with children at that depth.
     """
-    B, n, V = p.shape
+    B, n = tree.tokens.shape
     C, D = tree.max_children, tree.max_depth
-    S = min(C if tree.max_sampled is None else tree.max_sampled, C)
-    dev = p.device
+    dev = tree.device
     tiny = torch.finfo(F64).tiny
     table, child, cell = _children(tree)
     has = table >= 0  # [B, n, C]
-    tok = tree.tokens.gather(1, table.clamp_min(0).view(B, n * C)).view(B, n, C)
-    ids = tree.law_ids
-    on = ids >= 0  # [B, n, L]
-    safe_ids = ids.clamp_min(0)
-    total = p.sum(dim=-1, dtype=F64).clamp_min(tiny)  # [B, n]
-    A = torch.where(on, p.gather(2, safe_ids).to(F64) / total.unsqueeze(-1), 0.0)  # [B, n, L] p normalised on q's support
-    support = torch.zeros(B, n, V + 1, dtype=torch.bool, device=dev)
-    support.scatter_(2, torch.where(on, ids, V), True)  # padding to the discard column V
-    off = torch.where(support[..., :V], 0.0, p).sum(dim=-1, dtype=F64) / total  # [B, n] p's mass off the support
-    Z = A.sum(dim=-1) + off  # [B, n] the residual's mass (1 up to rounding until a rejection)
-    q = torch.where(on, tree.law_probs.to(F64), 0.0)  # [B, n, L] q', rows zeroed as tokens leave (without replacement)
-    mass = q.sum(dim=-1)  # [B, n] what remains of q' (its divisor after a removal)
-    pos = torch.stack([(ids == tok[..., k : k + 1]).long().argmax(dim=-1) for k in range(S)], -1) if S else \
-        torch.zeros(B, n, 0, dtype=torch.int64, device=dev)  # [B, n, S] each child's column of the support
-    wor = tree.law_wor
-    depth = tree.depths
-    w_in = torch.zeros(B, n, dtype=F64, device=dev)
+    n_children = has.sum(-1)
+    parent_node = n_children > 0
+    order, start, count, shape = _levels(tree, parent_node, n_children)
+    b_rows = torch.arange(B, device=dev).view(B, 1)
+    w_in = torch.zeros(B, n + 1, dtype=F64, device=dev)  # column n: a discard column
     w_in[:, 0] = 1.0
-    w_final = w_in.clone()
-    parent_node = has.any(dim=-1)  # [B, n]
-    for d in range(D):
-        level = parent_node & (depth == d)  # [B, n] the nodes deciding their children now
-        w = torch.where(level, w_in, 0.0)
-        m = torch.ones(B, n, dtype=F64, device=dev)  # q''s divisor: 1 until a token is removed
-        child_w = torch.zeros(B, n, C, dtype=F64, device=dev)
-        for k in range(S):
-            active = level & has[..., k]  # [B, n]
-            at = pos[..., k : k + 1]  # [B, n, 1]
-            q_raw = q.gather(2, at).squeeze(-1)  # [B, n]
-            P_x = A.gather(2, at).squeeze(-1) / Z.clamp_min(tiny)
-            q_x = q_raw / m
+    w_final = torch.zeros(B, n + 1, dtype=F64, device=dev)
+    C_fin = torch.zeros(B, n + 1, dtype=F64, device=dev)
+    Z_fin = torch.ones(B, n + 1, dtype=F64, device=dev)
+    C_after = torch.zeros(B, n + 1, C, dtype=F64, device=dev)
+    for d in range(min(D, len(shape))):
+        W, K = shape[d]
+        if W == 0 or K == 0:
+            continue
+        j = torch.arange(W, device=dev).view(1, W)
+        ok = j < count[:, d : d + 1]  # [B, W]
+        idx = order.gather(1, (start[:, d : d + 1] + j).clamp_max(n - 1))  # [B, W] the depth's nodes with children
+        target = torch.where(ok, idx, n)  # where results go (n: discarded)
+        p = rows_of(idx)  # [B, W, V]
+        V = p.shape[-1]
+        ids = _take(tree.law_ids, idx)  # [B, W, L]
+        on = ids >= 0
+        cols = torch.where(on, ids, V)  # padding to the discard column V
+        total = p.sum(dim=-1, dtype=F64).clamp_min(tiny)  # [B, W]
+        a0 = p.gather(2, ids.clamp_min(0)).to(F64).div_(total.unsqueeze(-1)).masked_fill_(~on, 0.0)  # p normalised on q's support
+        off = (1.0 - a0.sum(dim=-1)).clamp_min(0.0)  # [B, W] p's mass off the support
+        q = _take(tree.law_probs, idx).to(F64)  # [B, W, L] q' (0 on padding; a copy), zeroed as tokens leave
+        column = torch.empty((B, W, V + 1), dtype=torch.int32, device=dev)  # token -> its column of the support
+        column.scatter_(2, cols, torch.arange(ids.shape[-1], dtype=torch.int32, device=dev).expand_as(ids))
+        kids = table[b_rows, idx][..., :K]  # [B, W, K]
+        kid_on = kids >= 0
+        tok = tree.tokens.gather(1, kids.clamp_min(0).view(B, W * K)).view(B, W, K)
+        hit = ids.gather(2, column.gather(2, tok).long().clamp(0, ids.shape[-1] - 1)) == tok  # on the support
+        pos = torch.where(hit, column.gather(2, tok).long(), 0).clamp(0, ids.shape[-1] - 1)  # [B, W, K] each child's column
+        a0_x, q0_x = a0.gather(2, pos), q.gather(2, pos)  # [B, W, K]
+        wor = tree.law_wor[b_rows, idx]  # [B, W]
+        w = torch.where(ok, w_in[b_rows, idx], 0.0)
+        coef = torch.zeros(B, W, dtype=F64, device=dev)
+        Z = a0.sum(dim=-1) + off
+        m = torch.ones(B, W, dtype=F64, device=dev)  # q''s divisor: 1 until a token leaves
+        mass = q.sum(dim=-1)
+        gone_a0 = torch.zeros(B, W, dtype=F64, device=dev)  # sum of a0 over the tokens that left q'
+        gone_kept = torch.zeros(B, W, dtype=F64, device=dev)  # their residual entries, frozen when they left
+        child_w = torch.zeros(B, W, K, dtype=F64, device=dev)
+        after = torch.zeros(B, W, K, dtype=F64, device=dev)
+        for k in range(K):
+            trying = ok & kid_on[..., k]
+            P_x = torch.clamp_min(a0_x[..., k] - coef * q0_x[..., k], 0.0) / Z.clamp_min(tiny)
+            q_x = q0_x[..., k] / m
             ratio = torch.where(q_x > 0, P_x / q_x.clamp_min(tiny), 0.0)
-            child_w[..., k] = torch.where(active, torch.clamp_max(w * ratio, 1.0), 0.0)
-            # the child (and its subtree) rejected: A <- [A - (Z / (m w)) q]+, nodes not rejecting untouched
-            rejecting = active & (w > 0)
-            coef = torch.where(rejecting, Z / (m * w).clamp_min(tiny), 0.0)
-            R = torch.addcmul(A, q, coef.unsqueeze(-1), value=-1.0).clamp_min_(0.0)
-            Z_next = R.sum(dim=-1) + off
-            empty = rejecting & ~(Z_next > 0)  # rho = 0: the residual is kept (a branch of probability 0)
+            child_w[..., k] = torch.where(trying, torch.clamp_max(w * ratio, 1.0), 0.0)
+            # the child (and its subtree) rejected: the residual [a0 - C q0]+ with C += Z / (m w)
+            rejecting = trying & (w > 0)
+            coef_next = coef + torch.where(rejecting, Z / (m * w).clamp_min(tiny), 0.0)
+            F = torch.addcmul(a0, q, coef_next.unsqueeze(-1), value=-1.0).clamp_min_(0.0).sum(dim=-1)
+            Z_next = F - gone_a0 + gone_kept + off
+            moved = rejecting & (Z_next > 0)  # rho = 0: the residual is kept (a branch of probability 0)
             rho = w * Z_next / Z.clamp_min(tiny)
-            w = torch.where(rejecting, stop_probabilities(rho, w), w)
-            A = torch.where(empty.unsqueeze(-1), A, R)
-            Z = torch.where(rejecting & ~empty, Z_next, Z)
-            leave = active & wor  # without replacement: the token leaves q' before the next child
-            q = q.scatter(2, at, torch.where(leave, 0.0, q_raw).unsqueeze(-1))
-            mass = torch.where(leave, mass - q_raw, mass)
+            w = torch.where(rejecting, stop_probabilities(rho.clamp_min(0.0), w), w)
+            coef = torch.where(moved, coef_next, coef)
+            Z = torch.where(moved, Z_next, Z)
+            after[..., k] = coef
+            leave = trying & wor  # without replacement: the token leaves q' before the next child
+            kept = torch.clamp_min(a0_x[..., k] - coef * q0_x[..., k], 0.0)
+            gone_a0 = gone_a0 + torch.where(leave, a0_x[..., k], 0.0)
+            gone_kept = gone_kept + torch.where(leave, kept, 0.0)
+            q.scatter_(2, pos[..., k : k + 1], torch.where(leave, 0.0, q0_x[..., k]).unsqueeze(-1))
+            mass = torch.where(leave, mass - q0_x[..., k], mass)
             m = torch.where(leave, mass.clamp_min(tiny), m)
-        w_final = torch.where(level, w, w_final)
-        entering = child & (depth == d + 1)
-        w_in = torch.where(entering, child_w.view(B, n * C).gather(1, cell.clamp_max(n * C - 1)), w_in)
+        w_final.scatter_(1, target, w)
+        C_fin.scatter_(1, target, coef)
+        Z_fin.scatter_(1, target, Z)
+        C_after[:, :, :K].scatter_(1, target.unsqueeze(-1).expand(B, W, K), after)
+        into = torch.where(kid_on & ok.unsqueeze(-1), kids, n).view(B, W * K)
+        w_in.scatter_(1, into, child_w.view(B, W * K))
+    w_in, w_final = w_in[:, :n], w_final[:, :n]
     w_final = torch.where(parent_node, w_final, w_in)
-    return w_in, w_final, A, Z
+    return TraversalState(w_in, w_final, C_fin[:, :n], Z_fin[:, :n], C_after[:, :n])
 
 
 def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
@@ -156,15 +223,22 @@ def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     Returns:
         The :class:`~specdec.verify.decision.TreeDecision` of every row.
     """
-    B, n, V = p.shape
+    return _decide(tree, lambda idx: _take(p, idx), u, bad_rows)
+
+
+def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u: torch.Tensor,
+            bad_rows: torch.Tensor | None) -> TreeDecision:
+    """:func:`decide_traversal_batch` with the laws read through ``rows_of`` (``idx [B, W]`` -> ``[B, W, V]``)."""
+    B, n = tree.tokens.shape
     C, D = tree.max_children, tree.max_depth
-    dev = p.device
-    w_in, w_final, A, Z = traversal_weights(tree, p)
+    dev = tree.device
+    tiny = torch.finfo(F64).tiny
+    state = traversal_weights(tree, rows_of)
     table, child, cell = _children(tree)
     has = table >= 0
     nodes = torch.arange(n, device=dev)
     anc = tree.ancestors  # [B, n, n]: [b, i, j] iff j is i or an ancestor of i
-    passes = child & (u[..., 0].to(F64) < w_final)  # [B, n]
+    passes = child & (u[..., 0].to(F64) < state.w_final)  # [B, n]
     hit = (anc & passes.unsqueeze(-1)).any(dim=1)  # [B, n] a passing node in the subtree
     hit_cells = hit.gather(1, table.clamp_min(0).view(B, n * C)).view(B, n, C) & has
     hit_before = (hit_cells.long().cumsum(-1) - hit_cells.long()) > 0  # an earlier sibling's subtree holds one
@@ -175,12 +249,25 @@ def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     num = torch.where(on_path, depth, 0).amax(dim=1)  # [B]
     stop = torch.where(on_path & (depth == num.view(B, 1)), nodes, 0).amax(dim=1)  # [B] t (the root: 0)
     rows = torch.arange(B, device=dev)
-    # the bonus: t's final residual, A / Z on its law's support and p / (total Z) off it
-    row = p[rows, stop].to(F64)  # [B, V]
-    row = row / row.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(F64).tiny)
-    ids_t, A_t, Z_t = tree.law_ids[rows, stop], A[rows, stop], Z[rows, stop].unsqueeze(-1)
-    delta = torch.where(ids_t >= 0, A_t - row.gather(1, ids_t.clamp_min(0)), 0.0)
-    law = row.scatter_add(1, ids_t.clamp_min(0), delta) / Z_t.clamp_min(torch.finfo(F64).tiny)
+    # the bonus: t's final residual (TraversalState), from t's row
+    row = rows_of(stop.view(B, 1)).squeeze(1).to(F64)  # [B, V]
+    V = row.shape[-1]
+    row = row / row.sum(dim=-1, keepdim=True).clamp_min(tiny)
+    ids = tree.law_ids[rows, stop]  # [B, L]
+    on = ids >= 0
+    q0 = torch.where(on, tree.law_probs[rows, stop].to(F64), 0.0)
+    a0 = torch.where(on, row.gather(1, ids.clamp_min(0)), 0.0)
+    coef = state.C[rows, stop].unsqueeze(-1)
+    law = torch.cat([row, row.new_zeros(B, 1)], 1)  # [B, V + 1]: column V discards
+    law.scatter_(1, torch.where(on, ids, V), torch.clamp_min(a0 - coef * q0, 0.0))
+    kids = table[rows, stop]  # [B, C] its children: their tokens left q' one by one (without replacement)
+    tok = tree.tokens.gather(1, kids.clamp_min(0))
+    left = (kids >= 0) & tree.law_wor[rows, stop].view(B, 1)
+    at = (ids.unsqueeze(1) == tok.unsqueeze(-1)) & on.unsqueeze(1)  # [B, C, L]
+    a_tok = (at * a0.unsqueeze(1)).sum(-1)
+    q_tok = (at * q0.unsqueeze(1)).sum(-1)
+    law.scatter_(1, torch.where(left, tok, V), torch.clamp_min(a_tok - state.C_after[rows, stop] * q_tok, 0.0))
+    law = law[:, :V] / state.Z[rows, stop].clamp_min(tiny).unsqueeze(-1)
     u_bonus = u[rows, stop, torch.where(stop > 0, 1, 0)].to(F64)
     bonus = inverse_cdf_rows(law, u_bonus, torch.ones(B, dtype=torch.bool, device=dev))
     accepted = torch.full((B, D + 1), -1, dtype=torch.int64, device=dev)
@@ -194,7 +281,7 @@ def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     if bad_rows is None:
         bad = torch.zeros(B, dtype=torch.bool, device=dev)
     else:
-        bad = (bad_rows.to(dev) & _read_rows(tree, anc, child, stop, w_in, parent_node)).any(dim=1)
+        bad = (bad_rows.to(dev) & _read_rows(tree, anc, child, stop, state.w_in, parent_node)).any(dim=1)
     return TreeDecision(accepted, num, tokens, bonus, attempted, bad, stop)
 
 
@@ -221,7 +308,15 @@ def _read_rows(tree: TreeBatch, anc: torch.Tensor, child: torch.Tensor, stop: to
 def decide_traversal_from_logits(tree: TreeBatch, logits: torch.Tensor, u: torch.Tensor,
                                  sampling: SamplingConfig) -> TreeDecision:
     """:func:`decide_traversal_batch` on the target's ``[B, n, V]`` logits, processed by ``sampling``
-    (:func:`~specdec.sampling.process_logits`; bad rows flagged, never raised here)."""
-    bad = row_is_bad(logits)
-    p = process_logits(torch.where(bad.unsqueeze(-1), torch.zeros_like(logits), logits), sampling, check=False)
-    return decide_traversal_batch(tree, p, u, bad)
+    (:func:`~specdec.sampling.process_logits`) at the rows the rule reads only: the nodes with
+    children, depth by depth, and the stop node's; bad rows among them flagged, never raised here."""
+    B, n, V = logits.shape
+    bad = torch.zeros(B, n + 1, dtype=torch.bool, device=logits.device)  # column n: discarded
+
+    def rows_of(idx: torch.Tensor) -> torch.Tensor:
+        x = _take(logits, idx)  # [B, W, V]
+        flags = row_is_bad(x)
+        bad.scatter_(1, idx, flags)
+        return process_logits(torch.where(flags.unsqueeze(-1), torch.zeros_like(x), x), sampling, check=False)
+
+    return _decide(tree, rows_of, u, bad[:, :n])
