@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
 from specdec.drafts.base import DraftModel
-from specdec.engine.loop import check_prompts, run_rows
+from specdec.engine.loop import check_prompts
 from specdec.engine.options import StepOptions
 from specdec.engine.stats import StepTally
 from specdec.errors import InvalidConfigError
-from specdec.inputs import as_eos_ids, as_seed
+from specdec.processors import LogitsProcessorLike
 from specdec.registry import get
-from specdec.rng import seeded_sources
+from specdec.request import Decoder, GenerateOptions, stream_request
 from specdec.sampling import SamplingConfig
 from specdec.targets.base import TargetModel
 from specdec.trees.base import TreeBuilder
@@ -46,6 +47,7 @@ __all__ = [
     "autoregressive_stream_batch",
     "check_prompts",
     "collect_batch",
+    "plain_decoder",
     "speculative_stream_batch",
 ]
 
@@ -85,20 +87,10 @@ class BatchOutput:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
 
-def _seeds(seeds: Sequence[int] | None, rows: int) -> list[int]:
-    if seeds is None:
-        return list(range(rows))
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
-        raise InvalidConfigError(f"seeds must be a sequence of {rows} ints, one per prompt, got {seeds!r}")
-    if len(seeds) != rows:
-        raise InvalidConfigError(f"seeds must be {rows} ints, one per prompt, got {len(seeds)}: {list(seeds)!r}")
-    out = []
-    for b, s in enumerate(seeds):
-        seed = as_seed(s, f"seeds[{b}]")
-        if seed is None:
-            raise InvalidConfigError(f"seeds must be ints (a row's tokens depend only on its seed), got {list(seeds)!r}")
-        out.append(seed)
-    return out
+def plain_decoder(target: TargetModel) -> Decoder:
+    """Plain decoding's composition: a root-only tree, verified by the ``match`` rule with no
+    children (the bonus is drawn from ``p`` itself)."""
+    return Decoder(target, None, RootOnlyBuilder(target.vocab_size), get("verifier", "match")())
 
 
 def speculative_stream_batch(
@@ -107,19 +99,20 @@ def speculative_stream_batch(
     builder: TreeBuilder,
     verifier: Verifier,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampling: SamplingConfig | Sequence[SamplingConfig],
+    max_new_tokens: int | None = None,
+    sampling: Any = None,
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     *,
+    seed: int | None = None,
+    logits_processor: LogitsProcessorLike | None = None,
     kernel: str = "auto",
     random: str = "torch",
     options: StepOptions | None = None,
-    _tallies: list[StepTally] | None = None,
-    what: str = "SpeculativeGenerator.generate_batch",
 ) -> Iterator[dict[int, list[int]]]:
-    """Decode every prompt at once; yield ``{row: new tokens}`` after each step (the body of
-    :meth:`~specdec.generate.SpeculativeGenerator.stream_batch`).
+    """Decode every prompt at once; yield ``{row: new tokens}`` after each step (what
+    :meth:`~specdec.generate.SpeculativeGenerator.stream_batch` runs, for a composition given
+    piece by piece; the other arguments as there, :mod:`specdec.request`).
 
     One step for all running rows: the draft (rows mode) grows every row's tree with the
     builder's tensor form, the target scores all trees in one forward, the verification
@@ -131,7 +124,8 @@ def speculative_stream_batch(
     batch-1 output wherever the models' logits agree across batch sizes (at T = 0, token
     for token). ``sampling`` may give each row its own configuration (a sequence of ``B``):
     each row is then drafted and verified under its own, with the same guarantee
-    (:mod:`specdec.engine.row_sampling`).
+    (:mod:`specdec.engine.row_sampling`). ``logits_processor`` runs on each row's nodes in
+    that row's own contexts.
 
     Needs, for several rows: a target with a batch mode (``HFTarget``, ``CallableLM``), a
     draft with a rows mode (:attr:`DraftModel.supports_rows
@@ -139,25 +133,36 @@ def speculative_stream_batch(
     (:meth:`TreeBuilder.grows_batches <specdec.trees.base.TreeBuilder.grows_batches>`);
     anything else raises :class:`~specdec.errors.InvalidConfigError` before any forward.
     """
-    check_prompts(prompts)
-    row_seeds = _seeds(seeds, len(prompts))
-    tallies = _tallies if _tallies is not None else []
-    tallies[:] = [StepTally() for _ in prompts]
-    for report in run_rows(target, draft, builder, verifier, prompts, sampling, seeded_sources(random, row_seeds),
-                           max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id, target.vocab_size), kernel=kernel,
-                           verify_seeds=row_seeds, options=options, tallies=tallies, what=what, named=True):
+    if not isinstance(target, TargetModel):
+        raise InvalidConfigError(f"target must be a TargetModel, got {type(target).__name__}")
+    request = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor).resolve(
+        prompts, target.device, batch=True)
+    decoder = Decoder(target, draft, builder, verifier, kernel=kernel, random=random, step=options)
+    tallies = [StepTally() for _ in prompts]
+    for report in stream_request(decoder, prompts, request, tallies, what="speculative_stream_batch", batch=True):
+        yield report.kept
+
+
+def _stream_plain(target: TargetModel, prompts: Sequence[Sequence[int]], options: GenerateOptions,
+                  tallies: list[StepTally]) -> Iterator[dict[int, list[int]]]:
+    if not isinstance(target, TargetModel):
+        raise InvalidConfigError(f"target must be a TargetModel, got {type(target).__name__}")
+    request = options.resolve(prompts, target.device, batch=True)
+    for report in stream_request(plain_decoder(target), prompts, request, tallies,
+                                 what="autoregressive_generate_batch", batch=True):
         yield report.kept
 
 
 def autoregressive_stream_batch(
     target: TargetModel,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+    max_new_tokens: int | None = None,
+    sampling: Any = None,
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     *,
-    _tallies: list[StepTally] | None = None,
+    seed: int | None = None,
+    logits_processor: LogitsProcessorLike | None = None,
 ) -> Iterator[dict[int, list[int]]]:
     """Plain decoding of every prompt at once; yields ``{row: new tokens}`` after each step for
     the rows that produced one (``row`` = index into ``prompts``). See the module docstring
@@ -166,33 +171,34 @@ def autoregressive_stream_batch(
     Args:
         target: a target with a batch mode (``HFTarget``, ``CallableLM``).
         prompts: ``B`` non-empty sequences of token ids (lists or 1-D tensors), of any lengths.
-        max_new_tokens: per row.
-        sampling: shared by the rows (default: temperature 1), or one per row.
+        max_new_tokens: per row (may be left out with a ``GenerationConfig`` that gives a length).
+        sampling: shared by the rows (default: temperature 1), one per row, or a
+            ``transformers.GenerationConfig`` (as in ``autoregressive_generate``).
         seeds: one int per row (default ``0 .. B - 1``).
         eos_token_id: an id or ids that stop a row (kept as its last token).
+        seed: instead of ``seeds``: row ``b`` gets ``seed + b``.
+        logits_processor: applied to each row's logits in its own context (the sequence so far).
 
     Raises:
-        InvalidConfigError: bad prompts, seeds, ``eos_token_id`` or a target without batch mode.
+        InvalidConfigError: bad prompts, seeds, ``eos_token_id``, processor or a target without batch mode.
         InvalidDistributionError: a row's target logits are NaN, +inf or all -inf.
     """
-    sampling = SamplingConfig() if sampling is None else sampling
-    if not isinstance(target, TargetModel):
-        raise InvalidConfigError(f"target must be a TargetModel, got {type(target).__name__}")
-    verifier = get("verifier", "match")()  # rule 2 with no children: the bonus is drawn from p
-    yield from speculative_stream_batch(target, None, RootOnlyBuilder(target.vocab_size), verifier, prompts,
-                                        max_new_tokens, sampling, seeds, eos_token_id,
-                                        _tallies=_tallies, what="autoregressive_generate_batch")
+    options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor)
+    yield from _stream_plain(target, prompts, options, [StepTally() for _ in prompts])
 
 
 def autoregressive_generate_batch(
     target: TargetModel,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+    max_new_tokens: int | None = None,
+    sampling: Any = None,
     seeds: Sequence[int] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    *,
+    seed: int | None = None,
+    logits_processor: LogitsProcessorLike | None = None,
 ) -> BatchOutput:
-    """:func:`autoregressive_stream_batch`, collected: the batched baseline.
+    """:func:`autoregressive_stream_batch`, collected: the batched baseline (same arguments).
 
     Example:
         >>> import torch, transformers
@@ -205,19 +211,16 @@ def autoregressive_generate_batch(
         ([5, 5], ('length', 'length'))
     """
     check_prompts(prompts)
-    return collect_batch(
-        lambda tallies: autoregressive_stream_batch(target, prompts, max_new_tokens, sampling, seeds, eos_token_id,
-                                                    _tallies=tallies),
-        len(prompts),
-    )
+    options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor)
+    return collect_batch(lambda tallies: _stream_plain(target, prompts, options, tallies), len(prompts))
 
 
 def collect_batch(run: Callable[[list[StepTally]], Iterator[dict[int, list[int]]]], num_rows: int) -> BatchOutput:
-    """Run a batched stream (``run(tallies)`` yields ``{row: new tokens}`` and fills one
-    :class:`~specdec.engine.stats.StepTally` per row) to its end and collect a
+    """Run a batched stream (``run(tallies)`` yields ``{row: new tokens}`` and fills the
+    :class:`~specdec.engine.stats.StepTally` of each row it is given) to its end and collect a
     :class:`BatchOutput`, timed from the first call."""
     start = time.perf_counter()
-    tallies: list[StepTally] = []
+    tallies = [StepTally() for _ in range(num_rows)]
     tokens: list[list[int]] = [[] for _ in range(num_rows)]
     for chunk in run(tallies):
         for r, new in chunk.items():

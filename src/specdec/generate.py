@@ -25,22 +25,18 @@ from typing import Any
 import attrs
 import torch
 
-from specdec.batch import BatchOutput, collect_batch, speculative_stream_batch
+from specdec.batch import BatchOutput, collect_batch, plain_decoder
 from specdec.drafts.base import DraftModel
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES
-from specdec.engine.loop import check_prompts, run_rows
 from specdec.engine.options import StepOptions
 from specdec.engine.stats import GenerationStats, StepTally
 from specdec.errors import InvalidConfigError, VocabMismatchError
-from specdec.inputs import as_eos_ids, as_seed, as_token_ids
-from specdec.processors import LogitsProcessorLike, check_processor
-from specdec.rng import RANDOM_CHOICES, seeded_sources
-from specdec.sampling import SamplingConfig
+from specdec.processors import LogitsProcessorLike
+from specdec.request import Decoder, GenerateOptions, Request, stream_request
+from specdec.rng import RANDOM_CHOICES
 from specdec.targets.base import TargetModel
-from specdec.trees.base import TreeBuilder
 from specdec.trees.root_only import RootOnlyBuilder
-from specdec.verify.base import Verifier
 
 __all__ = [
     "GenerationOutput",
@@ -73,64 +69,35 @@ class GenerationOutput:
 
 
 def _stream(
-    target: TargetModel,
-    draft: DraftModel | None,
-    builder: TreeBuilder,
-    verifier: Verifier,
+    decoder: Decoder,
     prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    seed: int | None,
-    eos_token_id: int | Sequence[int] | None,
+    request: Request,
     tally: StepTally,
-    kernel: str = "auto",
-    compiler: StepCompiler | None = None,
-    random: str = "torch",
-    what: str = "a generation",
-    logits_processor: LogitsProcessorLike | None = None,
+    what: str,
     logprob_sink: list[torch.Tensor] | None = None,
-    options: StepOptions | None = None,
 ) -> Iterator[list[int]]:
-    """One row through the engine loop (:func:`specdec.engine.loop.run_rows`); yields the tokens
-    kept at each step; with ``logprob_sink``, each step appends the kept tokens'
-    log-probabilities there (a device tensor, read by the caller once at the end)."""
-    seed = as_seed(seed)
-    for report in run_rows(
-        target, draft, builder, verifier, [prompt_ids], sampling, seeded_sources(random, [seed]),
-        max_new_tokens=max_new_tokens, eos=as_eos_ids(eos_token_id, target.vocab_size), kernel=kernel, verify_seeds=[seed],
-        options=options, compiler=compiler, logits_processor=check_processor(logits_processor),
-        logprobs=logprob_sink is not None, tallies=[tally], what=what,
-    ):
+    """One row through the engine loop (:func:`specdec.request.stream_request`); yields the tokens
+    kept at each step; with ``logprob_sink`` (and ``request.return_logprobs``), each step appends
+    the kept tokens' log-probabilities there (a device tensor, read by the caller once at the end)."""
+    for report in stream_request(decoder, [prompt_ids], request, [tally], what=what, batch=False):
         if logprob_sink is not None:
             logprob_sink.append(report.logprobs[0])
         yield report.kept[0]
 
 
 def _generate(
-    target: TargetModel,
-    draft: DraftModel | None,
-    builder: TreeBuilder,
-    verifier: Verifier,
+    decoder: Decoder,
     prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    seed: int | None,
-    eos_token_id: int | Sequence[int] | None,
+    request: Request,
     callback: Callable[[list[int]], None] | None,
-    kernel: str = "auto",
-    compiler: StepCompiler | None = None,
-    random: str = "torch",
-    what: str = "a generation",
-    logits_processor: LogitsProcessorLike | None = None,
-    return_logprobs: bool = False,
-    options: StepOptions | None = None,
+    what: str,
 ) -> GenerationOutput:
+    """:func:`_stream` collected into a :class:`GenerationOutput`, timed from the first call."""
     tally = StepTally()
     start = time.perf_counter()
     tokens: list[int] = []
-    sink: list[torch.Tensor] | None = [] if return_logprobs else None
-    for chunk in _stream(target, draft, builder, verifier, prompt_ids, max_new_tokens, sampling, seed,
-                         eos_token_id, tally, kernel, compiler, random, what, logits_processor, sink, options):
+    sink: list[torch.Tensor] | None = [] if request.return_logprobs else None
+    for chunk in _stream(decoder, prompt_ids, request, tally, what, sink):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
@@ -140,40 +107,6 @@ def _generate(
     total = time.perf_counter() - start
     return GenerationOutput(tokens=tokens, stats=tally.stats(len(tokens), total), stop_reason=tally.stop_reason,
                             logprobs=logprobs)
-
-
-def _chain(first: LogitsProcessorLike, then: LogitsProcessorLike) -> LogitsProcessorLike:
-    def chained(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        return then(input_ids, first(input_ids, scores))
-
-    return chained
-
-
-def _resolve(
-    sampling: Any,
-    max_new_tokens: int | None,
-    eos_token_id: int | Sequence[int] | None,
-    logits_processor: Any,
-    prompt_ids: Sequence[int],
-    target: TargetModel,
-) -> tuple[SamplingConfig, Any, Any, LogitsProcessorLike | None]:
-    """``(sampling, max_new_tokens, eos_token_id, logits_processor)`` from the
-    caller's arguments: ``sampling`` may be a ``SamplingConfig``, None
-    (temperature 1) or a ``transformers.GenerationConfig``
-    (:mod:`specdec.hf_generation`: its processors run first, then the caller's)."""
-    from specdec.hf_generation import from_generation_config, is_generation_config
-
-    processor = check_processor(logits_processor)
-    if sampling is None:
-        return SamplingConfig(), max_new_tokens, eos_token_id, processor
-    if not is_generation_config(sampling):
-        return sampling, max_new_tokens, eos_token_id, processor
-    hf = from_generation_config(sampling, len(as_token_ids(prompt_ids)), max_new_tokens=max_new_tokens,
-                                eos_token_id=eos_token_id, device=target.device)
-    implied = check_processor(hf.processors)
-    if implied is not None:
-        processor = implied if processor is None else _chain(implied, processor)
-    return hf.sampling, hf.max_new_tokens, hf.eos_token_id, processor
 
 
 def _is_hf_model(model: Any) -> bool:
@@ -310,6 +243,11 @@ class SpeculativeGenerator:
         # the composition rule: specdec.methods.resolve_composition (docs/generation.md)
         self.method_name, self.builder, self.verifier = resolve_composition(method, tree, verifier, method_options)
 
+    def _decoder(self) -> Decoder:
+        """The composition and step settings a call runs with (read at each call: they are attributes)."""
+        return Decoder(self.target, self.draft, self.builder, self.verifier, self.kernel, self.compiler,
+                       self.random, self.options)
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -319,13 +257,15 @@ class SpeculativeGenerator:
         eos_token_id: int | Sequence[int] | None = None,
         callback: Callable[[list[int]], None] | None = None,
         *,
+        seeds: Sequence[int] | None = None,
         logits_processor: LogitsProcessorLike | None = None,
         return_logprobs: bool = False,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` new tokens after ``prompt_ids``.
 
         The output law equals the target's (sampled with ``sampling``, after
-        ``logits_processor``) exactly.
+        ``logits_processor``) exactly. Every generation entry point takes these
+        arguments with this meaning (:mod:`specdec.request`).
 
         Args:
             prompt_ids: the prompt's token ids (non-empty).
@@ -335,9 +275,10 @@ class SpeculativeGenerator:
                 temperature 1) or a ``transformers.GenerationConfig``
                 (:func:`specdec.hf_generation.from_generation_config`: its
                 sampling, lengths, EOS and the processors it implies).
-            seed: seeds the one generator behind every random draw.
+            seed: seeds the one generator behind every random draw (None: from entropy).
             eos_token_id: id(s) that end generation (kept in the output).
             callback: called with each step's new tokens as they are emitted.
+            seeds: ``[seed]``, the batch form (one int per prompt); not with ``seed``.
             logits_processor: transformers' ``LogitsProcessorList`` (or any
                 callable ``(input_ids [b, len], scores [b, V]) -> [b, V]``),
                 applied to the target's logits at every tree node with that
@@ -345,11 +286,9 @@ class SpeculativeGenerator:
                 (:mod:`specdec.processors`; docs/generation.md, "Logits processors").
             return_logprobs: fill :attr:`GenerationOutput.logprobs` (docs/generation.md, "Log-probabilities").
         """
-        sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
-                                                                     logits_processor, prompt_ids, self.target)
-        return _generate(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                         sampling, seed, eos_token_id, callback, self.kernel, self.compiler,
-                         self.random, "SpeculativeGenerator.generate", processor, return_logprobs, self.options)
+        options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs)
+        request = options.resolve([prompt_ids], self.target.device, batch=False)
+        return _generate(self._decoder(), prompt_ids, request, callback, "SpeculativeGenerator.generate")
 
     def stream(
         self,
@@ -359,55 +298,66 @@ class SpeculativeGenerator:
         seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
+        seeds: Sequence[int] | None = None,
         logits_processor: LogitsProcessorLike | None = None,
     ) -> Iterator[list[int]]:
         """Yield each step's new tokens as soon as they are verified (arguments as :meth:`generate`)."""
-        sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
-                                                                     logits_processor, prompt_ids, self.target)
-        yield from _stream(self.target, self.draft, self.builder, self.verifier, prompt_ids, max_new_tokens,
-                           sampling, seed, eos_token_id, StepTally(), self.kernel, self.compiler,
-                           self.random, "SpeculativeGenerator.stream", processor, options=self.options)
+        options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor)
+        request = options.resolve([prompt_ids], self.target.device, batch=False)
+        yield from _stream(self._decoder(), prompt_ids, request, StepTally(), "SpeculativeGenerator.stream")
 
     def stream_batch(
         self,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Any = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
+        seed: int | None = None,
         logits_processor: LogitsProcessorLike | None = None,
     ) -> Iterator[dict[int, list[int]]]:
         """Decode every prompt at once (batched); yield ``{row: new tokens}``
         after each step (:func:`specdec.batch.speculative_stream_batch`: the
-        requirements and the per-row guarantees). Logits processors are not
-        supported with batches yet (an :class:`~specdec.errors.InvalidConfigError`)."""
-        self._check_batch_options(logits_processor, sampling)
-        yield from speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                            max_new_tokens, (SamplingConfig() if sampling is None else sampling), seeds, eos_token_id,
-                                            kernel=self.kernel, random=self.random, options=self.options)
+        requirements and the per-row guarantees; arguments as :meth:`generate_batch`)."""
+        self._check_batch_options()
+        request = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor).resolve(
+            prompts, self.target.device, batch=True)
+        tallies = [StepTally() for _ in prompts]
+        for report in stream_request(self._decoder(), prompts, request, tallies,
+                                     what="SpeculativeGenerator.generate_batch", batch=True):
+            yield report.kept
 
     def generate_batch(
         self,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Any = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         *,
+        seed: int | None = None,
         logits_processor: LogitsProcessorLike | None = None,
     ) -> BatchOutput:
         """:meth:`stream_batch`, collected: a :class:`~specdec.batch.BatchOutput`
         (one tuple of new tokens per prompt, in order; per-row stop reasons;
         steps, tau and throughput summed over the rows).
 
-        Each row's output law is the target's, and row ``b`` draws only from
-        ``seeds[b]`` (default ``0 .. B - 1``), so it equals the row's
-        :meth:`generate` with that seed wherever the models' logits agree
+        The arguments are :meth:`generate`'s, per prompt: ``seeds`` gives one int per
+        prompt, or ``seed=s`` the seeds ``s, s + 1, ...`` (not both; neither: ``0 .. B - 1``).
+        Each row's output law is the target's, and row ``b`` draws only from its own seed,
+        so it equals the row's :meth:`generate` with that seed (and the same
+        ``logits_processor`` or ``GenerationConfig``) wherever the models' logits agree
         across batch sizes (at T = 0: token for token). ``kernel`` and
         ``random`` apply as in :meth:`generate`, per row: with the kernel, one
         launch verifies every row's tree, each row on its own counter stream
         (docs/generation.md, "Batched decoding"); ``compile=`` is refused.
+
+        ``logits_processor`` runs on every row's tree nodes, each in its own row's context
+        (docs/generation.md, "Logits processors"); a ``GenerationConfig`` maps as in
+        :meth:`generate`, for every prompt alike (one that counts from the prompt's length is
+        refused for prompts of different lengths:
+        :func:`~specdec.hf_generation.from_generation_config_rows`).
 
         ``sampling`` may be one :class:`~specdec.sampling.SamplingConfig` per row (temperature,
         top-k and top-p of each request): row ``b`` is drafted and verified under
@@ -415,25 +365,18 @@ class SpeculativeGenerator:
         :meth:`generate` with ``sampling[b]`` and ``seeds[b]`` emits wherever the models'
         logits agree across batch sizes (docs/generation.md, "Per-request sampling"; verified
         on the torch path, ``kernel="triton"`` is refused for such a batch)."""
-        self._check_batch_options(logits_processor, sampling)
-        check_prompts(prompts)
+        self._check_batch_options()
+        request = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor).resolve(
+            prompts, self.target.device, batch=True)
+        decoder = self._decoder()
         return collect_batch(
-            lambda tallies: speculative_stream_batch(self.target, self.draft, self.builder, self.verifier, prompts,
-                                                     max_new_tokens, (SamplingConfig() if sampling is None else sampling),
-                                                     seeds, eos_token_id, kernel=self.kernel, random=self.random,
-                                                     options=self.options, _tallies=tallies),
+            lambda tallies: (report.kept for report in stream_request(
+                decoder, prompts, request, tallies, what="SpeculativeGenerator.generate_batch",
+                batch=True)),
             len(prompts),
         )
 
-    def _check_batch_options(self, logits_processor: Any = None, sampling: Any = None) -> None:
-        from specdec.hf_generation import is_generation_config
-
-        if check_processor(logits_processor) is not None or is_generation_config(sampling):
-            raise InvalidConfigError(
-                "batched generation (generate_batch, stream_batch) does not apply logits processors or "
-                "take a GenerationConfig yet: each row would need its own contexts; decode the prompts "
-                "one at a time with generate(..., logits_processor=) (docs/generation.md, \"Logits processors\")"
-            )
+    def _check_batch_options(self) -> None:
         if self.compiler is not None:
             raise InvalidConfigError(
                 "batched generation does not compile the step yet: compile= is not supported with batches "
@@ -450,6 +393,7 @@ def autoregressive_generate(
     eos_token_id: int | Sequence[int] | None = None,
     callback: Callable[[list[int]], None] | None = None,
     *,
+    seeds: Sequence[int] | None = None,
     logits_processor: LogitsProcessorLike | None = None,
     return_logprobs: bool = False,
 ) -> GenerationOutput:
@@ -457,15 +401,11 @@ def autoregressive_generate(
 
     The same loop as :class:`SpeculativeGenerator` with a root-only tree: each
     step draws one token from the processed ``p`` (``argmax`` at temperature 0).
-    ``sampling``, ``logits_processor`` and ``return_logprobs`` as in
-    :meth:`SpeculativeGenerator.generate` (the processor sees the sequence so far).
+    The arguments (``seed`` / ``seeds``, ``sampling``, ``logits_processor``,
+    ``return_logprobs``) as in :meth:`SpeculativeGenerator.generate` (the processor
+    sees the sequence so far).
     """
-    from specdec.registry import get
-
     model = _as_target(target)
-    sampling, max_new_tokens, eos_token_id, processor = _resolve(sampling, max_new_tokens, eos_token_id,
-                                                                 logits_processor, prompt_ids, model)
-    verifier = get("verifier", "match")()  # with no children: the bonus is drawn from p itself
-    return _generate(model, None, RootOnlyBuilder(model.vocab_size), verifier, prompt_ids, max_new_tokens,
-                     sampling, seed, eos_token_id, callback, what="autoregressive_generate",
-                     logits_processor=processor, return_logprobs=return_logprobs)
+    options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs)
+    request = options.resolve([prompt_ids], model.device, batch=False)
+    return _generate(plain_decoder(model), prompt_ids, request, callback, "autoregressive_generate")

@@ -26,7 +26,9 @@ import attrs
 from specdec.errors import InvalidConfigError
 from specdec.sampling import SamplingConfig
 
-__all__ = ["HFGeneration", "from_generation_config", "is_generation_config"]
+__all__ = [
+    "LENGTH_DEPENDENT", "HFGeneration", "from_generation_config", "from_generation_config_rows", "is_generation_config",
+]
 
 # fields that describe the model or the runtime, not the law of the tokens
 _METADATA = frozenset({
@@ -39,6 +41,10 @@ _SUPPORTED = frozenset({
     "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens",
     "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id",
 })
+LENGTH_DEPENDENT = ("min_new_tokens", "forced_eos_token_id", "begin_suppress_tokens")
+"""Fields whose processors count from the prompt's own length (a batch of prompts of
+different lengths cannot share them: :func:`from_generation_config_rows`); ``max_length``
+is one too when no ``max_new_tokens`` is given."""
 # transformers' defaults for the fields above when unset (GenerationConfig._get_default_generation_params)
 _DEFAULTS: dict[str, Any] = {
     "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "max_length": 20, "min_length": 0,
@@ -199,3 +205,47 @@ def from_generation_config(
         max_new_tokens=int(max_new_tokens),
         eos_token_id=None if not eos_list else (eos_list[0] if len(eos_list) == 1 else tuple(eos_list)),
     )
+
+
+def from_generation_config_rows(
+    config: Any,
+    prompt_lengths: Sequence[int],
+    *,
+    max_new_tokens: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    device: Any = "cpu",
+) -> HFGeneration:
+    """:func:`from_generation_config` for a batch of prompts: one translation every row shares.
+
+    A batch applies one processor to every row (each row in its own context), so the
+    translation must not depend on the prompt's length: prompts of different lengths are
+    refused with a field of :data:`LENGTH_DEPENDENT` set (``min_new_tokens``,
+    ``forced_eos_token_id``, ``begin_suppress_tokens``), or a length taken from ``max_length``
+    (no ``max_new_tokens``). Otherwise each row's translation is the one its batch-1
+    generation makes.
+
+    Raises:
+        InvalidConfigError: as :func:`from_generation_config`, or such a field (named) with
+            prompts of different lengths (the first two named).
+    """
+    lengths = [int(n) for n in prompt_lengths]
+    if not lengths:
+        raise InvalidConfigError("a GenerationConfig needs at least one prompt")
+    out = from_generation_config(config, lengths[0], max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                                 device=device)
+    other = next((b for b, n in enumerate(lengths) if n != lengths[0]), None)
+    if other is None:
+        return out
+    fields = _set_fields(config)
+    depends = [k for k in LENGTH_DEPENDENT if k in fields and fields[k] not in (0, [], ())]
+    if max_new_tokens is None and "max_new_tokens" not in fields:
+        depends.append("max_length")
+    if depends:
+        shown = ", ".join(f"{k}={fields.get(k, _DEFAULTS.get(k))!r}" for k in depends)
+        raise InvalidConfigError(
+            f"GenerationConfig {shown} counts from each prompt's own length, and prompts 0 and {other} have "
+            f"different lengths ({lengths[0]}, {lengths[other]}): a batch applies one processor to every row; "
+            "give max_new_tokens (for max_length), prompts of one length, or decode them one at a time "
+            "(docs/generation.md, \"From transformers' GenerationConfig\")"
+        )
+    return out

@@ -173,7 +173,13 @@ def test_unsupported_generation_config_fields_are_named(models, fields, named):
         gen.generate(PROMPT, sampling=config)
 
 
-def test_generation_config_is_refused_by_batches(models):
+def test_generation_config_in_batches_is_the_batch_one_config(models):
+    """Batches take a GenerationConfig (every row equals its batch-1 generate: tests/test_entry_points.py);
+    one whose processors count from the prompt's length is refused for prompts of different lengths."""
     gen = specdec.SpeculativeGenerator(target=models["target"], draft=models["draft"], method="sd")
-    with pytest.raises(InvalidConfigError, match="batched generation"):
-        gen.generate_batch([PROMPT, PROMPT], 4, sampling=GenerationConfig(do_sample=True))
+    config = GenerationConfig(max_new_tokens=4, min_new_tokens=2, eos_token_id=EOS)
+    out = gen.generate_batch([PROMPT, PROMPT[::-1]], sampling=config, seed=3)
+    assert [list(t) for t in out.tokens] == [gen.generate(p, sampling=config, seed=3 + b).tokens
+                                             for b, p in enumerate([PROMPT, PROMPT[::-1]])]
+    with pytest.raises(InvalidConfigError, match="min_new_tokens=2 counts from each prompt's own length"):
+        gen.generate_batch([PROMPT, PROMPT[:2]], sampling=config)

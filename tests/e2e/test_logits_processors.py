@@ -239,8 +239,8 @@ def test_bad_processors_are_refused():
         gen.generate([0, 1], 4, logits_processor=3)
     with pytest.raises(InvalidConfigError, match="returned"):
         gen.generate([0, 1], 4, logits_processor=lambda ids, s: s[:, :-1])
-    with pytest.raises(InvalidConfigError, match="batched generation"):
-        gen.generate_batch([[0, 1], [1, 2]], 4, logits_processor=RepetitionPenaltyLogitsProcessor(1.2))
+    with pytest.raises(InvalidConfigError, match="logits_processor must be a callable"):  # batches apply them too
+        gen.generate_batch([[0, 1], [1, 2]], 4, logits_processor=3)
 
 
 def test_node_paths_follow_the_tree():
