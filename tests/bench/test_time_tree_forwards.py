@@ -7,6 +7,8 @@ forwards" and the next phase.
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 import torch
 import transformers
@@ -111,3 +113,8 @@ def test_bad_input_and_a_failing_forward_are_clear_errors():
 
 def test_auto_budget_exports_it():
     assert "time_tree_forwards" in auto_budget.__all__
+
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(forward_timing, verbose=False)
+    assert tried > 0 and failures == 0

@@ -9,6 +9,8 @@ cached.
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 
 import pytest
@@ -163,3 +165,9 @@ def test_helpers():
     assert big > 10 * small
     with pytest.raises(ValueError, match="int >= 1"):
         rows_up_to(0)
+
+
+@pytest.mark.parametrize("module", ["specdec.kernels.tuning_scope", "specdec.kernels.linear"])
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
+    assert tried > 0 and failures == 0

@@ -631,8 +631,8 @@ def accelerate_linears(
     cached in :func:`plan_file`), at the row counts the caller will use
     (``rows``; by default a one-row run's,
     :data:`~specdec.kernels.tuning_scope.DEFAULT_ROWS`): on a quiet 2-core CPU
-    about 8 s for SmolLM2-135M's 49,152 x 576 LM head and 2-3 s for each other
-    shape, about 30 s for the model (more under load). When shapes must be
+    about 5 s for SmolLM2-135M's 49,152 x 576 LM head and 1-2 s for each other
+    shape, about 13 s for the model (minutes under load). When shapes must be
     measured, a line on stderr says how many, about how long and where they are
     cached, then one line per shape. Calling it again re-installs.
     :func:`restore_linears` undoes it.

@@ -51,10 +51,11 @@ BUCKET_ROWS: tuple[int, ...] = (24, 32, 48, 64, 96, 128, 192, 256)
 PROGRESS_S = 30.0
 """A tuning says how far it is at least this often (seconds): no silence longer than this."""
 
-SECONDS_PER_BYTE = 6e-11
+SECONDS_PER_BYTE = 4e-11
 """The tuner's cost per weight byte per timed call and row-count weight (:func:`expected_seconds`):
 fitted on this project's 2-core AMD EPYC VM (torch 2.13), where SmolLM2-135M's 49,152 x 576
-LM head takes about 8 s over :data:`DEFAULT_ROWS` with 4 methods and 5 repeats."""
+LM head takes 5-8 s over :data:`DEFAULT_ROWS` with 4 methods and 5 repeats, and its other
+shapes 1.4-2 s each (issue 57)."""
 
 
 def rows_up_to(n: int) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ from specdec.models.hf_common import (
     text_config,
 )
 from specdec.registry import register
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget
 from specdec.regions import model_call
 from specdec.tree import DraftTree
 from specdec.tree_batch import TreeBatch
@@ -75,7 +75,7 @@ def _check_accepted_path(tree: DraftTree, accepted_nodes: Sequence[int]) -> list
 
 
 @register("target", "hf")
-class HFTarget(TargetModel):
+class HFTarget(OneRowTarget):
     """A Hugging Face causal LM (LLaMA family and other decoder-only models,
     sliding-window ones included: Gemma 2/3, Mistral) as the target ``p``.
 
@@ -112,8 +112,8 @@ class HFTarget(TargetModel):
             threads: a 1-token forward 55 -> 35 ms, 5 tokens 85 -> 39 ms).
             Only float32 layers of at least 65,536 weights change; training
             and autograd keep ``F.linear``. The plans are in ``linear_plans``.
-            Tuned once per machine and cached (about 30 s for SmolLM2-135M on
-            a quiet 2-core CPU, with progress lines on stderr; docs/install.md).
+            Tuned once per machine and cached (about 13 s for SmolLM2-135M on
+            a quiet 2-core CPU, with progress lines on stderr; docs/kernels.md).
         linear_rows: the row counts (tokens per forward) to tune the dispatch
             for; None: the scope's
             (:func:`~specdec.kernels.tuning_scope.tuning_rows`), by default a
@@ -397,7 +397,7 @@ class HFTarget(TargetModel):
         self._tree = None
 
     # ------------------------------------------------------------ batch rows
-    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
+    def prefill_batch(self, prompts: Sequence[Sequence[int]], *, positions: int | None = None) -> None:
         """Start ``B`` sequences at once (batch mode): row ``b`` caches every
         token of ``prompts[b]`` but the last, in one padded forward. One prompt
         is served by :meth:`prefill` (the one-row layout, no padding).
@@ -416,6 +416,8 @@ class HFTarget(TargetModel):
         """
         if len(prompts) == 0:
             raise ValueError("prefill_batch needs at least one prompt")
+        if positions is not None:
+            self.reserve(positions)
         if len(prompts) == 1:  # one row: the one-row layout (prefill), the loop's B = 1
             self.prefill(prompts[0])
             return
