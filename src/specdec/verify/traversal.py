@@ -54,14 +54,19 @@ with ``w = 1``: ``P = q`` at the node) can still be drawn through rounding; ther
 the undefined residual is replaced by the current one and the weight kept, as
 :func:`specdec.verify.residual.normalise` does.
 
-Cost: ``traversal`` walks the host tree (:class:`~specdec.verify.base.WholeTreeVerifier`,
-no tensor form): it visits, in the worst case, every node once (post-order), with a
-few scalar reads of ``p`` per visited node and one ``[V]`` residual per rejection, each
-a host read. ``block`` declares its tensor form (:attr:`BlockVerifier.path_rule`,
-:mod:`specdec.verify.fast_block`), which the engine's step runs on every row at once
-with no host read; its walk here (the reference) reads the chain's rows once,
-computes every weight and residual mass in one batched operation and then draws from
-the deepest node up.
+Zero weights: a child of weight 0 (the target gives its token probability 0, e.g. a token
+a grammar refuses, whose own row is then all ``-inf``) is rejected with probability 1 and
+nothing below it can be accepted, so neither walk enters it: its row and the rows below it
+are never read.
+
+Cost: both rules declare a tensor form (:attr:`Verifier.path_rule
+<specdec.verify.base.Verifier.path_rule>`), which the engine's step runs on every row at
+once: ``block``'s (:mod:`specdec.verify.fast_block`) with no host read, ``traversal``'s
+(:mod:`specdec.verify.traversal_tensor`) with one host read per step. The walks here are
+their references. ``traversal``'s visits, in the worst case, every node once (post-order),
+with a few scalar reads of ``p`` per visited node and one ``[V]`` residual per rejection,
+each a host read; ``block``'s reads the chain's rows once, computes every weight and
+residual mass in one batched operation and then draws from the deepest node up.
 """
 
 from __future__ import annotations
@@ -300,15 +305,15 @@ class BlockVerifier(WholeTreeVerifier):
         rows = p.index_select(0, index)
         try:  # one check for the chain's rows; on failure, check only the rows the rule reads
             check_distribution(rows, "p")
-            ratios = None
+            checked = True
         except InvalidDistributionError:
-            ratios = []
+            checked = False
         P = rows.to(F64)
         P = P / P.sum(dim=-1, keepdim=True)  # [g + 1, V]
         Q = torch.stack([tree.law_of(c).dense(tree.vocab_size, dtype=F64) for c in chain[1:]]).to(P.device)  # [g, V]
         x = torch.tensor([int(tree.tokens[c]) for c in chain[1:]], device=P.device)
         steps = torch.arange(g, device=P.device)
-        ratios = (P[steps, x] / Q[steps, x]).tolist() if ratios is None else self._read_rows(p, chain, P, Q, x)
+        ratios: list[float] = (P[steps, x] / Q[steps, x]).tolist() if checked else self._read_rows(p, chain, P, Q, x)
         w = [1.0]
         for ratio in ratios:
             w.append(min(1.0, w[-1] * ratio) if w[-1] > 0 else 0.0)

@@ -1,10 +1,11 @@
-"""Traversal verification of a tree batch as tensors: every row at once, no host read.
+"""Traversal verification of a tree batch as tensors: every row at once, one host read per step.
 
 The torch reference is :class:`specdec.verify.traversal.TraversalVerifier` (rule 7, the
 post-order walk of the host tree). This is the same rule in the form the engine's step
 runs (:attr:`Verifier.path_rule <specdec.verify.base.Verifier.path_rule>` with form
-``"traversal"``). Words as in docs/verifiers.md, rule 7 (``w`` a node's sequence weight,
-``P`` its residual, ``q'`` the law its sampled children were drawn from).
+``"traversal"``, :mod:`specdec.verify.path_forms`). Words as in docs/verifiers.md, rule 7
+(``w`` a node's sequence weight, ``P`` its residual, ``q'`` the law its sampled children
+were drawn from).
 
 The walk's outcome, read as a function of the uniforms:
 
@@ -13,8 +14,9 @@ The walk's outcome, read as a function of the uniforms:
   weight, its row of ``p`` and the first ``k`` children's laws, and a child's entry
   weight ``min(1, w P(x) / q'(x))`` reads its parent's state at the child's draw
   position. So every node's entry weight and final weight (after all its children are
-  rejected, the one its test uses) are computed top-down, one depth at a time, each
-  depth's children one draw position at a time, for every node of every row at once.
+  rejected, the one its test uses) are computed top-down, one depth at a time (the
+  nodes with children at that depth, every row at once), each depth's children one
+  draw position at a time.
 - A node *passes* when its uniform is below its final weight (``u[b, v, 0] < w``);
   the walk visits the nodes in post-order and stops at the first that passes, so a
   child's subtree is accepted into the path iff it holds a passing node and no earlier
@@ -24,17 +26,21 @@ The walk's outcome, read as a function of the uniforms:
   source that replays the table (``tests/verify/test_traversal_tensor.py``).
 
 The residual is never made dense per node: it differs from ``p`` (up to its mass) only
-on the support of ``q'`` (``L`` entries), where it is kept unnormalised as ``A``, its
-mass ``Z = sum(A) + p(off the support)``. A rejection at weight ``w`` with the child's
-law ``q'`` is ``A <- [A - (Z / w) q']+`` (``[w P - q']+`` up to the factor ``w / Z``), so
-``rho = w Z' / Z`` and the new weight ``rho / (rho + 1 - w)``; without replacement the
-token's entry of ``q'`` is zeroed and its mass subtracted. A node of weight 0 (a token
-the target gives probability 0, such as one a grammar refuses) is never accepted and
-its subtree is never entered: its row is not read, and a bad row there is not flagged.
+on the support of ``q'`` (``L`` entries). With ``a0`` the normalised row there and ``q0``
+the law, after rejections it is ``[a0 - C q0]+`` up to its mass ``Z`` (``C`` a cumulative
+coefficient): a rejection at weight ``w`` adds ``Z / (m w)`` to ``C`` (``m`` the mass left
+in ``q'``), which is ``[w P - q']+`` up to a factor, so ``rho = w Z' / Z`` and the new weight
+``rho / (rho + 1 - w)``; each rejection costs one pass over the support. Without replacement
+a token leaves ``q'`` (its entry zeroed, ``m`` reduced) and its residual entry is frozen
+from then on. A node of weight 0 (a token the target gives probability 0, such as one a
+grammar refuses) is never accepted and its subtree is never entered: its row is not read,
+and a bad row there is not flagged.
 
-Cost per step: ``D * S`` rounds (``D`` the depth bound, ``S`` the most sampled children
-of a node) of a few ``[B, n, L]`` operations, the ``[B, n, n]`` ancestor tables for the
-path, and one ``[B, V]`` bonus row; no host read.
+Cost per step: one host read (the widths of the depths: how many nodes with children each
+depth has, and their most children, so that each depth's work covers those nodes only);
+per depth, its nodes' rows of ``p`` (from logits: processed only there, and at the stop
+node) and one pass over their laws' supports per child; the ``[B, n, n]`` ancestor tables
+for the path; one ``[B, V]`` bonus row.
 """
 
 from __future__ import annotations
@@ -317,6 +323,6 @@ def decide_traversal_from_logits(tree: TreeBatch, logits: torch.Tensor, u: torch
         x = _take(logits, idx)  # [B, W, V]
         flags = row_is_bad(x)
         bad.scatter_(1, idx, flags)
-        return process_logits(torch.where(flags.unsqueeze(-1), torch.zeros_like(x), x), sampling, check=False)
+        return process_logits(x.masked_fill_(flags.unsqueeze(-1), 0.0), sampling, check=False)  # x: a copy
 
     return _decide(tree, rows_of, u, bad[:, :n])
