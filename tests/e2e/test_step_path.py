@@ -169,11 +169,12 @@ def test_a_mode_the_verifier_cannot_verify_fails_when_composed_or_on_the_first_s
             return None
 
     from specdec.generate import _generate
+    from specdec.request import Decoder, Request
 
     builder = Undeclared(expansion=(2, 1), mode="wor")
     with pytest.raises(UnsupportedTreeError, match="cannot verify several children drawn 'wor'"):
-        _generate(uniform_draft, uniform_draft, builder, RejectionIIDVerifier(), [0, 1], 5, specdec.SamplingConfig(),
-                  0, None, None, "torch")
+        _generate(Decoder(uniform_draft, uniform_draft, builder, RejectionIIDVerifier(), kernel="torch"), [0, 1],
+                  Request(5, specdec.SamplingConfig(), (0,)), None, "a generation")
 
 
 def test_validate_mode_catches_a_malformed_tree_batch():
