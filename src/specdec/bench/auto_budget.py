@@ -46,6 +46,7 @@ from specdec.drafts.base import DraftModel
 from specdec.bench.forward_timing import time_tree_forwards
 from specdec.errors import InvalidConfigError
 from specdec.generate import SpeculativeGenerator
+from specdec.kernels.tuning_scope import rows_up_to
 from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig
@@ -68,6 +69,7 @@ __all__ = [
     "choose_sampled_slots",
     "pilot_tau",
     "linear_level_time",
+    "linear_rows",
     "smooth_acceptance",
     "profile_positional_acceptance",
     "time_tree_forwards",
@@ -304,6 +306,22 @@ def pilot_tau(
     if steps == 0:
         raise InvalidConfigError("no pilot prompt leaves room for a pilot generation (context too short)")
     return emitted, steps
+
+
+def linear_rows(budget: Budget | str, batch_size: int = 1) -> tuple[int, ...]:
+    """The row counts a bench run's CPU linear tuning measures (issue 57): those of forwards of up to
+    ``B x (N + 1)`` rows, ``N`` the budget's nodes (``--budget auto``: its largest candidate, 64), and at
+    least 65 (the acceptance profiles' 9-token trees, the assisted-generation row's verifications):
+    :func:`~specdec.kernels.tuning_scope.rows_up_to`.
+
+    Example:
+        >>> linear_rows("auto")[-4:], linear_rows(Budget(4, 2), 8)[-4:]
+        ((24, 32, 48, 64), (24, 32, 48, 64))
+        >>> linear_rows("auto", 4)[-3:]
+        (128, 192, 256)
+    """
+    nodes = budget.nodes if isinstance(budget, Budget) else max(AUTO_CANDIDATES)
+    return rows_up_to(max(65, batch_size * (nodes + 1)))
 
 
 def linear_level_time(times: Mapping[int, float]) -> Callable[[int], float]:

@@ -33,6 +33,7 @@ import attrs
 
 from specdec.bench import models as bench_models
 from specdec.bench import runner
+from specdec.bench.auto_budget import linear_rows
 from specdec.bench.budget import Budget, budget_at, budget_text, dynamic_width, method_tree
 from specdec.bench.hashes import HASH_KEY
 from specdec.bench.prepare import prepare_sweep
@@ -62,6 +63,7 @@ from specdec.bench.spec_bench import spec_bench_report
 from specdec.bench.sweep import OPTIMUM_NOTE, BenchConfig, RunRecord, bench_units, row_options
 from specdec.bench.workers import WorkerPool
 from specdec.errors import InvalidConfigError, SpecDecError
+from specdec.kernels.tuning_scope import tuning_log, tuning_rows
 from specdec.plugins import add_plugin_argument, load_plugins
 
 # PRESETS, Preset, BenchSettings, resolve_settings and run_identity were defined here: they stay importable from
@@ -235,7 +237,8 @@ def _bench(args: argparse.Namespace, session: BenchSession) -> int:
     load_spec = dict(target=model_source(args.target), draft=model_source(args.draft),
                      eagle_heads={2: model_source(args.eagle2_head), 3: model_source(args.eagle3_head)},
                      need_kinds=need, device=args.device,  # checked by resolve_settings
-                     plugins=[(p.module, p.import_root) for p in plugins])
+                     plugins=[(p.module, p.import_root) for p in plugins],
+                     linear_rows=linear_rows(settings.budget, settings.batch_size))  # what the CPU linear tuning measures
     pool = None
     if workers > 1 or ray_address:
         pool = WorkerPool.connect(workers, address=ray_address, threads=args.threads, log=log,
@@ -263,8 +266,9 @@ def _bench(args: argparse.Namespace, session: BenchSession) -> int:
             log(f"worker 0: {line}")
     else:
         log("loading models ...")
-        models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
-                                                need_kinds=need, log=log, device=load_spec["device"])
+        with tuning_rows(load_spec["linear_rows"]), tuning_log(log):  # the tuner's progress lines in this log
+            models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"], load_spec["eagle_heads"],
+                                                    need_kinds=need, log=log, device=load_spec["device"])
         prep = prepare_sweep(models, args, settings, rows, prompts, prompts_all, resolved, log, resume_path)
     rendered: list[list[int]] = prep["rendered"]
     used = [prompts[i] for i in prep["used"]]

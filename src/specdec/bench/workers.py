@@ -57,6 +57,7 @@ from specdec.bench.runner import run_bench
 from specdec.bench.settings import BenchSettings
 from specdec.bench.sweep import BenchConfig, RunRecord, batch_chunks, bench_units
 from specdec.errors import InvalidConfigError, SpecDecError
+from specdec.kernels.tuning_scope import DEFAULT_ROWS, tuning_rows
 from specdec.plugins import load_plugin
 
 __all__ = ["WorkerPool", "ray_available", "check_ray_address"]
@@ -120,9 +121,10 @@ class _Worker:
             if threads:
                 torch.set_num_threads(int(threads))
             _load_plugins(load_spec.get("plugins", ()))
-            self.models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"],
-                                                         load_spec["eagle_heads"], need_kinds=load_spec["need_kinds"],
-                                                         device=load_spec.get("device", "cpu"))
+            with tuning_rows(load_spec.get("linear_rows", DEFAULT_ROWS)):  # the rows this run uses (issue 57)
+                self.models = bench_models.load_bench_models(load_spec["target"], load_spec["draft"],
+                                                             load_spec["eagle_heads"], need_kinds=load_spec["need_kinds"],
+                                                             device=load_spec.get("device", "cpu"))
         except Exception as exc:  # noqa: BLE001 - reported by ready(), never silently
             self.error = f"{type(exc).__name__}: {exc}"
 
