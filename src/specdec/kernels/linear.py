@@ -39,6 +39,7 @@ Training, autograd and non-CPU tensors always take the reference path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -65,6 +66,7 @@ from specdec.kernels.tuning_scope import (
     current_rows,
     describe_rows,
     expected_seconds,
+    heartbeat,
     say,
 )
 
@@ -498,17 +500,17 @@ def tune_linear(
         timing = {m: t / copies for m, t in timing.items()}
         return min(here, key=lambda m: (timing[m], m != "rows")), timing
 
-    started = last = time.perf_counter()
-    with torch.no_grad():
-        for i, n in enumerate(counts):
+    started = time.perf_counter()
+    weight_of = [1 + r / 8 for r in counts]  # a row count's share of the work (expected_seconds)
+
+    def progress(elapsed: float) -> str:
+        done = len(measured)
+        left = f", about {elapsed * (sum(weight_of) / sum(weight_of[:done]) - 1):.0f} s left" if done else ""
+        return f"  ... {n_out:,} x {k_in:,}: {done} of {len(counts)} row counts in {elapsed:.0f} s{left}"
+
+    with torch.no_grad(), heartbeat(progress, PROGRESS_S) if talk else contextlib.nullcontext():
+        for n in counts:
             measured[n] = fastest(n)
-            now = time.perf_counter()
-            if talk and now - last >= PROGRESS_S and i + 1 < len(counts):
-                last = now
-                done = sum(1 + r / 8 for r in counts[: i + 1])
-                left = (now - started) * (sum(1 + r / 8 for r in counts) / done - 1)
-                say(f"  ... {n_out:,} x {k_in:,}: {i + 1} of {len(counts)} row counts in {now - started:.0f} s, "
-                    f"about {left:.0f} s left")
     small = [measured[n] for n in range(1, prefix + 1)]
     big = [(n, measured[n]) for n in key[4]]
     plan = LinearPlan(shape=(n_out, k_in), methods=tuple(m for m, _ in small), seconds=tuple(t for _, t in small),

@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "current_rows",
     "describe_rows",
     "expected_seconds",
+    "heartbeat",
     "rows_up_to",
     "say",
     "tuning_log",
@@ -137,6 +140,28 @@ def tuning_log(sink: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         _LOG.reset(token)
+
+
+@contextlib.contextmanager
+def heartbeat(message: Callable[[float], str], interval: float = PROGRESS_S) -> Iterator[None]:
+    """Within the block, :func:`say` ``message(seconds so far)`` every ``interval`` seconds, from a
+    thread (so that one long timed call cannot silence a tuning on a loaded machine), to the sink of
+    the block's caller (:func:`tuning_log`)."""
+    stop = threading.Event()
+    context = contextvars.copy_context()  # the caller's sink: a thread starts with an empty context
+    start = time.monotonic()
+
+    def run() -> None:
+        while not stop.wait(interval):
+            context.run(say, message(time.monotonic() - start))
+
+    thread = threading.Thread(target=run, name="specdec-tuning-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def expected_seconds(shape: tuple[int, int], rows: Sequence[int], methods: int, repeats: int,
