@@ -12,6 +12,7 @@ transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
@@ -27,6 +28,9 @@ __all__ = [
     "check_distribution",
     "construction_config",
     "row_is_bad",
+    "RowSampling",
+    "process_logits_rows",
+    "warped_scores_rows",
 ]
 
 
@@ -534,3 +538,200 @@ def check_distribution(p: torch.Tensor, name: str = "p", *, atol: float | None =
     worst = (sums - 1).abs().max().item()
     if worst > atol:
         raise InvalidDistributionError(f"{name} rows must sum to 1; worst row is off by {worst:.3g}")
+
+
+@attrs.frozen(eq=False)
+class RowSampling:
+    """One sampling configuration per row, with its parameters as ``[B]`` tensors: the
+    per-row sampling record that the step processes in one pass (:func:`process_logits_rows`).
+
+    Attributes:
+        configs: ``B`` configurations, row order (host values: which passes a step needs).
+        temperature: ``[B]`` float64.
+        top_k: ``[B]`` int64 (``0``: off).
+        top_p: ``[B]`` float64 (``1``: off).
+        groups: the distinct configurations and their rows (``[k]`` int64 row indices on the
+            device), in order of first appearance.
+        greedy: ``[B]`` bool, the rows at ``T = 0``.
+    """
+
+    configs: tuple[SamplingConfig, ...]
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    groups: tuple[tuple[SamplingConfig, torch.Tensor], ...]
+    greedy: torch.Tensor
+
+    @classmethod
+    def of(cls, configs: "SamplingConfig | Sequence[SamplingConfig] | RowSampling", rows: int,
+           device: torch.device | str = "cpu") -> "RowSampling":
+        """The rows' configurations: one for every row, or one per row (a :class:`RowSampling`
+        of ``rows`` rows is returned as it is: made once, it costs no host-to-device copy per step).
+
+        Raises:
+            InvalidConfigError: ``configs`` has not ``rows`` entries, or an entry is not a
+                :class:`SamplingConfig`.
+        """
+        if isinstance(configs, RowSampling):
+            if len(configs.configs) != rows:
+                raise InvalidConfigError(f"per-row sampling: {len(configs.configs)} configurations for {rows} rows")
+            return configs
+        if isinstance(configs, (str, bytes)) or not isinstance(configs, (SamplingConfig, Sequence)):
+            raise InvalidConfigError(
+                f"sampling must be a SamplingConfig or one SamplingConfig per row, got {type(configs).__name__}")
+        listed = [configs] * rows if isinstance(configs, SamplingConfig) else list(configs)
+        if len(listed) != rows:
+            raise InvalidConfigError(f"per-row sampling: {len(listed)} configurations for {rows} rows")
+        order: dict[SamplingConfig, list[int]] = {}
+        for b, c in enumerate(listed):
+            if not isinstance(c, SamplingConfig):
+                raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
+            order.setdefault(c, []).append(b)
+        # two host-to-device copies in all: the parameters, and every group's rows (split into views)
+        params = torch.tensor([[c.temperature for c in listed], [c.top_p for c in listed], [c.top_k for c in listed]],
+                              dtype=torch.float64, device=device)  # [3, B] (top-k < 2**53: exact)
+        return cls(tuple(listed), params[0], params[2].long(), params[1], _group_tensors(order, device), params[0] == 0)
+
+    @property
+    def uniform(self) -> bool:
+        """Every row has the same configuration."""
+        return len(self.groups) == 1
+
+    @property
+    def rows(self) -> int:
+        """``B``."""
+        return len(self.configs)
+
+    def keep(self, rows: Sequence[int], index: torch.Tensor | None = None) -> "RowSampling":
+        """The configurations of rows ``rows`` (in that order): the batch after rows left it.
+        ``index``: ``rows`` as a device tensor already made (the parameters are then taken from
+        the device, one host-to-device copy in all: the groups' rows)."""
+        if index is None:
+            return RowSampling.of([self.configs[int(r)] for r in rows], len(rows), self.temperature.device)
+        configs = tuple(self.configs[int(r)] for r in rows)
+        order: dict[SamplingConfig, list[int]] = {}
+        for b, c in enumerate(configs):
+            order.setdefault(c, []).append(b)
+        dev = self.temperature.device
+        index = index.to(dev)
+        return RowSampling(configs, self.temperature.index_select(0, index), self.top_k.index_select(0, index),
+                           self.top_p.index_select(0, index), _group_tensors(order, dev),
+                           self.greedy.index_select(0, index))
+
+    def group_rows(self) -> list[list[int]]:
+        """Each group's row indices as host ints (made from the configurations, no device read)."""
+        order: dict[SamplingConfig, list[int]] = {}
+        for b, c in enumerate(self.configs):
+            order.setdefault(c, []).append(b)
+        return list(order.values())
+
+    def fused(self) -> torch.Tensor:
+        """``[B]`` bool: the rows whose law the fused kernel computes from the logits itself
+        (``T > 0`` and ``top_p == 1``: temperature, top-k and the softmax)."""
+        return ~self.greedy & (self.top_p >= 1.0)
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """:func:`process_logits_rows` of ``logits``."""
+        return process_logits_rows(logits, self)
+
+
+def _group_tensors(order: dict[SamplingConfig, list[int]],
+                   device: torch.device | str) -> tuple[tuple[SamplingConfig, torch.Tensor], ...]:
+    """Each group's rows as a ``[k]`` int64 device tensor: views of one tensor (one copy)."""
+    flat = torch.tensor([r for rows in order.values() for r in rows], dtype=torch.int64, device=device)
+    return tuple(zip(order, torch.split(flat, [len(rows) for rows in order.values()])))
+
+
+def _row_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[B]`` -> ``[B, 1, ..., 1]`` broadcast over ``like``'s trailing dims, on its device."""
+    return x.to(like.device).view(-1, *([1] * (like.dim() - 1)))
+
+
+def _row_temperature_scores(x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """:func:`temperature_scores` with a ``[B]`` temperature (float32/float64 ``x``, ``T > 0``; a
+    row at ``T = 1`` is ``x`` itself): each row has the bits it has with its own scalar ``T``."""
+    T = _row_view(temperature, x).to(x.dtype)
+    top = x.amax(dim=-1, keepdim=True)
+    overflow = ~torch.isfinite(top / T) & (T != 1.0)
+    shift = torch.where(overflow, top, torch.zeros_like(top))
+    return (x - shift) / T
+
+
+def _row_top_k_kth(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """``[B, ..., 1]`` each row's ``top_k``-th largest score (``-inf`` where top-k is off);
+    ``k_max``: the largest ``top_k`` in force (a host value)."""
+    vocab = scores.shape[-1]
+    k = _row_view(top_k, scores)
+    on = (k > 0) & (k < vocab)
+    values = torch.topk(scores, k_max, dim=-1).values  # [B, ..., k_max] descending
+    index = torch.where(on, k - 1, 0).clamp(max=k_max - 1).expand(*scores.shape[:-1], 1)
+    kth = values.gather(-1, index)
+    return torch.where(on, kth, torch.full_like(kth, float("-inf")))
+
+
+def _in_force(rows: RowSampling, vocab: int) -> tuple[int, bool]:
+    """Host values from the configurations: the largest top-k in force (0: none) and whether a
+    sampled row has top-p."""
+    k_max = max((c.top_k for c in rows.configs if not c.greedy and 0 < c.top_k < vocab), default=0)
+    return k_max, any(not c.greedy and c.top_p < 1.0 for c in rows.configs)
+
+
+def warped_scores_rows(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """:func:`warped_scores` of ``[B, ..., V]`` logits with each row's own temperature, top-k and
+    top-p (the ``[B]`` tensors of ``rows``), in one pass over all rows; a greedy row is scored at
+    ``T = 1`` with neither (its law is one-hot, :func:`process_logits_rows`). Each sampled row has
+    the bits :func:`warped_scores` gives it alone (``tests/test_sampling_rows.py``)."""
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    vocab = x.shape[-1]
+    temperature = torch.where(rows.greedy, torch.ones_like(rows.temperature), rows.temperature)
+    scores = _row_temperature_scores(x, temperature)
+    k_max, top_p = _in_force(rows, vocab)
+    if k_max > 0:
+        top_k = torch.where(rows.greedy, torch.zeros_like(rows.top_k), rows.top_k)
+        scores = scores.masked_fill(scores < _row_top_k_kth(scores, top_k, k_max), float("-inf"))
+    if top_p:
+        limit = torch.where(rows.greedy, torch.ones_like(rows.top_p), rows.top_p)
+        cut = _row_view(1 - limit, scores).to(scores.dtype)  # [B, ..., 1]: c <= 1 - top_p in the scores' dtype
+        ordered, order = torch.sort(scores, dim=-1, stable=True)
+        remove = torch.softmax(ordered, dim=-1).cumsum(dim=-1) <= cut
+        remove &= _row_view(limit < 1.0, scores)
+        remove[..., -1] = False
+        keep = torch.zeros_like(remove).scatter_(-1, order, ~remove)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return scores
+
+
+def process_logits_rows(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """:func:`process_logits` (``check=False``) of ``[B, ..., V]`` logits with each row under its
+    own configuration, from the ``[B]`` tensors of ``rows`` in one pass (no group, no host read):
+    per-row temperature, top-k and top-p (:func:`warped_scores_rows`), the softmax, and a greedy
+    row one-hot at its argmax. Row ``b`` equals ``process_logits(logits[b], rows.configs[b])`` bit
+    for bit (``tests/test_sampling_rows.py``); one configuration for every row is
+    :func:`process_logits` itself."""
+    if rows.uniform:
+        return process_logits(logits, rows.configs[0], check=False)
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if all(c.greedy for c in rows.configs):
+        return greedy_law(x)
+    p = torch.softmax(warped_scores_rows(x, rows), dim=-1)
+    if any(c.greedy for c in rows.configs):
+        p = torch.where(_row_view(rows.greedy, p), greedy_law(x), p)
+    return p
+
+
+def top_k_logit_threshold_rows(logits: torch.Tensor, rows: RowSampling, per: int) -> torch.Tensor:
+    """``[R]`` float32 :func:`top_k_logit_threshold` of ``[R, V]`` logits whose row ``r`` belongs to
+    batch row ``r // per``, under that row's temperature and top-k (``-inf``: top-k off, or a
+    greedy row); each the value it has alone."""
+    R, vocab = logits.shape
+    raw = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    k_max, _ = _in_force(rows, vocab)
+    if k_max == 0:
+        return torch.full((R,), float("-inf"), dtype=torch.float32, device=logits.device)
+    temperature = torch.where(rows.greedy, torch.ones_like(rows.temperature), rows.temperature)
+    top_k = torch.where(rows.greedy, torch.zeros_like(rows.top_k), rows.top_k)
+    scores = _row_temperature_scores(raw, temperature.repeat_interleave(per))
+    kth = _row_top_k_kth(scores, top_k.repeat_interleave(per), k_max)  # [R, 1]
+    on = _row_view(top_k.repeat_interleave(per), kth)
+    threshold = torch.where(scores >= kth, raw, torch.full_like(raw, float("inf"))).amin(dim=-1, keepdim=True)
+    return torch.where((on > 0) & (on < vocab), threshold, torch.full_like(threshold, float("-inf"))).view(R).float()

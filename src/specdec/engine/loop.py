@@ -130,7 +130,8 @@ def run_rows(
         prompts: ``B`` prompts (checked: :func:`check_rows`).
         sampling: one configuration for every row, or one per row (a sequence of ``B``, or a
             :class:`~specdec.engine.row_sampling.RowSampling`): each row is then built and verified
-            under its own (:mod:`specdec.engine.row_sampling`; verified on the torch path).
+            under its own (:mod:`specdec.engine.row_sampling`; one verification for all rows, on
+            any path, the fused kernel included).
         sources: one random source per row; row ``b`` draws only from ``sources[b]``
             (a :class:`~specdec.rng.RowStreams` of them for ``B > 1``), so it emits what
             its one-row generation with the same source emits wherever the models' logits
@@ -206,18 +207,15 @@ def run_rows(
         verifier.check_sampling(config)  # temperature-dependent compatibility, before any forward
     device = target.device
     options = StepOptions() if options is None else options
-    if per_row is not None and kernel == "triton":
-        raise InvalidConfigError(
-            "kernel='triton' fuses one sampling configuration per launch; rows with their own configurations "
-            "are verified group by group on the torch path: use kernel='torch' or 'auto'")
-    # per-row sampling: one path per configuration group, on the torch path ("auto" resolves there)
-    paths = {config: choose_verification(verifier, config, kernel if per_row is None else "torch", device,
+    # one path for every row: the paths differ by configuration only in what the fused kernel fuses, which
+    # it decides row by row in its one launch (per-row sampling: specdec.engine.row_sampling)
+    paths = {config: choose_verification(verifier, config, kernel, device,
                                          rows=options.rows, draws_tables=all(s.draws_tables for s in sources))
              for config in configs}
     verification: Verification = paths[sampling]
     clock = options.clock if options.clock != "auto" else ("cuda_events" if device.type == "cuda" else "perf_counter")
     tallies = [StepTally() for _ in rows] if tallies is None else tallies
-    label = " + ".join(dict.fromkeys(v.label for v in paths.values()))
+    label = verification.label
     for tally in tallies:
         tally.clock, tally.kernel_path = clock, label
     rng: RandomSource = sources[0] if B == 1 else RowStreams(sources)
@@ -251,8 +249,7 @@ def run_rows(
             with torch.inference_mode():  # per step, never across a yield (the caller's code runs between yields)
                 outcome = run_step(
                     target, draft, builder, verifier,
-                    verification if per_row is None else tuple(paths[c] for c, _ in per_row.groups),
-                    sampling if per_row is None else per_row, rng, roots,
+                    verification, sampling if per_row is None else per_row, rng, roots,
                     row_rngs=[sources[r] for r in active], verify_rng=verify_rng, options=options, clock=clock,
                     check_tree=steps == 0, compiler=compiler, logits_processor=logits_processor, contexts=contexts,
                     logprobs=logprobs, rows=active if named else None,
@@ -300,7 +297,7 @@ def run_rows(
                     if isinstance(rng, RowStreams):
                         rng.keep(keep, index)
                     if per_row is not None:  # the configurations of the rows that stay
-                        per_row = per_row.keep(keep)
+                        per_row = per_row.keep(keep, index)
                         if per_row.uniform:
                             sampling, per_row = per_row.configs[0], None
                             verification = paths[sampling]

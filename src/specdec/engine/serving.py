@@ -173,22 +173,28 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
     refusals = _refusals(rule_of, rows)
     # the rows' tokens, outside-vocabulary ones replaced (those rows are flagged): no gather leaves the vocabulary
     served = attrs.evolve(tree, tokens=torch.where(oov, 0, tree.tokens))
-    # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every group
+    # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every row
     verification = choose_verification(rule_of, rows.configs[0], "torch", logits.device, draws_tables=rng.draws_tables)
     row_rngs: list[RandomSource] = list(rng.sources) if isinstance(rng, RowStreams) else [rng]
     refused = torch.zeros(B, dtype=torch.bool, device=tree.device)
-    parts: list[tuple[torch.Tensor, TreeDecision]] = []
-    for (config, index), g_rows in zip(rows.groups, rows.group_rows()):
-        if refusals[g_rows[0]] is not None:  # a group shares its configuration: refused as a whole, nothing drawn
+    kept: list[torch.Tensor] = []  # the rows verified: all but those whose configuration the verifier refuses
+    for (_, index), g_rows in zip(rows.groups, rows.group_rows()):
+        if refusals[g_rows[0]] is not None:  # refused (a configuration's rows all alike), nothing drawn
             refused.index_fill_(0, index, True)
-            continue
-        if rows.uniform:
-            g_tree, g_logits, g_rng = served, logits, rng
         else:
-            g_tree, g_logits = _rows_of(served, index, g_rows), logits.index_select(0, index)
-            g_rng = rng.subset(g_rows) if isinstance(rng, RowStreams) else rng
-        decision, _ = decide_rows(verification, rule_of, g_tree, g_logits, config, g_rng, [row_rngs[r] for r in g_rows],
-                                  None, _SERVE_OPTIONS, None, g_rows, flag_bad=True)
+            kept.append(index)
+    ok = [b for b in range(B) if refusals[b] is None]
+    parts: list[tuple[torch.Tensor, TreeDecision]] = []
+    if len(ok) == B:  # one pass over every row, each under its own configuration
+        decision, _ = decide_rows(verification, rule_of, served, logits, rows, rng, row_rngs, None, _SERVE_OPTIONS,
+                                  None, ok, flag_bad=True)
+        parts.append((torch.arange(B, device=tree.device), decision))
+    elif ok:  # one pass over the rows not refused
+        index = torch.sort(torch.cat(kept)).values  # their row numbers, in row order, on the device
+        o_rng = rng.subset(ok) if isinstance(rng, RowStreams) else rng
+        decision, _ = decide_rows(verification, rule_of, _rows_of(served, index, ok), logits.index_select(0, index),
+                                  rows.keep(ok, index), o_rng, [row_rngs[r] for r in ok], None, _SERVE_OPTIONS, None,
+                                  ok, flag_bad=True)
         parts.append((index, decision))
     decision = _assemble(parts, refused, tree)
     draft_bad = tree.draft_bad.to(refused.device) if tree.draft_bad is not None else torch.zeros_like(refused)

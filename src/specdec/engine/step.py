@@ -27,14 +27,14 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification
 from specdec.engine.options import StepOptions
-from specdec.engine.row_sampling import RowSampling, build_groups, group_sources, row_sources, scatter_decisions
+from specdec.engine.row_sampling import RowSampling, build_groups, group_sources
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
-from specdec.verify.path_forms import decide_path_from_logits
+from specdec.verify.path_forms import decide_path_batch, decide_path_from_logits
 from specdec.processors import LogitsProcessorLike, process_batch_row
 from specdec.regions import model_call
 from specdec.rng import RandomSource, RowStreams
-from specdec.sampling import SamplingConfig, check_distribution, process_logits, row_is_bad
+from specdec.sampling import SamplingConfig, check_distribution, process_logits, process_logits_rows, row_is_bad
 from specdec.targets.base import TargetModel
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
@@ -107,7 +107,7 @@ class StepOutcome:
         return self.results[0]
 
 
-def emitted_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig) -> torch.Tensor:
+def emitted_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig | RowSampling) -> torch.Tensor:
     """``[B, D + 1]`` float64 log-probability of each emitted token under the law it was
     drawn from, on the device (docs/generation.md, "Log-probabilities"); entries past a
     row's ``num_accepted + 1`` tokens are meaningless.
@@ -121,14 +121,24 @@ def emitted_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: Sam
     Args:
         logits: ``[B, n, V]`` the target's logits after the logits processors.
         decision: the step's verification.
+        sampling: the rows' configuration, or each row's own (a
+            :class:`~specdec.engine.row_sampling.RowSampling`: every row as above under its own).
     """
     B = logits.shape[0]
     chain = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1)  # [B, D + 1]
     tokens = decision.tokens.clamp_min(0).unsqueeze(-1)  # [B, D + 1, 1]
     rows = logits.gather(1, chain.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, D + 1, V]
-    if sampling.greedy:
-        return torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
-    return process_logits(rows, sampling, check=False).gather(2, tokens).squeeze(-1).to(torch.float64).log()
+    if isinstance(sampling, RowSampling) and sampling.uniform:
+        sampling = sampling.configs[0]
+    if isinstance(sampling, SamplingConfig):
+        if sampling.greedy:
+            return torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
+        return process_logits(rows, sampling, check=False).gather(2, tokens).squeeze(-1).to(torch.float64).log()
+    sampled = process_logits_rows(rows, sampling).gather(2, tokens).squeeze(-1).to(torch.float64).log()
+    if not any(c.greedy for c in sampling.configs):
+        return sampled
+    greedy = torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
+    return torch.where(sampling.greedy.to(sampled.device).view(B, 1), greedy, sampled)
 
 
 def _prefix(rows: Sequence[int] | None, b: int) -> str:
@@ -174,7 +184,7 @@ def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | Non
 
 
 def _walk(
-    verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
+    verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig | RowSampling,
     rngs: Sequence[RandomSource], rows: Sequence[int] | None, flag_bad: bool = False,
 ) -> tuple[TreeDecision, list[VerifyResult | None], list[int]]:
     """The walk path: the verifier's own :meth:`~specdec.verify.base.Verifier.verify` on each
@@ -189,7 +199,8 @@ def _walk(
         host = tree.tree(b)
         if not flag_bad and tree.draft_bad is not None and bool(tree.draft_bad[b]):
             raise _draft_bad(rows, b)
-        p = process_logits(logits[b, : host.num_nodes], sampling, check=False)  # visited rows checked by the walk
+        config = sampling.configs[b] if isinstance(sampling, RowSampling) else sampling  # the row's own
+        p = process_logits(logits[b, : host.num_nodes], config, check=False)  # visited rows checked by the walk
         try:
             results.append(verifier.verify(host, p, rngs[b]))
         except InvalidDistributionError as exc:
@@ -250,11 +261,11 @@ def run_step(
     """One speculative step of ``B`` rows (module docstring).
 
     Args:
-        verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`);
-            with per-row sampling, one per configuration group, in :attr:`RowSampling.groups` order.
+        verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`),
+            one for every row whatever their configurations (a sequence: its first).
         sampling: the rows' configuration, or a :class:`~specdec.engine.row_sampling.RowSampling`
-            of one per row (several: each group built and verified under its own,
-            :mod:`specdec.engine.row_sampling`).
+            of one per row (several: each group built under its own, every row verified in one
+            pass under its own, :mod:`specdec.engine.row_sampling`).
         rng: the builder's source (a :class:`~specdec.rng.RowStreams` of one source per row
             for ``B > 1``); the tensor rule draws its ``[B, n, C + 1]`` uniform table from it.
         roots: ``[B]`` int64 the rows' last committed tokens, on the device.
@@ -280,11 +291,8 @@ def run_step(
     timer.mark()
     if isinstance(sampling, RowSampling) and sampling.uniform:
         sampling = sampling.configs[0]
-    group_rngs: list[RandomSource] = []
     if isinstance(sampling, RowSampling):  # several configurations: one build per group, one draft call per level
-        group_rows = sampling.group_rows()
-        group_rngs = group_sources(rng, group_rows)
-        tree = build_groups(builder, roots, draft, sampling, group_rngs)
+        tree = build_groups(builder, roots, draft, sampling, group_sources(rng, sampling.group_rows()))
     else:
         tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
     timer.mark()
@@ -303,61 +311,35 @@ def run_step(
             raise InvalidConfigError("a logits processor needs the committed context of every row")
         logits = torch.stack([process_batch_row(logits_processor, logits[b], contexts[b], tree, b) for b in range(B)])
     step_logprobs: torch.Tensor | None = None
-    if not isinstance(sampling, RowSampling):
-        single = verification if isinstance(verification, Verification) else verification[0]
-        decision, walked = _decide(single, verifier, tree, logits, sampling, rng, row_rngs or [rng], verify_rng,
-                                   options, compiler, rows)
-        results, nodes = walked if walked is not None else read_step(decision, tree, rows)
-        timer.mark()
-        if logprobs:
-            step_logprobs = emitted_logprobs(logits, decision, sampling)
-        optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
-    else:  # each group by its configuration's path, on its rows, from its rows' sources
-        if isinstance(verification, Verification) or len(verification) != len(sampling.groups):
-            raise InvalidConfigError("per-row sampling needs one Verification per configuration group")
-        parts: list[tuple[torch.Tensor, TreeDecision]] = []
-        lp_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        sources = list(row_rngs) if row_rngs is not None else row_sources(rng)
-        for (config, index), verif, g_rows, g_rng in zip(sampling.groups, verification, group_rows, group_rngs):
-            index = index.to(logits.device)  # the rows' device (a no-op unless the model is split over devices)
-            sub_tree, sub_logits = tree.select_rows(index), logits.index_select(0, index)
-            g_names = [r if rows is None else rows[r] for r in g_rows]
-            decision_g, _ = _decide(verif, verifier, sub_tree, sub_logits, config, g_rng,
-                                    [sources[r] for r in g_rows], None, options, None, g_names)
-            parts.append((index, decision_g))
-            if logprobs:
-                lp_parts.append((index, emitted_logprobs(sub_logits, decision_g, config)))
-        decision = scatter_decisions(parts, B)
-        results, nodes = read_step(decision, tree, rows)  # the step's one read, for every group
-        timer.mark()
-        if logprobs:
-            step_logprobs = torch.empty(B, tree.max_depth + 1, dtype=torch.float64, device=logits.device)
-            for index, lp in lp_parts:
-                step_logprobs.index_copy_(0, index, lp)
-        optimum = None
-        if options.optimum:
-            per_row: dict[int, tuple[NodeOptimum, ...]] = {}
-            for (config, index), g_rows in zip(sampling.groups, group_rows):
-                index = index.to(logits.device)
-                sub_opt = step_optimum(tree.select_rows(index), logits.index_select(0, index),
-                                       [results[r] for r in g_rows], config)
-                per_row.update(zip(g_rows, sub_opt))
-            optimum = tuple(per_row[b] for b in range(B))
+    # one verification for every row, each under its own configuration (a RowSampling: [B] tensors)
+    single = verification if isinstance(verification, Verification) else verification[0]
+    decision, walked = _decide(single, verifier, tree, logits, sampling, rng, row_rngs or [rng], verify_rng,
+                               options, compiler, rows)
+    results, nodes = walked if walked is not None else read_step(decision, tree, rows)
+    timer.mark()
+    if logprobs:
+        step_logprobs = emitted_logprobs(logits, decision, sampling)
+    optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     time_draft, time_target, time_verify = timer.splits()
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
                        logprobs=step_logprobs, optimum=optimum)
 
 
 def _decide(
-    verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig,
-    rng: RandomSource, row_rngs: Sequence[RandomSource], verify_rng: RowStreams | None, options: StepOptions,
+    verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor,
+    sampling: SamplingConfig | RowSampling, rng: RandomSource, row_rngs: Sequence[RandomSource], verify_rng: RowStreams | None, options: StepOptions,
     compiler: Any, rows: Sequence[int] | None, *, flag_bad: bool = False,
 ) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int]] | None]:
-    """The dispatched verification of one configuration's rows: the decision, and the walk's
-    results and node counts (None on the tensor paths: :func:`read_step` decodes them).
+    """The dispatched verification of the rows, each under its configuration (``sampling``: one
+    for every row, or a :class:`~specdec.engine.row_sampling.RowSampling`, one pass over all rows
+    on every path, one launch of the fused kernel): the decision, and the walk's results and node
+    counts (None on the tensor paths: :func:`read_step` decodes them).
     ``flag_bad``: the walk flags a row with bad visited logits instead of raising (the tensor
     paths always flag, in ``bad_visited``); the serving call's mode (:data:`decide_rows`)."""
     B = tree.batch_size
+    if isinstance(sampling, RowSampling) and sampling.uniform:
+        sampling = sampling.configs[0]
+    per_row = isinstance(sampling, RowSampling)
     if verification.path == "walk":
         decision, walked, nodes = _walk(verifier, tree, logits, sampling, row_rngs, rows, flag_bad)
         if flag_bad:
@@ -365,33 +347,42 @@ def _decide(
         return decision, ([r for r in walked if r is not None], nodes)
     if verification.path_rule is not None:  # a path-level rule's tensor form (rules 7 and 8)
         u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
+        if isinstance(sampling, RowSampling):  # each row's law (row-wise: the rows the rule reads have their bits)
+            flags = row_is_bad(logits)
+            p = process_logits_rows(torch.where(flags.unsqueeze(-1), torch.zeros_like(logits), logits), sampling)
+            return decide_path_batch(verification.path_rule, tree, p, u, flags), None
         return decide_path_from_logits(verification.path_rule, tree, logits, u, sampling), None
     assert verification.rule is not None
     if options.validate:  # every node's row that is not flagged bad (those raise only where visited)
-        flags, p_check = row_is_bad(logits), process_logits(logits, sampling, check=False)
+        flags = row_is_bad(logits)
+        p_check = (process_logits_rows(logits, sampling) if isinstance(sampling, RowSampling)
+                   else process_logits(logits, sampling, check=False))
         for b in range(B):
             n = int(tree.num_nodes[b])
             check_distribution(p_check[b, :n][~flags[b, :n]], "p")
     if verification.path == "triton":
         if verify_rng is None:
             raise InvalidConfigError("the fused kernel needs the rows' counter streams (verify_rng)")
+        if isinstance(sampling, RowSampling):  # one launch, each row in its own mode (fused_verify_batch)
+            return fused_verify_batch(verification.rule, tree, logits, verify_rng, inputs="logits",
+                                      sampling=sampling, bad_rows=row_is_bad(logits)), None
         x = logits if verification.fuse_logits else process_logits(logits, sampling, check=False)
         return fused_verify_batch(verification.rule, tree, x, verify_rng,
                                   inputs="logits" if verification.fuse_logits else "probs",
                                   sampling=sampling, bad_rows=row_is_bad(logits)), None
     u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
-    compiled: tuple[Any, ...] = () if compiler is None else (compiler.decide, compiler.decide_scores)
+    compiled: tuple[Any, ...] = () if compiler is None or per_row else (compiler.decide, compiler.decide_scores)
     return decide_from_logits(verification.rule, tree, logits, u, sampling, *compiled, rows=verification.rows,
-                              decide_walk=None if compiler is None else compiler.decide_walk), None
+                              decide_walk=None if compiler is None or per_row else compiler.decide_walk), None
 
 
 decide_rows = _decide
-"""The step's decision of one configuration's rows (:func:`_decide`), shared with the serving call
+"""The step's decision of the rows, one pass under their configurations (:func:`_decide`), shared with the serving call
 (:func:`specdec.engine.serving.verify_for_engine`, ``flag_bad=True``): one executor for both."""
 
 
 def step_optimum(tree: TreeBatch, logits: torch.Tensor, results: Sequence[VerifyResult],
-                 sampling: SamplingConfig) -> tuple[tuple[NodeOptimum, ...], ...]:
+                 sampling: SamplingConfig | RowSampling) -> tuple[tuple[NodeOptimum, ...], ...]:
     """Per row, per tested depth ``d`` (0-based), the best lossless acceptance at the node the
     row's path tested there (:func:`~specdec.verify.optimum.tree_node_optimum`): the root, then
     each accepted node that has children. Host work: the visited rows of ``p`` are read."""
@@ -402,7 +393,8 @@ def step_optimum(tree: TreeBatch, logits: torch.Tensor, results: Sequence[Verify
         if not path:
             out.append(())
             continue
-        p = process_logits(logits[b, path], sampling, check=False).to("cpu", torch.float64)
+        config = sampling.configs[b] if isinstance(sampling, RowSampling) else sampling  # the row's own
+        p = process_logits(logits[b, path], config, check=False).to("cpu", torch.float64)
         out.append(tuple(tree_node_optimum(host, node, p[i]) for i, node in enumerate(path)))
     return tuple(out)
 

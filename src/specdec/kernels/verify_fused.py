@@ -48,7 +48,8 @@ import torch
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.kernels.select import triton_available
 from specdec.rng import CounterRandom, RowStreams
-from specdec.sampling import SamplingConfig, top_k_logit_threshold
+from specdec.sampling import RowSampling, SamplingConfig, process_logits_rows, top_k_logit_threshold
+from specdec.sampling import top_k_logit_threshold_rows
 from specdec.tree import DraftTree, SampleMode
 from specdec.verify.base import FusedRule, Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, children_table
@@ -507,7 +508,7 @@ def fused_verify_batch(
     rng: Any,
     *,
     inputs: str = "probs",
-    sampling: SamplingConfig | None = None,
+    sampling: SamplingConfig | RowSampling | None = None,
     bad_rows: torch.Tensor | None = None,
     block: int | None = None,
 ) -> Any:
@@ -532,7 +533,12 @@ def fused_verify_batch(
             temperature > 0, ``top_p == 1``).
         rng: a :class:`~specdec.rng.RowStreams` of ``B`` :class:`~specdec.rng.CounterRandom`
             (each row's walk advances by one).
-        inputs, sampling, block: see :func:`node_decisions`.
+        inputs, sampling, block: see :func:`node_decisions`. ``sampling`` may be a
+            :class:`~specdec.sampling.RowSampling` of several configurations, with
+            ``inputs="logits"`` (raw logits): still one launch, each row in its own mode with its
+            own temperature and top-k threshold: the rows its configuration fuses (``T > 0``,
+            ``top_p == 1``) in ``logits`` mode, the others (greedy, top-p) on their ``p``
+            (:func:`~specdec.sampling.process_logits_rows`), as each row's batch-1 launch.
         bad_rows: ``[B, n]`` bool rows known bad (:func:`~specdec.sampling.row_is_bad`);
             a visited row that is bad, or that the kernel flags, sets ``bad_visited``.
 
@@ -557,29 +563,48 @@ def fused_verify_batch(
     block = 1024 if block is None else block
     if not isinstance(block, int) or not 16 <= block <= 4096 or block & (block - 1):
         raise InvalidConfigError(f"block must be a power of two in [16, 4096], got {block!r}")
-    temperature = 1.0
-    if inputs == "logits":
+    if isinstance(sampling, RowSampling):
+        if len(sampling.configs) != B:
+            raise InvalidConfigError(f"per-row sampling: {len(sampling.configs)} configurations for a batch of {B} trees")
+        if sampling.uniform:
+            sampling = sampling.configs[0]
+            if inputs == "logits" and (sampling.greedy or sampling.top_p < 1.0):  # the rows' own p, as batch-1 launches
+                x, inputs = process_logits_rows(x, RowSampling.of(sampling, B, x.device)), "probs"
+        elif inputs != "logits":
+            raise InvalidConfigError("per-row sampling in the fused kernel takes the raw logits (inputs='logits')")
+    mode: bool | torch.Tensor = inputs == "logits"
+    temperature: float | torch.Tensor = 1.0
+    kth = None
+    V, R, dev = x.shape[2], B * n, x.device
+    if isinstance(sampling, RowSampling):  # each row in its own mode (docstring): one launch
+        fused = sampling.fused().to(dev)  # [B]
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        p = process_logits_rows(x, sampling)  # [B, n, V] the rows not fused (greedy, top-p) verify their p
+        x = torch.where(fused.view(B, 1, 1), wide.to(p.dtype), p)
+        mode = fused.repeat_interleave(n)  # [R]
+        temperature = torch.where(sampling.greedy, 1.0, sampling.temperature).to(dev).repeat_interleave(n)
+    elif inputs == "logits":
         if not isinstance(sampling, SamplingConfig) or sampling.greedy or sampling.top_p < 1.0:
             raise InvalidConfigError("inputs='logits' fuses temperature > 0 and top-k only (needs the SamplingConfig)")
         temperature = float(sampling.temperature)
-    V, R, dev = x.shape[2], B * n, x.device
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     tables = batch_tables(rule, tree, compute)
     keys, walk = rng.begin_walks(dev)  # [B, 2]; int, or [B] when the rows' walks differ
     xs = x.reshape(R, V)
     if xs.stride(1) != 1:
         xs = xs.contiguous()
-    kth = None
-    if inputs == "logits" and sampling is not None:  # (checked above: logits come with their SamplingConfig)
+    if isinstance(sampling, RowSampling):
+        kth = top_k_logit_threshold_rows(xs, sampling, n).contiguous()  # each row's, as process_logits
+    elif inputs == "logits" and sampling is not None:  # (checked above: logits come with their SamplingConfig)
         kth = top_k_logit_threshold(xs, sampling).contiguous()  # as process_logits
     walk_rows = (walk.view(B, 1).expand(B, n).reshape(R) if isinstance(walk, torch.Tensor)
                  else torch.full((R,), walk, dtype=torch.int64, device=dev))
     out = _kernels().launch_decisions(
-        xs, logits=inputs == "logits", temperature=temperature, kth=kth, q_dense=tables.q_dense,
+        xs, logits=mode, temperature=temperature, kth=kth, q_dense=tables.q_dense,
         law_row=tables.law_row, child_tokens=tables.child_tokens, child_rows=tables.child_rows,
         num_children=tables.num_children, num_rejection=tables.num_rejection,
         without_replacement=tables.without_replacement, walk=walk_rows, node=tables.node, seed=0,
-        atol=1e-9 if compute == torch.float64 and inputs == "probs" else 1e-4, block=block,
+        atol=1e-9 if compute == torch.float64 and mode is not True else 1e-4, block=block,
         keys=keys.view(B, 1, 2).expand(B, n, 2).reshape(R, 2),
     ).view(B, n, 4).long()  # [B, n, 4]: accepted child slot or -1, bonus or -1, draws, status
     child = out[..., 0]  # [B, n]

@@ -127,11 +127,12 @@ def _residual(p, q, offs, m0, n_ops, ops_i, ops_f, CD: tl.constexpr):
 
 @triton.jit
 def _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, n_ops, ops_i, ops_f,
-                    LOGITS: tl.constexpr, HAS_LAW: tl.constexpr, CD: tl.constexpr):
+                    use_logits, HAS_LAW: tl.constexpr, CD: tl.constexpr):
     """``(P, q)`` on the vocabulary block ``offs``: ``p`` loaded (probs) or
     computed from the logits (``exp((l - max) / T) / Z`` on the top-k set), the
-    law ``q'`` loaded, then the first ``n_ops`` recorded rejections applied."""
-    if LOGITS:
+    law ``q'`` loaded, then the first ``n_ops`` recorded rejections applied (``use_logits``:
+    the row's mode, 1 logits, 0 probs)."""
+    if use_logits != 0:
         lg = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
         e = tl.exp(tl.div_rn(lg - mx, temperature))
         pv = tl.where(mask & (lg >= kth), tl.div_rn(e, z), 0.0).to(CD)
@@ -154,7 +155,8 @@ def _fused_verify_kernel(
     x_ptr,
     x_stride,
     kth_ptr,
-    temperature,
+    temp_ptr,
+    mode_ptr,
     q_ptr,
     q_stride,
     law_ptr,
@@ -202,11 +204,19 @@ def _fused_verify_kernel(
     # ---------------------------------------------------------------- 1. p
     # Bad values are counted per block in one sum: NaN + 8192 inf + 8192**2 negative
     # (BLOCK <= 4096, so the fields cannot overflow into each other).
-    mx = 0.0
-    z = 1.0
-    kth = float("-inf")
+    # the row's mode (LOGITS: the launch has rows in logits mode; each row's own mode,
+    # temperature and top-k threshold are loaded: one launch serves rows of any configurations)
+    mx = tl.zeros((), tl.float32)
+    z = tl.full((), 1.0, tl.float32)
+    kth = tl.full((), float("-inf"), tl.float32)
+    temperature = tl.full((), 1.0, tl.float32)
+    use_logits = tl.zeros((), tl.int32)
+    m0 = tl.full((), 1.0, CD)
     if LOGITS:
-        kth = tl.load(kth_ptr + row)
+        use_logits = tl.load(mode_ptr + row).to(tl.int32)
+        temperature = tl.load(temp_ptr + row).to(tl.float32)
+        kth = tl.load(kth_ptr + row).to(tl.float32)
+    if use_logits != 0:
         run_max = tl.full((), float("-inf"), tl.float32)
         run_sum = tl.zeros((), tl.float32)
         for start in range(0, V, BLOCK):
@@ -256,7 +266,7 @@ def _fused_verify_kernel(
     for c in range(0, nc):
         if accepted < 0:
             x = tl.load(tok_ptr + row * CMAX + c)
-            if LOGITS:
+            if use_logits != 0:
                 lx = tl.load(x_row + x).to(tl.float32)
                 px = tl.where(lx >= kth, tl.div_rn(tl.exp(tl.div_rn(lx - mx, temperature)), z), 0.0).to(CD)
             else:
@@ -285,7 +295,7 @@ def _fused_verify_kernel(
                         offs = start + arange
                         mask = offs < V
                         P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, c, ops_i,
-                                               ops_f, LOGITS, HAS_LAW, CD)
+                                               ops_f, use_logits, HAS_LAW, CD)
                         m += tl.sum(tl.where(mask, tl.maximum(P - q, 0.0), 0.0), axis=0)
                         qn += tl.sum(tl.where(mask & (offs != x), q, 0.0), axis=0)
                     tl.store(ops_i + 3 * c, 1)
@@ -322,7 +332,7 @@ def _fused_verify_kernel(
             offs = start + arange
             mask = offs < V
             P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
-                                   ops_f, LOGITS, HAS_LAW, CD)
+                                   ops_f, use_logits, HAS_LAW, CD)
             vals = tl.where(mask, tl.maximum(P, 0.0), 0.0).to(tl.float64)
             tl.store(sums + start // BLOCK, tl.max(tl.cumsum(vals, axis=0), axis=0))
         tl.debug_barrier()  # the block sums written above are read back by every thread
@@ -348,7 +358,7 @@ def _fused_verify_kernel(
                 offs = block * BLOCK + arange
                 mask = offs < V
                 P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
-                                       ops_f, LOGITS, HAS_LAW, CD)
+                                       ops_f, use_logits, HAS_LAW, CD)
                 vals = tl.where(mask, tl.maximum(P, 0.0), 0.0).to(tl.float64)
                 cdf = prev + tl.cumsum(vals, axis=0)
                 if tl.max(cdf, axis=0) > target:
@@ -360,7 +370,7 @@ def _fused_verify_kernel(
                     offs = start + arange
                     mask = offs < V
                     P, q = _residual_block(x_row, q_row, offs, mask, law_b, mx, z, kth, temperature, m0, nc, ops_i,
-                                           ops_f, LOGITS, HAS_LAW, CD)
+                                           ops_f, use_logits, HAS_LAW, CD)
                     bonus = tl.maximum(bonus, tl.max(tl.where(mask & (P > 0), offs, -1), axis=0))
         else:
             status |= 16
@@ -373,8 +383,8 @@ def _fused_verify_kernel(
 def launch_decisions(
     x: torch.Tensor,
     *,
-    logits: bool,
-    temperature: float,
+    logits: bool | torch.Tensor,
+    temperature: float | torch.Tensor,
     kth: torch.Tensor | None,
     q_dense: torch.Tensor | None,
     law_row: torch.Tensor,
@@ -395,8 +405,10 @@ def launch_decisions(
     Args:
         x: ``[R, V]`` processed probabilities (``logits=False``) or raw logits,
             unit stride along ``V``.
-        logits: the mode (see the module docstring).
-        temperature: ``> 0``; used in ``logits`` mode.
+        logits: the mode (see the module docstring): True for every row in ``logits`` mode,
+            False for every row in ``probs`` mode, or ``[R]`` bool each row's own mode (a batch of
+            rows under their own configurations, one launch).
+        temperature: ``> 0``, or ``[R]`` float32 each row's; used in ``logits`` mode.
         kth: ``[R]`` float32 top-k thresholds (``-inf``: no top-k); ``logits`` mode.
         q_dense: ``[L, V]`` dense proposal laws ``q'`` in the compute dtype, or None.
         law_row: ``[R]`` int32 row of ``q_dense`` for each row's rejection
@@ -426,11 +438,20 @@ def launch_decisions(
     has_law = q_dense is not None
     q = q_dense if q_dense is not None else x  # dummy pointer, never read
     kth_t = kth if kth is not None else law_row  # dummy pointer, never read in probs mode
+    if isinstance(logits, torch.Tensor):
+        mode = logits.to(device=x.device, dtype=torch.int32).contiguous()
+        any_logits = True
+    else:
+        mode = torch.full((rows,), int(bool(logits)), dtype=torch.int32, device=x.device)
+        any_logits = bool(logits)
+    temp = (temperature.to(device=x.device, dtype=torch.float32).contiguous() if isinstance(temperature, torch.Tensor)
+            else torch.full((rows,), float(temperature), dtype=torch.float32, device=x.device))
     _fused_verify_kernel[(rows,)](
         x,
         x.stride(0),
         kth_t,
-        float(temperature),
+        temp,
+        mode,
         q,
         q.stride(0),
         law_row,
@@ -446,7 +467,7 @@ def launch_decisions(
         out,
         vocab,
         float(atol),
-        LOGITS=bool(logits),
+        LOGITS=any_logits,
         HAS_LAW=has_law,
         CMAX=cmax,
         BLOCK=block,

@@ -39,13 +39,16 @@ from typing import NamedTuple
 import torch
 
 from specdec.sampling import (
+    RowSampling,
     SamplingConfig,
     greedy_law,
     law_is_bad,
     process_logits,
+    process_logits_rows,
     row_is_bad,
     temperature_scores,
     warped_scores,
+    warped_scores_rows,
 )
 from specdec.errors import InvalidConfigError
 from specdec.tree_batch import TreeBatch
@@ -204,7 +207,7 @@ def decide_from_logits(
     tree: TreeBatch,
     logits: torch.Tensor,
     u: torch.Tensor,
-    sampling: SamplingConfig,
+    sampling: SamplingConfig | RowSampling,
     decide: Callable[..., tuple[torch.Tensor, ...]] | None = None,
     decide_scores: Callable[..., tuple[torch.Tensor, ...]] | None = None,
     *,
@@ -236,7 +239,18 @@ def decide_from_logits(
     field with :func:`decide_tree_batch` on the one-hot rows and with
     :func:`decide_tree_walk`, ``tests/verify/test_greedy_decision.py``); a compiled step
     (``decide``, ``decide_walk`` given) keeps the general forms.
+
+    ``sampling`` may be a :class:`~specdec.sampling.RowSampling` (each row its own
+    configuration): one decision over every row, ``p`` processed per row
+    (:func:`~specdec.sampling.process_logits_rows`; the walk per visited row), a greedy row's
+    law one-hot (its decision the greedy one); rows all greedy take :func:`decide_greedy`.
+    Each row decides what it decides under its own configuration alone (uncompiled).
     """
+    if isinstance(sampling, RowSampling):
+        if sampling.uniform:
+            sampling = sampling.configs[0]
+        else:
+            return _decide_rows(rule, tree, logits, u, sampling, rows)
     if sampling.greedy and decide is None and decide_walk is None:
         return TreeDecision(*decide_greedy(rule, tree, logits))  # one pass over the vocabulary (specdec.verify.greedy_decision)
     rows = resolve_rows(rows, logits.device)
@@ -253,6 +267,20 @@ def decide_from_logits(
         return TreeDecision(*(decide or decide_tree_batch)(rule, tree, p, u, row_is_bad(logits)))
     scores, temperature = step_scores(logits, sampling)  # [B, n, V]
     return TreeDecision(*(decide_scores or decide_from_scores)(rule, tree, scores, u, temperature))
+
+
+def _decide_rows(rule: FusedRule, tree: TreeBatch, logits: torch.Tensor, u: torch.Tensor, sampling: RowSampling,
+                 rows: str) -> TreeDecision:
+    """:func:`decide_from_logits` of rows under their own configurations (several), in one pass."""
+    if all(c.greedy for c in sampling.configs):
+        return TreeDecision(*decide_greedy(rule, tree, logits))
+    rows = resolve_rows(rows, logits.device)
+    if rows == "path" and tree.node_slots <= tree.max_depth + 1:
+        rows = "all"  # a chain, as decide_from_logits
+    if rows == "path":
+        return TreeDecision(*decide_tree_walk(rule, tree, logits, u, sampling))
+    p = process_logits_rows(logits, sampling)  # [B, n, V]
+    return TreeDecision(*decide_tree_batch(rule, tree, p, u, law_is_bad(p) | row_is_bad(logits)))
 
 
 def decide_tree_batch(
@@ -463,7 +491,7 @@ def _finish(
 
 
 def decide_tree_walk(
-    rule: FusedRule, tree: TreeBatch, logits: torch.Tensor, u: torch.Tensor, sampling: SamplingConfig
+    rule: FusedRule, tree: TreeBatch, logits: torch.Tensor, u: torch.Tensor, sampling: SamplingConfig | RowSampling
 ) -> tuple[torch.Tensor, ...]:
     """:func:`decide_tree_batch` from the target's logits by a walk: the same decisions with
     the same uniforms, made only at the nodes the verification visits.
@@ -484,7 +512,8 @@ def decide_tree_walk(
         tree: ``B`` trees of ``n`` node slots.
         logits: ``[B, n, V]`` the target's logits (after any logits processor).
         u: ``[B, n, C + 1]`` float64 uniforms, as :func:`decide_tree_batch`.
-        sampling: the processing of ``p`` (greedy: one-hot rows).
+        sampling: the processing of ``p`` (greedy: one-hot rows), or each row's own
+            (:class:`~specdec.sampling.RowSampling`).
 
     Returns:
         The :class:`TreeDecision` fields, on ``logits``' device.
@@ -533,9 +562,18 @@ def _at(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x.gather(1, rows.expand(x.shape[0], 1, x.shape[-1]))
 
 
-def _row_law(x: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_law(x: torch.Tensor, sampling: SamplingConfig | RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
     """The walk's law of logits rows ``x`` ``[B, 1, V]``: ``exp(s - max s)`` of the
     processed scores (one-hot rows at ``T = 0``) and the rows that are not a law."""
+    if isinstance(sampling, RowSampling):  # each row its own: warped per row, greedy rows one-hot
+        if sampling.uniform:
+            return _row_law(x, sampling.configs[0])
+        s = warped_scores_rows(x, sampling)  # [B, 1, V] (float32 or float64)
+        top, bad = _max_and_bad(s)
+        w = torch.exp(s - top)
+        if any(c.greedy for c in sampling.configs):
+            w = torch.where(sampling.greedy.to(w.device).view(-1, 1, 1), greedy_law(s), w)
+        return w, bad
     if x.dtype in (torch.float16, torch.bfloat16):
         bad = row_is_bad(x)
         x = x.float()
