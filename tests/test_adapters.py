@@ -13,8 +13,8 @@ import torch
 
 import specdec
 from specdec.adapters import DraftRowCopies, TargetRowCopies, host_feed, row_sources_of, rows_draft, rows_target
-from specdec.drafts.base import DraftModel
-from specdec.targets.base import TargetModel
+from specdec.drafts.base import DraftModel, OneRowDraft
+from specdec.targets.base import OneRowTarget, TargetModel
 from specdec.errors import InvalidConfigError
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig
@@ -119,7 +119,7 @@ def test_an_abandoned_build_releases_its_workers(nucleus):
     assert not any(t.name.startswith("specdec-host-build") and t.is_alive() for t in threading.enumerate())
 
 
-class OneRowBigram(DraftModel):
+class OneRowBigram(OneRowDraft):
     """A one-row draft as the docs' per-tree contract writes one (no rows mode): logits after token a
     are ``table[a]``; it keeps its committed context and this step's tree nodes."""
 
@@ -174,7 +174,7 @@ def test_row_copies_keep_each_rows_own_state():
     assert rows_draft(proto, 1) is proto and isinstance(rows_draft(proto, 2), DraftRowCopies)
 
 
-class OneRowBigramTarget(TargetModel):
+class OneRowBigramTarget(OneRowTarget):
     """A one-row target as the docs' per-tree contract writes one (no batch mode): logits after
     token a are ``table[a]``."""
 

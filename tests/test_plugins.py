@@ -265,18 +265,18 @@ class Opts(ChainTreeBuilder):
     example_options = ({{"width": 3}},)
 """, "is not built by its example_options {{'width': 3}}"),
     "draft rows mode without its methods": ("""
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.drafts.ngram import NgramDraft
 
 @register("draft", "{name}")
 class Rows(NgramDraft):  # declares the rows mode, but its begin_rows is the one-row default
-    begin_rows = DraftModel.begin_rows
+    begin_rows = OneRowDraft.begin_rows
 """, "declares supports_rows = True but does not override begin_rows"),
     "target batch mode without its methods": ("""
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget
 
 @register("target", "{name}")
-class Batch(TargetModel):
+class Batch(OneRowTarget):
     supports_batch = True
     vocab_size = 3
 

@@ -36,22 +36,22 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
 from specdec.draft_request import DraftRequest
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget, TargetModel
 from specdec.tree import DraftTree
 from specdec.tree_batch import TreeBatch
 from specdec.trees.feed import Build, DraftSpec, merged_build
 
-__all__ = ["DraftRowCopies", "FeatureDraftRowCopies", "HostBuild", "RowDraftView", "TargetRowCopies", "host_feed", "row_sources_of", "rows_draft",
-           "rows_target"]
+__all__ = ["DraftRowCopies", "FeatureDraftRowCopies", "HostBuild", "OneRowOf", "RowDraftView", "TargetRowCopies", "host_feed",
+           "one_row", "row_sources_of", "rows_draft", "rows_target"]
 
 
 class HostBuild(Protocol):
@@ -59,7 +59,7 @@ class HostBuild(Protocol):
 
     __qualname__: str
 
-    def __call__(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+    def __call__(self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         ...
 
 
@@ -114,7 +114,7 @@ class _Turn:
         return message
 
 
-class RowDraftView(DraftModel):
+class RowDraftView(OneRowDraft):
     """One row of the step's drafter, as the one-row :class:`~specdec.drafts.base.DraftModel`
     a host ``build`` expects: :meth:`root_logits` and :meth:`tree_logits` are answered by the
     batch's draft call (module docstring). Node ids are the row's own (root 0, then the nodes
@@ -249,10 +249,11 @@ def host_feed(build: HostBuild, roots: torch.Tensor, spec: DraftSpec, sampling: 
 
 
 class DraftRowCopies(DraftModel):
-    """A one-row draft (no rows mode: :attr:`~specdec.drafts.base.DraftModel.supports_rows` False)
-    serving ``B`` rows: one copy of it per row (:func:`copy.deepcopy` of the draft as given,
-    made when the rows begin), each asked for its own row's logits in turn. The batch's draft
-    call costs ``B`` one-row calls; a draft with a rows mode of its own is used as it is.
+    """A one-row draft (a :class:`~specdec.drafts.base.OneRowDraft` without a rows mode:
+    :attr:`~specdec.drafts.base.DraftModel.supports_rows` False) serving ``B`` rows: one copy
+    of it per row (:func:`copy.deepcopy` of the draft as given, made when the rows begin),
+    each asked for its own row's logits in turn. The batch's draft call costs ``B`` one-row
+    calls; a draft with a rows mode of its own is used as it is.
 
     Each copy starts as the prototype does (the same weights, the same state), so row ``b``
     gets exactly the logits a batch-1 generation gets from the prototype.
@@ -261,18 +262,12 @@ class DraftRowCopies(DraftModel):
         prototype: the one-row draft.
     """
 
-    supports_rows = True
-
-    def __init__(self, prototype: DraftModel) -> None:
+    def __init__(self, prototype: OneRowDraft) -> None:
         self.prototype = prototype
-        self.rows: list[DraftModel] = []
+        self.rows: list[OneRowDraft] = []
 
     def __repr__(self) -> str:
         return f"DraftRowCopies({type(self.prototype).__name__}, rows={len(self.rows)})"
-
-    @property
-    def rows_mode(self) -> bool:
-        return True
 
     @property
     def vocab_size(self) -> int:
@@ -290,23 +285,14 @@ class DraftRowCopies(DraftModel):
     def max_length(self) -> int | None:
         return self.prototype.max_length
 
-    def reserve(self, positions: int) -> None:
-        self.prototype.reserve(positions)
-
-    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
-        self.begin_rows([prompt_ids], None if target_hidden is None else target_hidden.unsqueeze(0))
-
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None) -> None:
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None, *,
+                   positions: int | None = None) -> None:
         self.rows = [copy.deepcopy(self.prototype) for _ in prompts]
         for b, (row, prompt) in enumerate(zip(self.rows, prompts)):
+            if positions is not None:
+                with torch.inference_mode(False):
+                    row.reserve(positions)
             row.begin(prompt, None if target_hidden is None else target_hidden[b])
-
-    def root_logits(self) -> torch.Tensor:
-        return self.root_rows_logits()[0]
-
-    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        p = torch.as_tensor(parents, dtype=torch.int64).view(1, -1)
-        return self.tree_rows_logits(p, torch.as_tensor(tokens, dtype=torch.int64).view(1, -1))[0]
 
     def root_rows_logits(self, proposal: bool = False) -> torch.Tensor:
         return torch.stack([row.root_proposal_logits() if proposal else row.root_logits() for row in self.rows])
@@ -316,9 +302,6 @@ class DraftRowCopies(DraftModel):
             row.tree_proposal_logits(parents[b], tokens[b]) if proposal else row.tree_logits(parents[b], tokens[b])
             for b, row in enumerate(self.rows)
         ])
-
-    def commit(self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
-        self.commit_rows([tokens], None if target_hidden is None else target_hidden.unsqueeze(0))
 
     def commit_rows(self, emitted: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None, *,
                     device_tokens: torch.Tensor | None = None, device_counts: torch.Tensor | None = None) -> None:
@@ -331,38 +314,42 @@ class DraftRowCopies(DraftModel):
         self.rows = [self.rows[int(r)] for r in rows]
 
 
-def rows_draft(draft: DraftModel, rows: int) -> DraftModel:
-    """The draft the engine runs ``rows`` rows with: ``draft`` itself when it has a rows mode
-    (or serves one row), else :class:`DraftRowCopies` of it."""
-    if draft.supports_rows or rows == 1:
-        return draft
-    return FeatureDraftRowCopies(draft) if draft.needs_target_hidden else DraftRowCopies(draft)
-
-
 class FeatureDraftRowCopies(DraftRowCopies):
     """:class:`DraftRowCopies` of a feature-level draft (it reads the target's hidden states)."""
 
     needs_target_hidden = True
 
 
+def rows_draft(draft: DraftModel, rows: int) -> DraftModel:
+    """The draft the engine runs ``rows`` rows with: ``draft`` itself when it serves several
+    rows (:attr:`~specdec.drafts.base.DraftModel.supports_rows`) or one row is asked, else
+    :class:`DraftRowCopies` of it (a one-row draft declares ``supports_rows = False``)."""
+    if draft.supports_rows or rows == 1:
+        return draft
+    if not type(draft)._one_row_form:  # declared by OneRowDraft (and 0.1.0's one-row drafts, served as one)
+        raise InvalidConfigError(f"{type(draft).__name__} declares supports_rows = False but writes no one-row form "
+                                 "(OneRowDraft): a batch draft serves its rows itself")
+    one = cast(OneRowDraft, draft)
+    return FeatureDraftRowCopies(one) if draft.needs_target_hidden else DraftRowCopies(one)
+
+
 class TargetRowCopies(TargetModel):
-    """A one-row target (no batch mode: :attr:`~specdec.targets.base.TargetModel.supports_batch`
-    False) serving ``B`` rows: one copy per row (:func:`copy.deepcopy` of the target as given,
-    made when the rows are prefilled), each scoring its own row's tree (its host view,
-    :meth:`TreeBatch.tree <specdec.tree_batch.TreeBatch.tree>`) in turn. A step costs ``B``
-    one-row forwards and the copies hold ``B`` times the target's state: give a large model a
-    batch mode of its own (:class:`~specdec.targets.hf.HFTarget` has one).
+    """A one-row target (a :class:`~specdec.targets.base.OneRowTarget` without a batch mode:
+    :attr:`~specdec.targets.base.TargetModel.supports_batch` False) serving ``B`` rows: one copy
+    per row (:func:`copy.deepcopy` of the target as given, made when the rows are prefilled),
+    each scoring its own row's tree (its host view, :meth:`TreeBatch.tree
+    <specdec.tree_batch.TreeBatch.tree>`) in turn. A step costs ``B`` one-row forwards and the
+    copies hold ``B`` times the target's state: give a large model a batch mode of its own
+    (:class:`~specdec.targets.hf.HFTarget` has one).
 
     Args:
         prototype: the one-row target.
     """
 
-    supports_batch = True
-
-    def __init__(self, prototype: TargetModel) -> None:
+    def __init__(self, prototype: OneRowTarget) -> None:
         self.prototype = prototype
         self.capture_layers = prototype.capture_layers
-        self.rows: list[TargetModel] = []
+        self.rows: list[OneRowTarget] = []
 
     def __repr__(self) -> str:
         return f"TargetRowCopies({type(self.prototype).__name__}, rows={len(self.rows)})"
@@ -379,21 +366,13 @@ class TargetRowCopies(TargetModel):
     def device(self) -> torch.device:
         return self.prototype.device
 
-    def reserve(self, positions: int) -> None:
-        self.prototype.reserve(positions)
-
-    def prefill(self, prompt_ids: Sequence[int]) -> None:
-        self.prefill_batch([prompt_ids])
-
-    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
+    def prefill_batch(self, prompts: Sequence[Sequence[int]], *, positions: int | None = None) -> None:
         self.rows = [copy.deepcopy(self.prototype) for _ in prompts]
         for row, prompt in zip(self.rows, prompts):
+            if positions is not None:
+                with torch.inference_mode(False):
+                    row.reserve(positions)
             row.prefill(prompt)
-
-    def score_tree(self, tree: DraftTree) -> torch.Tensor:
-        if len(self.rows) != 1:
-            raise InvalidConfigError(f"score_tree scores one row; {len(self.rows)} rows were prefilled")
-        return self.rows[0].score_tree(tree)
 
     def score_batch(self, tree: TreeBatch) -> torch.Tensor:
         if tree.batch_size != len(self.rows):
@@ -405,11 +384,6 @@ class TargetRowCopies(TargetModel):
             out.append(torch.cat([logits, logits[:1].expand(pad, -1)]) if pad else logits)
         return torch.stack(out)
 
-    def accept(self, accepted_nodes: Sequence[int], bonus_token: int) -> None:
-        if len(self.rows) != 1:
-            raise InvalidConfigError(f"accept keeps one row; {len(self.rows)} rows were prefilled")
-        self.rows[0].accept(accepted_nodes, bonus_token)
-
     def accept_rows(self, accepted: torch.Tensor, num_accepted: torch.Tensor, emitted: Sequence[Sequence[int]], *,
                     nodes: Sequence[Sequence[int]]) -> None:
         if len(emitted) != len(self.rows):
@@ -419,10 +393,6 @@ class TargetRowCopies(TargetModel):
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         self.rows = [self.rows[int(r)] for r in rows]
-
-    def hidden_states(self) -> torch.Tensor | None:
-        hidden = self.hidden_rows()
-        return None if hidden is None else hidden[0]
 
     def hidden_rows(self) -> torch.Tensor | None:
         hidden = [row.hidden_states() for row in self.rows]
@@ -434,6 +404,80 @@ class TargetRowCopies(TargetModel):
 
 
 def rows_target(target: TargetModel, rows: int) -> TargetModel:
-    """The target the engine runs ``rows`` rows with: ``target`` itself when it has a batch mode
-    (or serves one row), else :class:`TargetRowCopies` of it."""
-    return target if target.supports_batch or rows == 1 else TargetRowCopies(target)
+    """The target the engine runs ``rows`` rows with: ``target`` itself when it serves several
+    rows (:attr:`~specdec.targets.base.TargetModel.supports_batch`) or one row is asked, else
+    :class:`TargetRowCopies` of it."""
+    if target.supports_batch or rows == 1:
+        return target
+    if not type(target)._one_row_target:  # declared by OneRowTarget (and 0.1.0's one-row targets, served as one)
+        raise InvalidConfigError(f"{type(target).__name__} declares supports_batch = False but writes no one-row "
+                                 "form (OneRowTarget): a batch target serves its rows itself")
+    return TargetRowCopies(cast(OneRowTarget, target))
+
+
+class OneRowOf(OneRowDraft):
+    """The per-tree view of a batch draft, for the tools that drive one sequence at a time (the
+    exact laws, the conformance command's draft checks, a host build run by hand): ``begin``,
+    ``root_logits``, ``tree_logits`` and ``commit`` are the batch contract's calls with one row.
+
+    Args:
+        draft: a draft that speaks the batch contract only (a :class:`OneRowDraft` needs no view).
+    """
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.draft = draft
+
+    def __repr__(self) -> str:
+        return f"OneRowOf({type(self.draft).__name__})"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.draft.vocab_size
+
+    @property
+    def proposal_ids(self) -> torch.Tensor | None:
+        return self.draft.proposal_ids
+
+    @property
+    def max_length(self) -> int | None:
+        return self.draft.max_length
+
+    def begin(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        self.draft.begin_rows([prompt_ids], None if target_hidden is None else target_hidden.unsqueeze(0))
+        self._next_id = 1
+
+    def _width(self, proposal: bool) -> int:
+        ids = self.draft.proposal_ids if proposal else None
+        return self.draft.vocab_size if ids is None else int(ids.shape[0])
+
+    def root_logits(self) -> torch.Tensor:
+        return self.draft.request_logits(DraftRequest(level=0, rows=1, width=self._width(False), proposal=False))[0]
+
+    def root_proposal_logits(self) -> torch.Tensor:
+        return self.draft.request_logits(DraftRequest(level=0, rows=1, width=self._width(True), proposal=True))[0]
+
+    def _tree(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor,
+              proposal: bool) -> torch.Tensor:
+        p = torch.as_tensor(parents, dtype=torch.int64).view(1, -1)
+        t = torch.as_tensor(tokens, dtype=torch.int64).view(1, -1)
+        request = DraftRequest(level=1, rows=1, width=self._width(proposal), proposal=proposal, parents=p, tokens=t,
+                               first_id=self._next_id)
+        self._next_id += int(p.shape[1])
+        return self.draft.request_logits(request)[0]
+
+    def tree_logits(self, parents: Sequence[int] | torch.Tensor, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        return self._tree(parents, tokens, False)
+
+    def tree_proposal_logits(self, parents: Sequence[int] | torch.Tensor,
+                             tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        return self._tree(parents, tokens, True)
+
+    def commit(self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        self.draft.commit_rows([tokens], None if target_hidden is None else target_hidden.unsqueeze(0))
+        self._next_id = 1
+
+
+def one_row(draft: DraftModel) -> OneRowDraft:
+    """``draft`` as a :class:`OneRowDraft`: itself when it writes the one-row form, else its
+    :class:`OneRowOf` view."""
+    return cast(OneRowDraft, draft) if type(draft)._one_row_form else OneRowOf(draft)

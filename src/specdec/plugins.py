@@ -78,11 +78,11 @@ from typing import Any
 import attrs
 
 from specdec import registry
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.errors import InvalidConfigError, PluginError, RegistryConflictError, SpecDecError, UnknownNameError
 from specdec.methods import Method, compose
 from specdec.registry import ROLES, Override
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget, TargetModel
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
 
@@ -411,10 +411,11 @@ def _problems(role: str, name: str) -> list[str]:
         return _verifier_problems(obj)
     if role == "tree" and issubclass(obj, TreeBuilder):
         return _tree_problems(obj)
-    if role == "draft" and issubclass(obj, DraftModel):
-        return _missing_mode(obj, "supports_rows", obj.supports_rows, DraftModel, _ROW_METHODS)
+    if role == "draft" and issubclass(obj, DraftModel):  # a batch draft's methods are abstract (checked above)
+        return _missing_mode(obj, "supports_rows", obj._one_row_form and obj.supports_rows, OneRowDraft, _ROW_METHODS)
     if role == "target" and issubclass(obj, TargetModel):
-        return _missing_mode(obj, "supports_batch", obj.supports_batch, TargetModel, _BATCH_METHODS)
+        return _missing_mode(obj, "supports_batch", obj._one_row_target and obj.supports_batch, OneRowTarget,
+                             _BATCH_METHODS)
     raise AssertionError(f"unreachable: {role} {name!r} subclasses {base.__name__}")
 
 
@@ -422,8 +423,8 @@ def _missing_mode(cls: type, flag: str, declared: bool, base: type, methods: Seq
     missing = [m for m in methods if getattr(cls, m) is getattr(base, m)] if declared else []
     if not missing:
         return []
-    return [f"declares {flag} = True but does not override {', '.join(missing)} (the {base.__name__} defaults "
-            "serve one row)"]
+    return [f"declares {flag} = True but does not override {', '.join(missing)} (the one-row form's defaults, "
+            f"{base.__name__}, serve one row)"]
 
 
 def _verifier_problems(cls: type[Verifier]) -> list[str]:

@@ -93,22 +93,20 @@ def time_tree_forwards(
             f"a {sizes[-1]}-token tree after a {len(prompt_ids)}-token prompt exceeds max_length {limit}")
     vocab = target.vocab_size
     trees = {s: _chain(prompt_ids, s, vocab) for s in sizes}
-    batches = {s: TreeBatch.from_trees([t] * batch_size) for s, t in trees.items()} if batch_size > 1 else {}
+    batches = {s: TreeBatch.from_trees([t] * batch_size) for s, t in trees.items()}  # the engine's form, B = 1 too
     once = batch_size == 1 and bool(getattr(type(target), "rescores_trees", False))
     if once:
-        target.prefill(prompt_ids)
+        target.prefill_batch([list(prompt_ids)])
     times: dict[int, float] = {}
     rounds = warmup + repeats
     started = clock()
     for rep in range(rounds):
         for size in sizes:
-            if batch_size > 1:
+            if not once:
                 target.prefill_batch([list(prompt_ids)] * batch_size)
-            elif not once:
-                target.prefill(prompt_ids)
             start = clock()
             try:
-                out = target.score_tree(trees[size]) if batch_size == 1 else target.score_batch(batches[size])
+                out = target.score_batch(batches[size])
                 float(out.reshape(-1)[0])  # forces completion on asynchronous devices
             except SpecDecError:
                 raise

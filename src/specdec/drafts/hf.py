@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from specdec._extras import needs_extra
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.kernels.kv_compact import compact_kv_inplace
 from specdec.kernels.linear import (
@@ -54,7 +54,7 @@ __all__ = ["HFDraft"]
 
 
 @register("draft", "hf")
-class HFDraft(DraftModel):
+class HFDraft(OneRowDraft):
     """A Hugging Face causal LM as the draft ``q`` (its own weights and KV cache).
 
     Args:
@@ -340,7 +340,8 @@ class HFDraft(DraftModel):
         """Rows mode: each row's committed context."""
         return tuple(tuple(r) for r in self._rrows or ())
 
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None, *,
+                   positions: int | None = None) -> None:
         """Start ``B`` rows at once (rows mode, for batched generation); nothing
         runs until :meth:`root_rows_logits`. ``target_hidden`` is ignored (token-level draft).
         One prompt is served by :meth:`begin` (the one-row layout).
@@ -354,9 +355,12 @@ class HFDraft(DraftModel):
         logits its :meth:`begin` alone drafts (tested).
         """
         if len(prompts) == 1:
-            return DraftModel.begin_rows(self, prompts)
+            return OneRowDraft.begin_rows(self, prompts, positions=positions)
         if len(prompts) == 0:
             raise ValueError("begin_rows needs at least one prompt")
+        if positions is not None:  # sizing a cache is not inference: its buffers stay normal tensors
+            with torch.inference_mode(False):
+                self.reserve(positions)
         rows = [check_prompt(p, self._vocab_size, self._max_length) for p in prompts]
         self._cache = KVCache(self.model, capacity=max(self._reserved, max(len(r) for r in rows)))
         if not self._cache.preallocated:
@@ -476,7 +480,7 @@ class HFDraft(DraftModel):
         ``[B]``: the same tokens on the device (the batched step's), so that the
         next root copies nothing from the host. Outside rows mode: :meth:`commit`."""
         if self._rrows is None:
-            return DraftModel.commit_rows(self, emitted, target_hidden)
+            return OneRowDraft.commit_rows(self, emitted, target_hidden)
         if self._rrows is None or self._cache is None:
             raise RuntimeError("commit_rows() outside rows mode (begin_rows)")
         if len(emitted) != len(self._rrows):

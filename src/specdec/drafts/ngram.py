@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 
@@ -147,7 +147,7 @@ class _Sequence:
 
 
 @register("draft", "ngram")
-class NgramDraft(DraftModel):
+class NgramDraft(OneRowDraft):
     """Prompt lookup: the draft law ``q`` from n-gram matches in the prompt and the generated text.
 
     Args:
@@ -260,13 +260,14 @@ class NgramDraft(DraftModel):
     def rows_mode(self) -> bool:
         return self._rows is not None
 
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None, *,
+                   positions: int | None = None) -> None:
         """Start ``B`` rows at once (batched generation); each row is its own
         :meth:`begin` (its own context, its own tree); one prompt is served by :meth:`begin`."""
         if len(prompts) == 0:
             raise ValueError("begin_rows needs at least one prompt")
         if len(prompts) == 1:
-            return DraftModel.begin_rows(self, prompts)
+            return OneRowDraft.begin_rows(self, prompts, positions=positions)
         self._rows = [_Sequence(self._check(p, f"prompt {b}", empty=False), self.max_ngram, self.min_ngram) for b, p in enumerate(prompts)]
         self._one = None
 
@@ -299,7 +300,7 @@ class NgramDraft(DraftModel):
         """Rows mode: append each row's emitted tokens and drop every row's tree (outside
         rows mode: :meth:`commit`)."""
         if self._rows is None:
-            return DraftModel.commit_rows(self, emitted, target_hidden)
+            return OneRowDraft.commit_rows(self, emitted, target_hidden)
         rows = self._rows_state()
         if len(emitted) != len(rows):
             raise ValueError(f"{len(emitted)} rows of emitted tokens for {len(rows)} rows")

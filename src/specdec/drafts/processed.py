@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.processors import LogitsProcessorLike, call_processor, check_processor
 
@@ -37,7 +37,7 @@ def _ints(values: Sequence[int] | torch.Tensor) -> list[int]:
     return [int(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
 
 
-class ProcessedDraft(DraftModel):
+class ProcessedDraft(OneRowDraft):
     """``draft`` with ``processor`` applied to its logits, each node in its own context.
 
     Args:
@@ -62,9 +62,9 @@ class ProcessedDraft(DraftModel):
 
     registry_name = "processed"
 
-    def __init__(self, draft: DraftModel, processor: LogitsProcessorLike) -> None:
-        if not isinstance(draft, DraftModel):
-            raise InvalidConfigError(f"ProcessedDraft wraps a DraftModel, got {type(draft).__name__}")
+    def __init__(self, draft: OneRowDraft, processor: LogitsProcessorLike) -> None:
+        if not isinstance(draft, OneRowDraft):
+            raise InvalidConfigError(f"ProcessedDraft wraps a OneRowDraft, got {type(draft).__name__}")
         checked = check_processor(processor, "processor")
         if checked is None:
             raise InvalidConfigError("ProcessedDraft needs a logits processor (got an empty one)")

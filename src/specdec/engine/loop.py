@@ -234,13 +234,11 @@ def run_rows(
     with hold(what, target=held_target, draft=held_draft):  # one generation per model at a time (specdec.lease)
         # size the preallocated KV caches once: the committed context plus one step's tree nodes
         positions = max(len(r) for r in rows) + steps_cap + builder.max_nodes + depth
-        target.reserve(positions)
-        if draft is not None:
-            draft.reserve(positions)
         with torch.inference_mode():
-            target.prefill_batch(rows)
+            target.prefill_batch(rows, positions=positions)
             if draft is not None:  # feature-level drafts (EAGLE) start from the target's prompt features
-                draft.begin_rows(rows, target.hidden_rows() if draft.needs_target_hidden else None)
+                draft.begin_rows(rows, target.hidden_rows() if draft.needs_target_hidden else None,
+                                 positions=positions)
             # [B], once; an inference tensor like every later root (a compiled step sees one kind of tensor)
             roots = torch.tensor([r[-1] for r in rows], dtype=torch.int64, device=device)
         tallies[0].time_prefill += time.perf_counter() - t0

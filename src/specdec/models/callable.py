@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.registry import register
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget
 from specdec.tree import DraftTree
 from specdec.tree_batch import TreeBatch
 
@@ -41,7 +41,7 @@ def _looks_like_probabilities(out: torch.Tensor) -> bool:
 
 @register("draft", "callable")
 @register("target", "callable")
-class CallableLM(TargetModel, DraftModel):
+class CallableLM(OneRowTarget, OneRowDraft):
     """Wrap ``fn(prefixes: list[list[int]]) -> logits [n, V]`` as a model.
 
     The same object can be the target and the draft of one generator: the two
@@ -204,8 +204,8 @@ class CallableLM(TargetModel, DraftModel):
     # role (begin_rows, root_rows_logits, tree_rows_logits, commit_rows) keep
     # separate rows; keep_rows applies to both (one call, even when the same
     # object plays both roles).
-    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Target role: start ``B`` rows (batched generation); one row is :meth:`prefill`."""
+    def prefill_batch(self, prompts: Sequence[Sequence[int]], *, positions: int | None = None) -> None:
+        """Target role: start ``B`` rows (batched generation); one row is :meth:`prefill` (``positions``: unused)."""
         if len(prompts) == 0:
             raise ValueError("prefill_batch needs at least one prompt")
         if len(prompts) == 1:
@@ -255,7 +255,7 @@ class CallableLM(TargetModel, DraftModel):
     ) -> None:
         """Target role: append each row's emitted tokens (accepted + bonus); one row is :meth:`accept`."""
         if self.target_rows is None and nodes is not None:
-            TargetModel.accept_rows(self, accepted, num_accepted, emitted, nodes=nodes)
+            OneRowTarget.accept_rows(self, accepted, num_accepted, emitted, nodes=nodes)
             return
         if self.target_rows is None or self._last_tree is None:
             raise RuntimeError("accept_rows() called before a batch of trees was scored")
@@ -278,8 +278,9 @@ class CallableLM(TargetModel, DraftModel):
     def rows_mode(self) -> bool:
         return self.draft_rows is not None
 
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None) -> None:
-        """Draft role: start ``B`` rows (batched generation); one row is :meth:`begin`."""
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: Any = None, *,
+                   positions: int | None = None) -> None:
+        """Draft role: start ``B`` rows (batched generation); one row is :meth:`begin` (``positions``: unused)."""
         if len(prompts) == 1:
             self.begin(prompts[0])
             return
@@ -312,7 +313,7 @@ class CallableLM(TargetModel, DraftModel):
         device_counts: torch.Tensor | None = None,
     ) -> None:
         if self.draft_rows is None:
-            DraftModel.commit_rows(self, emitted, target_hidden)
+            OneRowDraft.commit_rows(self, emitted, target_hidden)
             return
         for row, tokens in zip(self.draft_rows, emitted):
             row.extend(int(t) for t in tokens)

@@ -1,6 +1,6 @@
 """Target models, registered under role ``"target"``."""
 
-from specdec.targets.base import TargetModel
+from specdec.targets.base import OneRowTarget, TargetModel
 from specdec.targets.hf import HFTarget
 
-__all__ = ["HFTarget", "TargetModel"]
+__all__ = ["HFTarget", "OneRowTarget", "TargetModel"]

@@ -416,8 +416,9 @@ class HFTarget(OneRowTarget):
         """
         if len(prompts) == 0:
             raise ValueError("prefill_batch needs at least one prompt")
-        if positions is not None:
-            self.reserve(positions)
+        if positions is not None:  # sizing a cache is not inference: its buffers stay normal tensors
+            with torch.inference_mode(False):
+                self.reserve(positions)
         if len(prompts) == 1:  # one row: the one-row layout (prefill), the loop's B = 1
             self.prefill(prompts[0])
             return
@@ -446,11 +447,11 @@ class HFTarget(OneRowTarget):
         # causal among a row's own tokens; a padding position sees itself only (its output is dropped)
         allowed = (cols.unsqueeze(0) <= cols.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)  # [B, span, span]
         allowed = allowed | (torch.eye(span, dtype=torch.bool, device=device) & ~valid.unsqueeze(-1))
-        positions = cols.expand(B, span)
+        token_positions = cols.expand(B, span)
         self._cache.write_rows(torch.zeros(B, dtype=torch.int64, device=device), span)
         try:
             _, self._hidden = forward_rows(
-                self.model, self._cache, ids.to(device), positions, allowed, logits="none", hidden_layers=self.capture_layers
+                self.model, self._cache, ids.to(device), token_positions, allowed, logits="none", hidden_layers=self.capture_layers
             )
         finally:
             self._cache.write_rows(None)

@@ -32,7 +32,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.adapters import one_row
+from specdec.draft_request import DraftRequest
+from specdec.drafts.base import DraftModel, laws_and_flags
 from specdec.drafts.setting import DraftSetting
 from specdec.errors import InvalidConfigError
 from specdec.methods import Method
@@ -104,7 +106,7 @@ def _laws(name: str, make: Callable[[MarkovLM], DraftModel], sid: str) -> Callab
         target, _ = sparse_markov_pair(VOCAB, 0)
         sampling = SAMPLINGS[sid]
         for b, prompt in enumerate(PROMPTS):
-            draft = make(target)
+            draft = one_row(make(target))  # one sequence, through the batch contract for a batch draft
             draft.begin(list(prompt))
             p1, t1, p2, t2 = _nodes(b)
             for where, q in (("the root", draft.root_distribution(sampling)),
@@ -116,7 +118,7 @@ def _laws(name: str, make: Callable[[MarkovLM], DraftModel], sid: str) -> Callab
                                    f"{_fmt(q.reshape(-1, q.shape[-1])[0])}")
             emitted = [t1[0], t2[0]]
             draft.commit(emitted)
-            fresh = make(target)
+            fresh = one_row(make(target))
             fresh.begin([*prompt, *emitted])
             got, want = draft.root_distribution(sampling), fresh.root_distribution(sampling)
             err = float((got.double() - want.double()).abs().max())
@@ -148,11 +150,12 @@ def _rows(name: str, cls: type[DraftModel], make: Callable[[MarkovLM], DraftMode
         rows = list(range(len(PROMPTS)))
         many = make(target)
         many.begin_rows([list(p) for p in PROMPTS])
-        alone = [make(target) for _ in rows]
+        alone = [one_row(make(target)) for _ in rows]
         for draft, prompt in zip(alone, PROMPTS):
             draft.begin(list(prompt))
         for step in range(2):
-            (q,), _ = many.root_rows_laws((sampling,))
+            (q,), _ = laws_and_flags(many.request_logits(DraftRequest(level=0, rows=len(rows), width=VOCAB,
+                                                                      proposal=False)), (sampling,))
             failure = _compare(name, f"step {step} root law", rows, q, [a.root_distribution(sampling) for a in alone])
             if failure is not None:
                 return failure
@@ -160,7 +163,9 @@ def _rows(name: str, cls: type[DraftModel], make: Callable[[MarkovLM], DraftMode
             for level, (pi, ti) in enumerate(((0, 1), (2, 3))):
                 parents = torch.tensor([lv[pi] for lv in levels], dtype=torch.int64)
                 tokens = torch.tensor([lv[ti] for lv in levels], dtype=torch.int64)
-                (q,), _ = many.expand_rows_laws(parents, tokens, (sampling,))
+                request = DraftRequest(level=level + 1, rows=len(rows), width=VOCAB, proposal=False,
+                                       parents=parents, tokens=tokens, first_id=1 + 2 * level)
+                (q,), _ = laws_and_flags(many.request_logits(request), (sampling,))
                 want = [a.expand(lv[pi], lv[ti], sampling) for a, lv in zip(alone, levels)]
                 failure = _compare(name, f"step {step} tree level {level + 1} (tokens {tokens.tolist()})", rows, q, want)
                 if failure is not None:
@@ -185,7 +190,7 @@ def _exact(name: str, method_name: str, make: Callable[[MarkovLM], DraftModel], 
         tree_cls = get("tree", method.tree)
         options = dict(tree_cls.example_options[0]) if tree_cls.example_options else dict(method.defaults)
         target, _ = sparse_markov_pair(VOCAB, seed, ties=seed % 2 == 1)
-        laws = ExactLaws(tree_cls(**options), get("verifier", method.verifier)(), target, make(target), sampling)
+        laws = ExactLaws(tree_cls(**options), get("verifier", method.verifier)(), target, one_row(make(target)), sampling)
         gap = laws.check(CONTEXT, 3, chained=True)
         if gap.error <= EXACT_TOL and abs(gap.mass - 1.0) <= EXACT_TOL:
             return None

@@ -46,7 +46,7 @@ import attrs
 import torch
 
 from specdec._deprecation import Renamed, deprecated_aliases
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig, process_logits
@@ -165,7 +165,7 @@ class ExactLaws:
         InvalidDistributionError: the verifier cannot serve ``sampling``.
     """
 
-    def __init__(self, builder: TreeBuilder, verifier: Verifier, target: MarkovLM, draft: DraftModel,
+    def __init__(self, builder: TreeBuilder, verifier: Verifier, target: MarkovLM, draft: OneRowDraft,
                  sampling: SamplingConfig, *, max_branches: int = 200_000,
                  on_tree: Callable[[DraftTree], None] | None = None) -> None:
         if target.vocab_size != draft.vocab_size:

@@ -30,7 +30,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.testing.cases import Mix, draw_children, top_tokens
@@ -87,7 +87,7 @@ class ShapeBuilder(TreeBuilder):
             total += width
         return total
 
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+    def build(self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         asm = TreeAssembler(root_token, draft.vocab_size)
         # (tree node, draft node id, q) of the current level; the draft numbers nodes in expand order (root 0)
         frontier: list[tuple[int, int, torch.Tensor]] = [(0, 0, _law(draft.root_distribution(sampling)))]

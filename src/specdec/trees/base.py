@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from specdec.adapters import host_feed
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
@@ -122,7 +122,7 @@ class TreeBuilder(ABC):
         return draft
 
     @abstractmethod
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+    def build(self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
         """Draft a tree whose root is ``root_token`` (the last committed token).
 
         The draft model has been :meth:`~DraftModel.begin`/committed up to and

@@ -42,13 +42,13 @@ drawn from; whether a node gets a child depends only on the draft's side):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 import torch
 
 from specdec.draft_request import DraftRequest
-from specdec.drafts.base import DraftModel, laws_and_flags
+from specdec.drafts.base import DraftModel, OneRowDraft, laws_and_flags
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
@@ -106,7 +106,7 @@ def _committed(draft: DraftModel, rows: int) -> list[tuple[int, ...]]:
         InvalidConfigError: the draft does not expose its committed context.
     """
     got: Any
-    if draft.rows_mode:
+    if not type(draft)._one_row_form or cast(OneRowDraft, draft).rows_mode:  # a batch draft holds rows
         got = getattr(draft, "committed_rows", None)
     else:
         one = getattr(draft, "committed_tokens", None)
@@ -269,7 +269,7 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         return lengths
 
     def build_reference(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference: one draw per level from the full draft law (constant length,
         with the confidence stop when set)."""

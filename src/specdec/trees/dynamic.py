@@ -32,7 +32,7 @@ import attrs
 import torch
 
 from specdec.adapters import host_feed
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
@@ -191,7 +191,7 @@ def assemble(nodes: Sequence[DynamicNode], kept: Sequence[DynamicNode], vocab_si
 
 def grow_dynamic_tree(
     root_token: int,
-    draft: DraftModel,
+    draft: OneRowDraft,
     sampling: SamplingConfig,
     rng: RandomSource,
     propose: ProposeFn,
@@ -430,7 +430,7 @@ class DynamicTreeBuilder(TreeBuilder):
         return None if draw == self.construction(sampling) else draw
 
     def build_reference(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference: grow the tree from the draft law processed by
         :func:`~specdec.sampling.construction_config` (the target's processing

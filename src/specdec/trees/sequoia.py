@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.draft_request import DraftRequest
+from specdec.drafts.base import DraftModel, OneRowDraft, laws_and_flags
 from specdec.errors import ContextOverflowError, InvalidConfigError, MeasurementError, SpecDecError
 from specdec.registry import register
 from specdec.rng import RandomSource
@@ -289,7 +290,7 @@ def measure_forward_times(
     if batch_size > 1 and not target.supports_batch:
         raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
     vocab = target.vocab_size
-    trees: dict[int, tuple[DraftTree, TreeBatch | None]] = {}
+    trees: dict[int, tuple[DraftTree, TreeBatch]] = {}
     for size in sizes:
         check_int("size", size, 1)
         if target.max_length is not None and len(prompt_ids) + size > target.max_length:
@@ -299,18 +300,15 @@ def measure_forward_times(
         law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
         chain_tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
         tree = DraftTree.chain(int(prompt_ids[-1]), chain_tokens, [law] * (size - 1), vocab)
-        trees[int(size)] = (tree, TreeBatch.from_trees([tree] * batch_size) if batch_size > 1 else None)
+        trees[int(size)] = (tree, TreeBatch.from_trees([tree] * batch_size))
     times: dict[int, list[float]] = {size: [] for size in trees}
 
     def timed(size: int, keep: bool) -> None:
-        tree, batch = trees[size]
-        if batch is None:
-            target.prefill(prompt_ids)
-        else:
-            target.prefill_batch([prompt_ids] * batch_size)
+        _, batch = trees[size]
+        target.prefill_batch([prompt_ids] * batch_size)
         start = _clock()
         try:
-            _sync(target.score_tree(tree) if batch is None else target.score_batch(batch))
+            _sync(target.score_batch(batch))
         except SpecDecError:
             raise
         except Exception as exc:  # noqa: BLE001 - one clear error naming the size; no curve is guessed
@@ -349,14 +347,14 @@ def measure_draft_level_time(
     """Median seconds of one draft call expanding a level of ``width`` nodes.
 
     Args:
-        draft: the draft model (restarted with :meth:`DraftModel.begin`).
+        draft: the draft model (restarted with :meth:`DraftModel.begin_rows`).
         prompt_ids: a prompt.
         width: nodes in the level (children of the root).
         sampling: processing (default ``SamplingConfig()``).
         repeats: timed calls (median reported).
         batch_size: ``B`` rows expanded together (``B > 1``: the draft's rows
-            mode, ``begin_rows`` + one ``expand_rows_flagged`` of ``width``
-            nodes per row, as batched generation grows its trees).
+            mode, ``begin_rows`` + one ``request_logits`` of ``width`` nodes per
+            row, as batched generation grows its trees).
         target: with ``B > 1`` and a feature-level draft (EAGLE), the target
             whose batch prefill gives the rows' features (``capture_layers`` set).
     """
@@ -364,32 +362,29 @@ def measure_draft_level_time(
     check_int("repeats", repeats, 1)
     check_int("batch_size", batch_size, 1)
     sampling = SamplingConfig() if sampling is None else sampling
-    if batch_size > 1 and not callable(getattr(draft, "begin_rows", None)):
+    if batch_size > 1 and not draft.supports_rows:
         raise InvalidConfigError(f"{type(draft).__name__} has no rows mode: cannot time {batch_size}-row levels")
     if batch_size > 1 and draft.needs_target_hidden and target is None:
         raise InvalidConfigError("timing a feature-level draft's rows mode needs the target (target=)")
     rows = [list(prompt_ids)] * batch_size
     tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(width)]
+    V = draft.vocab_size
     times = []
     for _ in range(repeats + 1):
-        if batch_size == 1:
-            draft.begin(prompt_ids)
-            _sync(draft.root_distribution(sampling))
-            start = time.perf_counter()
-            _sync(draft.expand([0] * width, tokens, sampling))
-        else:
-            hidden = None
-            if draft.needs_target_hidden:
-                assert target is not None
-                target.prefill_batch(rows)
-                hidden = target.hidden_states()
-            draft.begin_rows(rows, hidden)
-            q, _ = draft.root_rows_flagged(sampling)
-            _sync(q)
-            parents = torch.zeros(batch_size, width, dtype=torch.int64, device=q.device)
-            level = torch.tensor([tokens] * batch_size, dtype=torch.int64, device=q.device)
-            start = time.perf_counter()
-            _sync(draft.expand_rows_flagged(parents, level, sampling)[0])
+        hidden = None
+        if batch_size > 1 and draft.needs_target_hidden:
+            assert target is not None
+            target.prefill_batch(rows)
+            hidden = target.hidden_rows()
+        draft.begin_rows(rows, hidden)  # the batch contract, as generation drives it (B = 1 included)
+        (q,), _ = laws_and_flags(draft.request_logits(DraftRequest(level=0, rows=batch_size, width=V, proposal=False)),
+                                 (sampling,))
+        _sync(q)
+        parents = torch.zeros(batch_size, width, dtype=torch.int64, device=q.device)
+        level = torch.tensor([tokens] * batch_size, dtype=torch.int64, device=q.device)
+        start = time.perf_counter()
+        request = DraftRequest(level=1, rows=batch_size, width=V, proposal=False, parents=parents, tokens=level)
+        _sync(laws_and_flags(draft.request_logits(request), (sampling,))[0][0])
         times.append(time.perf_counter() - start)
     times = times[1:]
     return sorted(times)[len(times) // 2]
@@ -488,7 +483,7 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
         return self.proposal_top_k
 
     def build_reference(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference, :func:`~specdec.trees.static.build_static_tree`."""
         return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng,

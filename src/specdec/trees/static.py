@@ -31,7 +31,7 @@ import torch
 
 from specdec.draft_request import DraftRequest
 from specdec.adapters import host_feed
-from specdec.drafts.base import DraftModel, laws_and_flags
+from specdec.drafts.base import DraftModel, OneRowDraft, laws_and_flags
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
@@ -137,7 +137,7 @@ def build_static_tree(
     paths: Sequence[tuple[int, ...]],
     mode: SampleMode,
     root_token: int,
-    draft: DraftModel,
+    draft: OneRowDraft,
     sampling: SamplingConfig,
     rng: RandomSource,
     *,
@@ -580,7 +580,7 @@ class StaticTreeBuilder(ShapedTreeBuilder):
         return self.proposal_top_k
 
     def build_reference(
-        self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource
+        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
     ) -> DraftTree:
         """The per-node reference, :func:`build_static_tree`."""
         return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng,

@@ -8,7 +8,7 @@ After token ``t`` it proposes ``width`` tokens ``(5 t + 1 + i) mod V`` with log-
 
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.registry import register
 
 
@@ -18,7 +18,7 @@ def make_bigram(setting):
 
 
 @register("draft", "outside-bigram", factory=make_bigram)
-class OutsideBigram(DraftModel):
+class OutsideBigram(OneRowDraft):
     """A bigram draft with a rows mode (one context and one tree per row)."""
 
     supports_rows = True
@@ -63,9 +63,9 @@ class OutsideBigram(DraftModel):
     def rows_mode(self):
         return self._many
 
-    def begin_rows(self, prompts, target_hidden=None):
+    def begin_rows(self, prompts, target_hidden=None, *, positions=None):
         if len(prompts) == 1:
-            return DraftModel.begin_rows(self, prompts)
+            return OneRowDraft.begin_rows(self, prompts)
         self._rows = [[int(p[-1])] for p in prompts]
         self._many = True
 
@@ -77,7 +77,7 @@ class OutsideBigram(DraftModel):
 
     def commit_rows(self, emitted, target_hidden=None, *, device_tokens=None, device_counts=None):
         if not self._many:
-            return DraftModel.commit_rows(self, emitted, target_hidden)
+            return OneRowDraft.commit_rows(self, emitted, target_hidden)
         for row, tokens in zip(self._rows, emitted):
             del row[1:]
             if len(tokens):

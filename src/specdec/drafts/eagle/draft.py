@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from specdec.drafts.base import DraftModel
+from specdec.drafts.base import OneRowDraft
 from specdec.drafts.eagle.head import EagleHead, _additive, attend, causal_mask
 from specdec.errors import InvalidConfigError, SpecDecError, VocabMismatchError
 from specdec.kernels.linear import LinearPlan, accelerate_linears, dispatch_for, resolve_cpu_linear
@@ -27,7 +27,7 @@ FeatureFn = Callable[[Sequence[int]], torch.Tensor]
 """``fn(token_ids) -> [len(token_ids), L, H]``: the target's features at each position."""
 
 
-class EagleDraft(DraftModel):
+class EagleDraft(OneRowDraft):
     """An EAGLE head as a :class:`~specdec.drafts.base.DraftModel`.
 
     State: the KV cache of committed pairs (features from the target), the
@@ -317,7 +317,7 @@ class EagleDraft(DraftModel):
     def commit(
         self, tokens: Sequence[int], target_hidden: torch.Tensor | None = None, device_tokens: torch.Tensor | None = None
     ) -> None:
-        """As :meth:`DraftModel.commit`; ``device_tokens``, the same tokens as a
+        """As :meth:`OneRowDraft.commit`; ``device_tokens``, the same tokens as a
         device tensor (the step path), saves their host-to-device copy."""
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -350,7 +350,8 @@ class EagleDraft(DraftModel):
             raise RuntimeError("outside rows mode (begin_rows)")
         return self._rows
 
-    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None) -> None:
+    def begin_rows(self, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None, *,
+                   positions: int | None = None) -> None:
         """Start ``B`` rows at once (rows mode, for batched generation).
 
         Row ``b``'s committed pairs live in row ``b`` of one ``[2, B, H,
@@ -366,7 +367,10 @@ class EagleDraft(DraftModel):
                 first ``len(prompts[b]) - 1`` positions are read).
         """
         if len(prompts) == 1:  # one row: the one-row layout (begin)
-            return DraftModel.begin_rows(self, prompts, target_hidden)
+            return OneRowDraft.begin_rows(self, prompts, target_hidden, positions=positions)
+        if positions is not None:  # sizing a cache is not inference: its buffers stay normal tensors
+            with torch.inference_mode(False):
+                self.reserve(positions)
         rows = [[int(t) for t in p] for p in prompts]
         if not rows or any(not r for r in rows):
             raise InvalidConfigError("begin_rows needs non-empty prompts")
