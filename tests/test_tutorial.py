@@ -201,3 +201,35 @@ def test_bench(project):
     assert {"autoregressive", "sd", "my-nucleus", "my-match-static"} <= set(rows), sorted(rows)
     for name in ("my-nucleus", "my-match-static"):
         assert rows[name]["temperature"] == 1.0 and rows[name]["tau"] >= 1.0 and rows[name]["new_tokens"] > 0
+
+
+BATCH_SCRIPT = """
+import specdec
+import my_rules  # noqa: F401  (the tutorial's package, unchanged: registers my-nucleus)
+from specdec.testing import markov_pair
+
+prompts, seeds = [[1, 2], [3, 4, 5, 6, 7], [8]], [4, 5, 6]
+for temperature in (0.0, 1.0):
+    sampling = specdec.SamplingConfig(temperature=temperature)
+
+    def gen():
+        target, draft = markov_pair(12, seed=3)
+        return specdec.SpeculativeGenerator(target, draft, "my-nucleus")
+
+    out = gen().generate_batch(prompts, 10, sampling, seeds)
+    for b, prompt in enumerate(prompts):
+        single = gen().generate(prompt, 10, sampling, seed=seeds[b])
+        assert list(out.tokens[b]) == single.tokens, (temperature, b, out.tokens[b], single.tokens)
+print("rows equal their batch-1 runs")
+"""
+
+
+def test_the_tutorials_builder_runs_in_batches(project):
+    """Issue 56's goal: the tutorial's outside builder, unchanged, runs in generate_batch with 3 ragged
+    prompts; each row equals its batch-1 run, at T = 0 and T = 1 (through specdec.adapters)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(project)}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run([sys.executable, "-c", BATCH_SCRIPT], capture_output=True, text=True, cwd=project, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rows equal their batch-1 runs" in done.stdout
