@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.sampling import RowSampling, SamplingConfig, process_logits, process_logits_rows, top_k_logit_threshold
-from specdec.sampling import top_k_logit_threshold_rows
+from specdec.sampling import (
+    RowSampling,
+    SamplingConfig,
+    process_logits,
+    process_logits_rows,
+    top_k_logit_threshold,
+    top_k_logit_threshold_rows,
+)
 from tests.engine._per_row import CONFIGS
 
 

@@ -7,6 +7,9 @@ specdec turns logits into probabilities (the fused Triton kernel masks raw
 logits at :func:`top_k_logit_threshold`, the same set). The rule keeps the set
 transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
 ``TopPLogitsWarper`` keep (docs/generation.md, "Sampling conventions").
+A batch of rows under their own configurations (:class:`RowSampling`, ``[B]``
+tensors) is processed in one pass by :func:`process_logits_rows`, each row with
+the bits :func:`process_logits` gives it under its own configuration.
 """
 
 from __future__ import annotations

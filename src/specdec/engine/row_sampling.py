@@ -35,22 +35,14 @@ import attrs
 import torch
 
 from specdec.drafts.base import DraftModel
-from specdec.errors import InvalidConfigError
-from specdec.rng import RandomSource, RowStreams
+from specdec.rng import RandomSource
 from specdec.sampling import RowSampling
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
 from specdec.trees.feed import DraftSpec, drive, group_build, group_sources
 from specdec.verify.fast import TreeDecision
 
-__all__ = ["RowSampling", "build_groups", "group_sources", "row_sources", "scatter_decisions"]
-
-
-def row_sources(rng: RandomSource) -> list[RandomSource]:
-    """The rows' sources of a :class:`~specdec.rng.RowStreams`."""
-    if not isinstance(rng, RowStreams):
-        raise InvalidConfigError("per-row sampling needs one random source per row (RowStreams)")
-    return list(rng.sources)
+__all__ = ["RowSampling", "build_groups", "group_sources", "scatter_decisions"]
 
 
 def build_groups(

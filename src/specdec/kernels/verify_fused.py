@@ -48,8 +48,13 @@ import torch
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.kernels.select import triton_available
 from specdec.rng import CounterRandom, RowStreams
-from specdec.sampling import RowSampling, SamplingConfig, process_logits_rows, top_k_logit_threshold
-from specdec.sampling import top_k_logit_threshold_rows
+from specdec.sampling import (
+    RowSampling,
+    SamplingConfig,
+    process_logits_rows,
+    top_k_logit_threshold,
+    top_k_logit_threshold_rows,
+)
 from specdec.tree import DraftTree, SampleMode
 from specdec.verify.base import FusedRule, Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, children_table
