@@ -58,7 +58,9 @@ class Verification:
             (:attr:`Verifier.path_rule <specdec.verify.base.Verifier.path_rule>`), None otherwise.
         fuse_logits: ``"triton"`` only: the kernel also fuses temperature, top-k and
             the softmax (``T > 0`` and ``top_p == 1``); otherwise it verifies the
-            processed ``p``.
+            processed ``p``. Rows under their own configurations (a
+            :class:`~specdec.sampling.RowSampling`) share one path and one launch; the
+            kernel then decides this row by row (:func:`~specdec.kernels.verify_fused.fused_verify_batch`).
         rows: ``"tensor"`` only: ``"all"`` (every node at once) or ``"path"`` (the nodes the
             verification visits, a walk over depths), resolved from
             :attr:`StepOptions.rows <specdec.engine.options.StepOptions.rows>` and the device
