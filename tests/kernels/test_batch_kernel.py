@@ -210,7 +210,7 @@ def test_a_rows_tokens_do_not_depend_on_the_other_rows():
 def test_mutant_streams_fail_the_per_row_equality(monkeypatch):
     """The power of the two tests above, at T = 1: rows' streams swapped, or
     keyed by batch position instead of the row's seed, change the rows' tokens."""
-    import specdec.batch as batch_module
+    import specdec.request as request_module
 
     reference = _batch_one(1.0)
     original = RowStreams.counter_keys
@@ -221,5 +221,5 @@ def test_mutant_streams_fail_the_per_row_equality(monkeypatch):
     def by_position(random, seeds):  # MUTANT: stream b keyed by b (its place in the batch), not by seeds[b]
         return [CounterRandom(b) for b in range(len(seeds))]
 
-    monkeypatch.setattr(batch_module, "seeded_sources", by_position)
+    monkeypatch.setattr(request_module, "seeded_sources", by_position)
     assert _batched(1.0) != reference

@@ -125,7 +125,7 @@ def _first_generation(monkeypatch) -> tuple[Any, list[warnings.WarningMessage]]:
     from specdec.targets.hf import HFTarget
 
     monkeypatch.setattr("specdec.kernels.linear.LARGE_ROWS", ())
-    monkeypatch.setattr(hf_target, "accelerate_linears", lambda model: accelerate_linears(model, max_rows=4, repeats=1))
+    monkeypatch.setattr(hf_target, "accelerate_linears", lambda model, rows=None: accelerate_linears(model, max_rows=4, repeats=1))
     model = _tiny_target_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

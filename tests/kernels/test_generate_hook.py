@@ -194,10 +194,10 @@ class _ReusesBuilderDraws(CounterRandom):
 def test_counter_stream_chi_square_catches_a_broken_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The power of test_counter_stream_is_lossless_on_the_step_path: the same
     seeded test fails when verification reuses the builder's uniforms."""
-    import specdec.generate as generate_module
+    import specdec.request as request_module
     from specdec.testing import chi_square_test
 
-    monkeypatch.setattr(generate_module, "seeded_sources", lambda random, seeds: [_ReusesBuilderDraws.seeded(s) for s in seeds])
+    monkeypatch.setattr(request_module, "seeded_sources", lambda random, seeds: [_ReusesBuilderDraws.seeded(s) for s in seeds])
     target, draft = models()
     sampling = SamplingConfig(temperature=1.0)
     gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", kernel="torch", random="counter",

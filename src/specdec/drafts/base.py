@@ -424,9 +424,9 @@ class OneRowDraft(DraftModel):
         if self.rows_mode:
             return DraftModel.request_logits(self, request)  # (not super(): 0.1.0 subclasses get this method)
         if request.level == 0:
-            with model_call():
+            with model_call():  # (the model's region, the batch dimension included, as in 0.1.0's step)
                 root = self.root_proposal_logits() if request.proposal else self.root_logits()
-            return self._checked(root, 1, request.proposal).unsqueeze(0)  # [1, W]
+                return self._checked(root, 1, request.proposal).unsqueeze(0)  # [1, W]
         assert request.parents is not None and request.tokens is not None
         return self._tree_logits_checked(request.parents[0], request.tokens[0], request.proposal).unsqueeze(0)
 

@@ -160,7 +160,7 @@ class TreeFeed:
         sources = len(rng.sources) if isinstance(rng, RowStreams) else 1
         if sources != B:
             raise InvalidConfigError(
-                f"rng: {sources} random source(s) for {B} rows; give one per row (a RowStreams of {B} sources)")
+                f"rng: {sources} random source(s) for {B} rows; give one random source per row (a RowStreams of {B} sources)")
         self.device = roots.device
         if isinstance(sampling, SamplingConfig):
             self._build = builder.feed_build(roots, spec, sampling, rng, compiler=compiler)
