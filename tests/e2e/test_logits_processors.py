@@ -321,7 +321,7 @@ def test_a_processed_draft_processes_each_node_in_its_own_context():
 
 def test_a_processed_draft_refuses_bad_input():
     _, draft = models()
-    with pytest.raises(InvalidConfigError, match="DraftModel"):
+    with pytest.raises(InvalidConfigError, match="OneRowDraft"):
         ProcessedDraft(object(), NoImmediateRepeat())
     with pytest.raises(InvalidConfigError, match="callable"):
         ProcessedDraft(draft, 3)
