@@ -1,6 +1,6 @@
 """Batched decoding: many prompts (*rows*) decoded together, one target forward per step.
 
-The rows run through the one engine loop (:func:`specdec.engine.loop.run_rows`), which a
+The rows run through the one engine loop (:func:`specdec.engine.loop.decode_rows`), which a
 single generation runs too, as a batch of one. Rows keep their own state: their committed
 context in the target's batch mode (:meth:`~specdec.targets.hf.HFTarget.prefill_batch`:
 one KV slab, ragged per-row lengths), their own random stream (one seed per row) and

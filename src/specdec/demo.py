@@ -25,7 +25,8 @@ import attrs
 import torch
 
 import specdec
-from specdec.engine.loop import run_rows
+from specdec.engine.loop import RowsRequest, decode_rows
+from specdec.engine.step import Roles
 from specdec.errors import UnsupportedTreeError
 from specdec.generate import SpeculativeGenerator, autoregressive_generate
 from specdec.models.callable import CallableLM
@@ -173,7 +174,7 @@ def demo_tree(
 @attrs.frozen
 class DemoTreeBuilder(TreeBuilder):
     """:func:`demo_tree` as a :class:`~specdec.trees.base.TreeBuilder`, so the
-    demo verifies its trees with the generation loop's step (:func:`specdec.engine.loop.run_rows`, one step per tree)."""
+    demo verifies its trees with the generation loop's step (:func:`specdec.engine.loop.decode_rows`, one step per tree)."""
 
     recipe: str
     depth: int
@@ -374,8 +375,8 @@ def run_demo(
         builder = DemoTreeBuilder(recipe, depth, width)
         try:
             for _ in range(trees):  # one step of the engine loop per tree
-                (report,) = run_rows(target, draft, builder, verifier, [prompt], sampling, [rng],
-                                     max_new_tokens=None, max_steps=1, what="specdec demo")
+                (report,) = decode_rows(Roles(target, draft, builder, verifier),
+                                        RowsRequest([prompt], sampling, [rng], None, max_steps=1, what="specdec demo"))
                 result = report.outcome.result
                 counts[result.tokens[0]] += 1
                 firsts.append(result.tokens[0])

@@ -1,6 +1,6 @@
 """Generation: ``SpeculativeGenerator`` and plain decoding, on the one engine loop.
 
-One speculative *step* (:func:`specdec.engine.step.run_step`), for ``B`` rows (a single
+One speculative *step* (:func:`specdec.engine.step.step_rows`), for ``B`` rows (a single
 generation is a batch of one):
 
     roots [B] (each row's last committed token)

@@ -8,7 +8,7 @@ of :mod:`specdec.batch`) take the same arguments with the same meaning. Each bui
 (:meth:`GenerateOptions.resolve`: a :class:`Request`) and runs it with
 :func:`stream_request` on a :class:`Decoder` (the models, the composed builder and verifier,
 and how the step runs) through the one engine loop
-(:func:`specdec.engine.loop.run_rows`).
+(:func:`specdec.engine.loop.decode_rows`).
 
 The rules, for one prompt or ``B`` (docs/generation.md, "Seeds"):
 
@@ -33,9 +33,10 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.engine.compiler import StepCompiler
-from specdec.engine.loop import StepReport, check_prompts, run_rows
+from specdec.engine.loop import RowsRequest, StepReport, check_prompts, decode_rows
 from specdec.engine.options import StepOptions
 from specdec.engine.stats import StepTally
+from specdec.engine.step import Roles
 from specdec.errors import InvalidConfigError
 from specdec.hf_generation import from_generation_config_rows, is_generation_config
 from specdec.inputs import as_eos_ids, as_seed, as_token_ids
@@ -206,11 +207,10 @@ def stream_request(
     sizes. ``tallies``: one :class:`~specdec.engine.stats.StepTally` per row, filled as it goes.
     """
     seeds = list(request.seeds)
-    yield from run_rows(
-        decoder.target, decoder.draft, decoder.builder, decoder.verifier, prompts, request.sampling,
-        seeded_sources(decoder.random, seeds), max_new_tokens=request.max_new_tokens,
+    rows = RowsRequest(
+        prompts, request.sampling, seeded_sources(decoder.random, seeds), request.max_new_tokens,
         eos=as_eos_ids(request.eos_token_id, decoder.target.vocab_size), kernel=decoder.kernel,
         verify_seeds=seeds, options=decoder.step, compiler=decoder.compiler,
-        logits_processor=request.logits_processor, logprobs=request.return_logprobs,
-        tallies=tallies, what=what, named=batch,
+        logits_processor=request.logits_processor, logprobs=request.return_logprobs, what=what, named=batch,
     )
+    yield from decode_rows(Roles(decoder.target, decoder.draft, decoder.builder, decoder.verifier), rows, tallies)

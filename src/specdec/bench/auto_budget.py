@@ -51,6 +51,7 @@ from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.engine.loop import profile_steps
+from specdec.engine.step import Roles
 from specdec.targets.base import TargetModel
 from specdec.tree import SampleMode
 from specdec.trees.base import TreeBuilder
@@ -416,7 +417,7 @@ def profile_positional_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    for outcome in profile_steps(target, draft, prompts, builder, verifier, sampling, rng, steps_per_prompt,
+    for outcome in profile_steps(Roles(target, draft, builder, verifier), prompts, sampling, rng, steps_per_prompt,
                                  room=k_max + 1, name="profile_positional_acceptance"):
         result, tree = outcome.result, outcome.tree
         trials += 1

@@ -5,10 +5,11 @@ Layers (docs/architecture.md): the tools (CLI, bench, training) and the tuning c
 calls the strategies (tree builders, verifiers, drafts, targets) through their declared
 contracts and the kernels through rule descriptors.
 
-- :mod:`~specdec.engine.step`: :func:`run_step`, the speculative step of ``B`` rows, and
-  :func:`commit_step`;
-- :mod:`~specdec.engine.loop`: :func:`run_rows`, the one generation loop, and
-  :func:`profile_steps`;
+- :mod:`~specdec.engine.step`: :func:`step_rows`, the speculative step of ``B`` rows
+  (its records :class:`Roles` and :class:`StepInputs`; :func:`run_step`, its compatibility
+  form), and :func:`commit_step`;
+- :mod:`~specdec.engine.loop`: :func:`decode_rows`, the one generation loop (its record
+  :class:`RowsRequest`; :func:`run_rows`, its compatibility form), and :func:`profile_steps`;
 - :mod:`~specdec.engine.dispatch`: :func:`choose_verification`, the one decision of how
   a generation verifies;
 - :mod:`~specdec.engine.options`: :class:`StepOptions`;
@@ -21,11 +22,21 @@ contracts and the kernels through rule descriptors.
 
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES, VERIFY_PATHS, Verification, choose_verification
-from specdec.engine.loop import StepReport, profile_steps, run_rows
+from specdec.engine.loop import RowsRequest, StepReport, decode_rows, profile_steps, run_rows
 from specdec.engine.options import CLOCKS, VERIFY_ROWS, StepOptions
 from specdec.engine.serving import EngineVerification, RowSampling, verify_for_engine
 from specdec.engine.stats import GenerationStats, StepTally
-from specdec.engine.step import StepClock, StepOutcome, commit_step, emitted_logprobs, read_step, run_step
+from specdec.engine.step import (
+    Roles,
+    StepClock,
+    StepInputs,
+    StepOutcome,
+    commit_step,
+    emitted_logprobs,
+    read_step,
+    run_step,
+    step_rows,
+)
 
 __all__ = [
     "CLOCKS",
@@ -34,9 +45,12 @@ __all__ = [
     "VERIFY_ROWS",
     "EngineVerification",
     "GenerationStats",
+    "Roles",
     "RowSampling",
+    "RowsRequest",
     "StepClock",
     "StepCompiler",
+    "StepInputs",
     "StepOptions",
     "StepOutcome",
     "StepReport",
@@ -44,10 +58,12 @@ __all__ = [
     "Verification",
     "choose_verification",
     "commit_step",
+    "decode_rows",
     "emitted_logprobs",
     "profile_steps",
     "read_step",
     "run_rows",
     "run_step",
+    "step_rows",
     "verify_for_engine",
 ]

@@ -1,7 +1,7 @@
 """Per-row sampling: every row of a batch under its own temperature, top-k and top-p.
 
 Rows that share a :class:`~specdec.sampling.SamplingConfig` form a *group*
-(:attr:`RowSampling.groups`). The step (:func:`specdec.engine.step.run_step`) treats a
+(:attr:`RowSampling.groups`). The step (:func:`specdec.engine.step.step_rows`) treats a
 batch with one configuration as one group, with no extra op; with several:
 
 - **building** (:func:`build_groups`): each group's trees are grown by the builder's own

@@ -42,7 +42,7 @@ import torch
 from specdec.engine.dispatch import choose_verification
 from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, scatter_decisions
-from specdec.engine.step import decide_rows
+from specdec.engine.step import StepInputs, decide_rows
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
@@ -186,15 +186,16 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
     ok = [b for b in range(B) if refusals[b] is None]
     parts: list[tuple[torch.Tensor, TreeDecision]] = []
     if len(ok) == B:  # one pass over every row, each under its own configuration
-        decision, _ = decide_rows(verification, rule_of, served, logits, rows, rng, row_rngs, None, _SERVE_OPTIONS,
-                                  None, ok, flag_bad=True)
+        decision, _ = decide_rows(verification, rule_of, served, logits, rows, rng,
+                                  StepInputs(row_rngs=row_rngs, options=_SERVE_OPTIONS, rows=ok), flag_bad=True)
         parts.append((torch.arange(B, device=tree.device), decision))
     elif ok:  # one pass over the rows not refused
         index = torch.sort(torch.cat(kept)).values  # their row numbers, in row order, on the device
         o_rng = rng.subset(ok) if isinstance(rng, RowStreams) else rng
         decision, _ = decide_rows(verification, rule_of, _rows_of(served, index, ok), logits.index_select(0, index),
-                                  rows.keep(ok, index), o_rng, [row_rngs[r] for r in ok], None, _SERVE_OPTIONS, None,
-                                  ok, flag_bad=True)
+                                  rows.keep(ok, index), o_rng,
+                                  StepInputs(row_rngs=[row_rngs[r] for r in ok], options=_SERVE_OPTIONS, rows=ok),
+                                  flag_bad=True)
         parts.append((index, decision))
     decision = _assemble(parts, refused, tree)
     draft_bad = tree.draft_bad.to(refused.device) if tree.draft_bad is not None else torch.zeros_like(refused)

@@ -1,8 +1,8 @@
 """The speculative step: one pure function over a batch of rows, tensors in and out.
 
-:func:`run_step` is the only step body in specdec; every loop (single, streamed and
-batched generation, the profiles, the bench, the CLI demo) runs it through
-:func:`specdec.engine.loop.run_rows`. For ``B`` rows (``B = 1`` is a batch of one):
+:func:`step_rows` is the only step body in specdec (:func:`run_step`, its compatibility form,
+calls it); every loop (single, streamed and batched generation, the profiles, the bench, the
+CLI demo) runs it through :func:`specdec.engine.loop.decode_rows`. For ``B`` rows (``B = 1`` is a batch of one):
 
     roots [B] -> builder.build_batch(...)      # TreeBatch on the draft's device
               -> target.score_batch(tree)       # logits [B, n, V], one forward
@@ -27,6 +27,7 @@ import torch
 from specdec.drafts.base import DraftModel
 from specdec.engine.dispatch import Verification
 from specdec.engine.options import StepOptions
+from specdec.engine.records import Roles, StepInputs
 from specdec.engine.row_sampling import RowSampling, build_groups, group_sources
 from specdec.errors import InvalidConfigError, InvalidDistributionError
 from specdec.kernels.verify_fused import fused_verify_batch
@@ -42,7 +43,18 @@ from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_from_logits
 from specdec.verify.optimum import NodeOptimum, tree_node_optimum
 
-__all__ = ["StepClock", "StepOutcome", "commit_step", "decide_rows", "emitted_logprobs", "read_step", "run_step"]
+__all__ = [
+    "Roles",
+    "StepClock",
+    "StepInputs",
+    "StepOutcome",
+    "commit_step",
+    "decide_rows",
+    "emitted_logprobs",
+    "read_step",
+    "run_step",
+    "step_rows",
+]
 
 
 class StepClock:
@@ -258,9 +270,32 @@ def run_step(
     logprobs: bool = False,
     rows: Sequence[int] | None = None,
 ) -> StepOutcome:
-    """One speculative step of ``B`` rows (module docstring).
+    """One speculative step of ``B`` rows: the compatibility form of :func:`step_rows`.
+
+    The engine path is the record form, :func:`step_rows` (``Roles(target, draft, builder,
+    verifier)`` and a :class:`StepInputs` of the keyword arguments); this form builds the two
+    records and calls it, with the same results (arguments: :func:`step_rows`, :class:`StepInputs`).
+    """
+    return step_rows(
+        Roles(target, draft, builder, verifier), verification, sampling, rng, roots,
+        StepInputs(row_rngs=row_rngs, verify_rng=verify_rng, options=options, clock=clock, check_tree=check_tree,
+                   compiler=compiler, logits_processor=logits_processor, contexts=contexts, logprobs=logprobs,
+                   rows=rows),
+    )
+
+
+def step_rows(
+    roles: Roles,
+    verification: Verification | Sequence[Verification],
+    sampling: SamplingConfig | RowSampling,
+    rng: RandomSource,
+    roots: torch.Tensor,
+    inputs: StepInputs = StepInputs(),
+) -> StepOutcome:
+    """One speculative step of ``B`` rows (module docstring); the engine path's step.
 
     Args:
+        roles: the target, draft, builder and verifier.
         verification: the generation's path (:func:`~specdec.engine.dispatch.choose_verification`),
             one for every row whatever their configurations (a sequence: its first).
         sampling: the rows' configuration, or a :class:`~specdec.engine.row_sampling.RowSampling`
@@ -269,17 +304,8 @@ def run_step(
         rng: the builder's source (a :class:`~specdec.rng.RowStreams` of one source per row
             for ``B > 1``); the tensor rule draws its ``[B, n, C + 1]`` uniform table from it.
         roots: ``[B]`` int64 the rows' last committed tokens, on the device.
-        row_rngs: the walk's per-row sources (default: ``[rng]``).
-        verify_rng: the kernel's per-row counter streams (``"triton"`` only).
-        options: :class:`~specdec.engine.options.StepOptions` (validate mode, rows).
-        clock: ``"perf_counter"`` or ``"cuda_events"``.
-        check_tree: check that the verifier supports the trees' children (kinds and modes)
-            before verifying (the loop asks on its first step, and on every step in validate mode).
-        logits_processor, contexts: applied to every node's logits with that node's own
-            context: ``contexts[b]`` ``[L_b]`` (row ``b``'s committed sequence, ending with its root)
-            followed by the node's path (:mod:`specdec.processors`).
-        logprobs: fill :attr:`StepOutcome.logprobs`.
-        rows: the rows' names in error messages (None: a single generation).
+        inputs: the step's other inputs (:class:`StepInputs`: per-row sources, options, clock,
+            logits processor and contexts, log-probabilities, row names).
 
     Raises:
         UnsupportedTreeError: (``check_tree``) the verifier cannot verify a tree losslessly.
@@ -287,37 +313,39 @@ def run_step(
         InvalidDistributionError: a row's target logits at a visited node, or its draft's at an
             expanded node, are NaN, +inf or all -inf.
     """
-    timer = StepClock(clock)
+    builder, verifier, options = roles.builder, roles.verifier, inputs.options
+    timer = StepClock(inputs.clock)
     timer.mark()
     if isinstance(sampling, RowSampling) and sampling.uniform:
         sampling = sampling.configs[0]
     if isinstance(sampling, RowSampling):  # several configurations: one build per group, one draft call per level
-        tree = build_groups(builder, roots, draft, sampling, group_sources(rng, sampling.group_rows()))
+        tree = build_groups(builder, roots, roles.draft, sampling, group_sources(rng, sampling.group_rows()))
     else:
-        tree = builder.build_batch(roots, draft, sampling, rng, compiler=compiler)
+        tree = builder.build_batch(roots, roles.draft, sampling, rng, compiler=inputs.compiler)
     timer.mark()
     with model_call():
-        logits = target.score_batch(tree)  # [B, n, V]
+        logits = roles.target.score_batch(tree)  # [B, n, V]
     timer.mark()
     B = tree.batch_size
     if options.validate:
         tree.validate()
         for b in range(B):
             verifier.check_tree(tree.tree(b))
-    elif check_tree:
+    elif inputs.check_tree:
         verifier.check_batch(tree)
-    if logits_processor is not None:  # each node's row in its own context (specdec.processors)
+    if inputs.logits_processor is not None:  # each node's row in its own context (specdec.processors)
+        contexts = inputs.contexts
         if contexts is None or len(contexts) != B:
             raise InvalidConfigError("a logits processor needs the committed context of every row")
-        logits = torch.stack([process_batch_row(logits_processor, logits[b], contexts[b], tree, b) for b in range(B)])
+        logits = torch.stack([process_batch_row(inputs.logits_processor, logits[b], contexts[b], tree, b)
+                              for b in range(B)])
     step_logprobs: torch.Tensor | None = None
     # one verification for every row, each under its own configuration (a RowSampling: [B] tensors)
     single = verification if isinstance(verification, Verification) else verification[0]
-    decision, walked = _decide(single, verifier, tree, logits, sampling, rng, row_rngs or [rng], verify_rng,
-                               options, compiler, rows)
-    results, nodes = walked if walked is not None else read_step(decision, tree, rows)
+    decision, walked = _decide(single, verifier, tree, logits, sampling, rng, inputs)
+    results, nodes = walked if walked is not None else read_step(decision, tree, inputs.rows)
     timer.mark()
-    if logprobs:
+    if inputs.logprobs:
         step_logprobs = emitted_logprobs(logits, decision, sampling)
     optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     time_draft, time_target, time_verify = timer.splits()
@@ -327,16 +355,19 @@ def run_step(
 
 def _decide(
     verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor,
-    sampling: SamplingConfig | RowSampling, rng: RandomSource, row_rngs: Sequence[RandomSource], verify_rng: RowStreams | None, options: StepOptions,
-    compiler: Any, rows: Sequence[int] | None, *, flag_bad: bool = False,
+    sampling: SamplingConfig | RowSampling, rng: RandomSource, inputs: StepInputs, *, flag_bad: bool = False,
 ) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int]] | None]:
     """The dispatched verification of the rows, each under its configuration (``sampling``: one
     for every row, or a :class:`~specdec.engine.row_sampling.RowSampling`, one pass over all rows
     on every path, one launch of the fused kernel): the decision, and the walk's results and node
     counts (None on the tensor paths: :func:`read_step` decodes them).
     ``flag_bad``: the walk flags a row with bad visited logits instead of raising (the tensor
-    paths always flag, in ``bad_visited``); the serving call's mode (:data:`decide_rows`)."""
+    paths always flag, in ``bad_visited``); the serving call's mode (:data:`decide_rows`).
+    ``inputs``: the walk's per-row sources (``row_rngs``, default ``[rng]``), the kernel's streams
+    (``verify_rng``), the options, the compiler and the rows' names (:class:`StepInputs`)."""
     B = tree.batch_size
+    row_rngs, verify_rng, options, compiler, rows = (inputs.row_rngs or [rng], inputs.verify_rng, inputs.options,
+                                                     inputs.compiler, inputs.rows)
     if isinstance(sampling, RowSampling) and sampling.uniform:
         sampling = sampling.configs[0]
     per_row = isinstance(sampling, RowSampling)

@@ -16,6 +16,7 @@ import torch
 
 from specdec.drafts.base import DraftModel
 from specdec.engine.loop import profile_steps
+from specdec.engine.step import Roles
 from specdec.errors import InvalidConfigError
 from specdec.registry import get
 from specdec.rng import TorchRandom
@@ -73,7 +74,7 @@ def profile_acceptance(
     rng = TorchRandom.seeded(seed)
     counts = [0] * k_max
     trials = 0
-    for outcome in profile_steps(target, draft, prompts, builder, check, sampling, rng, steps_per_prompt,
+    for outcome in profile_steps(Roles(target, draft, builder, check), prompts, sampling, rng, steps_per_prompt,
                                  room=k_max, name="profile_acceptance"):
         result, tree = outcome.result, outcome.tree
         trials += 1
@@ -152,7 +153,7 @@ def profile_calibration(
     bins = len(CALIBRATION_EDGES)
     seen = torch.zeros(draws, bins, dtype=torch.float64)  # [draws, bins]
     hits = torch.zeros(draws, bins, dtype=torch.float64)
-    for outcome in profile_steps(target, draft, prompts, builder, check, sampling, rng, steps_per_prompt,
+    for outcome in profile_steps(Roles(target, draft, builder, check), prompts, sampling, rng, steps_per_prompt,
                                  room=draws + 1, name="profile_calibration"):
         result, tree = outcome.result, outcome.tree
         n = int(tree.num_nodes[0])
