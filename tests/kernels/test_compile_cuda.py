@@ -32,7 +32,7 @@ from specdec.kernels import kv_compact_triton, verify_triton
 
 TARGET = GPUTarget("cuda", 90, 32)
 VERIFY = {
-    "x_ptr": "*fp32", "x_stride": "i32", "kth_ptr": "*fp32", "temperature": "fp32", "q_ptr": "*fp32",
+    "x_ptr": "*fp32", "x_stride": "i32", "kth_ptr": "*fp32", "temp_ptr": "*fp32", "mode_ptr": "*i32", "q_ptr": "*fp32",
     "q_stride": "i32", "law_ptr": "*i32", "tok_ptr": "*i32", "crow_ptr": "*i32", "nchild_ptr": "*i32",
     "nrej_ptr": "*i32", "wor_ptr": "*i32", "unif_ptr": "*fp64", "ws_i_ptr": "*i32", "ws_f_ptr": "*fp64",
     "bsum_ptr": "*fp64", "out_ptr": "*i32", "V": "i32", "atol": "fp32",

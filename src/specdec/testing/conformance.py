@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 
 from specdec.errors import InvalidConfigError, SpecDecError
-from specdec.plugins import Plugin, load_entry_point_plugins, load_plugin
+from specdec.plugins import Plugin, load_entry_point_plugins, load_plugin, shown_name
 from specdec.testing.draft_suites import draft_cases
 from specdec.testing.suites import (
     SUITES,
@@ -257,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = [(r, n) for r, n in _targets(plugins) if args.only is None or n in args.only]
     for plugin in plugins:
         found = ", ".join(f"{role} {name!r}" for role in plugin.registered for name in plugin.names(role))
-        print(f"{plugin.module}: registers {found}")
+        shown = shown_name(plugin.module)  # a plug-in file by its name (its module's name is private)
+        print(f"{shown.removesuffix('.py')}: registers {found}")
         unchecked = [f"{role} {name!r}" for role in plugin.registered if role not in CHECKED_ROLES
                      for name in plugin.names(role)]
         if unchecked:
