@@ -49,7 +49,7 @@ from specdec.bench.runlog import (
     record_from_dict,
     write_header,
 )
-from specdec.bench.session import INTERRUPTED, BenchSession, report_lock
+from specdec.bench.session import INTERRUPTED, BenchSession, PlainProgress, report_lock
 from specdec.bench.settings import (
     PRESETS,
     BenchSettings,
@@ -333,9 +333,12 @@ def _bench(args: argparse.Namespace, session: BenchSession) -> int:
             session.logged = writer.next_sequence
         fresh.append(rec)
         progress.advance(task)
+        (state,) = progress.tasks
+        plain.tick(state.description, state.completed, state.total)
 
     progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=log_console)
+    plain = PlainProgress(log_console)  # a line every 10 s where the bar cannot render (a pipe, a CI log)
     try:
         with progress:
             task = progress.add_task("warm-up", total=expected, completed=len(done))

@@ -12,6 +12,7 @@ bench report``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from specdec.bench.folder_lock import FolderLock, lock_folder
 from specdec.bench.runlog import read_runlog
 from specdec.errors import SpecDecError
 
-__all__ = ["INTERRUPTED", "BenchSession", "report_lock"]
+__all__ = ["INTERRUPTED", "BenchSession", "PlainProgress", "report_lock"]
 
 INTERRUPTED = 130
 """``specdec bench``'s exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
@@ -93,3 +94,28 @@ def report_lock(out: str, *, write: bool) -> FolderLock | None:
     if not write or not folder.is_dir():
         return None
     return lock_folder(folder, command="specdec bench report", what="report folder", hint=_REPORT_HINT)
+
+
+class PlainProgress:
+    """Progress lines for a console that is not a terminal (a pipe, a CI log, ``nohup``): rich's bar
+    only renders its final state there, so a sweep would print nothing for minutes. :meth:`tick`
+    prints ``description done/total`` at most every ``every`` seconds; on a terminal it does nothing
+    (the live bar shows it).
+
+    Args:
+        console: the bench's log console (rich).
+        every: seconds between lines.
+    """
+
+    def __init__(self, console: Any, every: float = 10.0, clock: Callable[[], float] | None = None) -> None:
+        self.console = console
+        self.every = every
+        self.clock = clock if clock is not None else time.monotonic
+        self.last = self.clock()
+
+    def tick(self, description: str, done: float, total: float | None) -> None:
+        if self.console.is_terminal or self.clock() - self.last < self.every:
+            return
+        self.last = self.clock()
+        self.console.print(f"{description.strip()} {int(done)}/{int(total or 0)} generations", markup=False,
+                           highlight=False)
