@@ -56,6 +56,10 @@ class TargetModel(ABC):
     supports_batch: ClassVar[bool] = True
     """Declared: the target serves several rows itself (True for the batch contract); a
     :class:`OneRowTarget` without a batch mode declares False and is served one copy per row."""
+    rescores_trees: ClassVar[bool] = False
+    """Declared: :meth:`score_batch` may be called again on a one-row batch before :meth:`accept_rows`
+    (the previous tree is discarded), so a timing loop prefills once
+    (:func:`specdec.bench.forward_timing.time_tree_forwards`); False by default: prefill before each."""
     _one_row_target: ClassVar[bool] = False
     """Declared by :class:`OneRowTarget` (and every subclass): the class writes the one-row form."""
 

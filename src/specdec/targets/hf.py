@@ -139,7 +139,7 @@ class HFTarget(OneRowTarget):
 
     supports_batch = True
     rescores_trees: ClassVar[bool] = True
-    """:meth:`score_tree` may be called again before :meth:`accept`: the previous tree is discarded
+    """:meth:`score_tree` / :meth:`score_batch` may be called again before :meth:`accept`: the previous tree is discarded
     (a timing loop prefills once: :func:`specdec.bench.forward_timing.time_tree_forwards`)."""
 
     def __init__(
