@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Renamed", "deprecated_aliases", "deprecation_message"]
+__all__ = ["Renamed", "deprecated_aliases", "deprecation_message", "serve_as_form"]
 
 
 @attrs.frozen
@@ -66,3 +66,22 @@ def deprecated_aliases(module: str, namespace: Mapping[str, Any], renames: Itera
         return namespace[renamed.new]
 
     return __getattr__
+
+
+def serve_as_form(cls: type, form: type, contract: type, methods: Iterable[str], replacement: str) -> None:
+    """0.1.0's contracts, deprecated (docs/api/public.md, "Deprecation policy"): ``cls`` subclasses
+    ``contract`` directly and writes the one-row ``methods`` of 0.1.0, so it is served as ``form``
+    (the one-row form): it gets ``form``'s attributes it and its own bases lack, and a
+    ``DeprecationWarning`` names ``replacement``. Called from ``contract.__init_subclass__``, before
+    ``ABCMeta`` computes the class's abstract methods."""
+    warnings.warn(
+        f"{cls.__qualname__} subclasses {contract.__name__} and writes the one-row methods ({', '.join(methods)}): "
+        f"{contract.__name__} is the batch contract since 0.1.1; subclass {replacement} instead (served as one "
+        "since 0.1.1; this alias goes in 0.2.0)", DeprecationWarning, stacklevel=4)
+    own_bases = [base for base in cls.__mro__[1:] if base not in (contract, object) and base.__module__ != "abc"]
+    for name, value in vars(form).items():
+        if name.startswith("__") or name == "_abc_impl" or name in cls.__dict__:
+            continue
+        if any(name in vars(base) for base in own_bases):
+            continue  # a base of the class defines it already
+        setattr(cls, name, value)

@@ -36,6 +36,7 @@ from typing import ClassVar, final
 import torch
 
 from specdec.draft_request import DraftRequest
+from specdec._deprecation import serve_as_form
 from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad
@@ -81,17 +82,7 @@ class DraftModel(ABC):
         super().__init_subclass__(**kwargs)
         if cls._one_row_form or not any(name in cls.__dict__ for name in _ONE_ROW_METHODS):
             return
-        warnings.warn(
-            f"{cls.__qualname__} subclasses DraftModel and writes the one-row methods (begin, root_logits, "
-            "tree_logits, commit): DraftModel is the batch contract since 0.1.1; subclass "
-            "specdec.drafts.OneRowDraft instead (served as one since 0.1.1; this alias goes in 0.2.0)",
-            DeprecationWarning, stacklevel=3)
-        for name, value in vars(OneRowDraft).items():
-            if name.startswith("__") or name in ("_abc_impl",) or name in cls.__dict__:
-                continue
-            if any(name in vars(base) for base in cls.__mro__[1:] if base not in (DraftModel, ABC, object)):
-                continue  # a base of the class defines it already
-            setattr(cls, name, value)  # (ABCMeta computes the abstract methods after this hook)
+        serve_as_form(cls, OneRowDraft, DraftModel, _ONE_ROW_METHODS, "specdec.drafts.OneRowDraft")
         own = cls.__dict__.get("begin_rows")
         if own is not None:  # 0.1.0's begin_rows takes no positions= (its reserve() was called before)
             def begin_rows(self: OneRowDraft, prompts: Sequence[Sequence[int]], target_hidden: torch.Tensor | None = None,

@@ -20,13 +20,13 @@ one-row methods (the contract of 0.1.0) keeps working as a :class:`OneRowTarget`
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
+from specdec._deprecation import serve_as_form
 from specdec.errors import InvalidConfigError
 from specdec.tree import DraftTree
 from specdec.tree_batch import TreeBatch
@@ -69,16 +69,7 @@ class TargetModel(ABC):
         super().__init_subclass__(**kwargs)
         if cls._one_row_target or not any(name in cls.__dict__ for name in _ONE_ROW_METHODS):
             return
-        warnings.warn(
-            f"{cls.__qualname__} subclasses TargetModel and writes the one-row methods (prefill, score_tree, "
-            "accept): TargetModel is the batch contract since 0.1.1; subclass specdec.targets.OneRowTarget "
-            "instead (served as one since 0.1.1; this alias goes in 0.2.0)", DeprecationWarning, stacklevel=3)
-        for name, value in vars(OneRowTarget).items():
-            if name.startswith("__") or name == "_abc_impl" or name in cls.__dict__:
-                continue
-            if any(name in vars(base) for base in cls.__mro__[1:] if base not in (TargetModel, ABC, object)):
-                continue  # a base of the class defines it already
-            setattr(cls, name, value)  # (ABCMeta computes the abstract methods after this hook)
+        serve_as_form(cls, OneRowTarget, TargetModel, _ONE_ROW_METHODS, "specdec.targets.OneRowTarget")
         own = cls.__dict__.get("prefill_batch")
         if own is not None:  # 0.1.0's prefill_batch takes no positions= (its reserve() was called before)
             def prefill_batch(self: OneRowTarget, prompts: Sequence[Sequence[int]], *,
