@@ -1,9 +1,9 @@
 """``--budget auto``'s forward-cost curve, timed with one prefill and a line per round (issue 57).
 
-:func:`time_tree_forwards` is :func:`specdec.trees.sequoia.measure_forward_times` with
-``interleave=True, statistic="min"`` as :mod:`specdec.bench.prepare` ran it, less its 78
-prefills of the profile prompt (one before every timed forward: minutes of a phase that said
-nothing on a loaded 2-core CPU), plus progress lines. :mod:`specdec.bench.auto_budget`
+:func:`time_tree_forwards` runs :func:`specdec.trees.sequoia.measure_forward_times` with
+``interleave=True, statistic="min"``, prefilling once where the target declares
+``rescores_trees`` (not before each of 78 timed forwards: minutes of a phase that said nothing on
+a loaded 2-core CPU), and turns its rounds into progress lines. :mod:`specdec.bench.auto_budget`
 re-exports it.
 """
 
@@ -12,21 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import torch
-
-from specdec.errors import ContextOverflowError, InvalidConfigError, MeasurementError, SpecDecError
+from specdec.errors import InvalidConfigError
 from specdec.targets.base import TargetModel
-from specdec.tree import DraftTree, SampleMode, SparseLaw
-from specdec.tree_batch import TreeBatch
+from specdec.trees.sequoia import measure_forward_times, timing_chain
 
 __all__ = ["time_tree_forwards"]
 
 
-def _chain(prompt_ids: Sequence[int], size: int, vocab: int) -> DraftTree:
-    """A chain of ``size`` tokens (root included) after ``prompt_ids``: the tree a forward-cost timing scores."""
-    law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
-    tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
-    return DraftTree.chain(int(prompt_ids[-1]), tokens, [law] * (size - 1), vocab)
+_chain = timing_chain  # the tree a forward-cost timing scores (specdec.trees.sequoia)
 
 
 def time_tree_forwards(
@@ -77,51 +70,16 @@ def time_tree_forwards(
         >>> sorted(time_tree_forwards(lm, [1, 2], [1, 3], repeats=2))
         [1, 3]
     """
-    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidConfigError(f"{name} must be an int >= {low}, got {value!r}")
-    if not prompt_ids:
-        raise InvalidConfigError("timing tree forwards needs a non-empty prompt")
-    if batch_size > 1 and not target.supports_batch:
-        raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] < 1:
         raise InvalidConfigError(f"tree sizes must be ints >= 1, got {sizes}")
-    limit = target.max_length
-    if limit is not None and len(prompt_ids) + sizes[-1] > limit:
-        raise ContextOverflowError(
-            f"a {sizes[-1]}-token tree after a {len(prompt_ids)}-token prompt exceeds max_length {limit}")
-    vocab = target.vocab_size
-    trees = {s: _chain(prompt_ids, s, vocab) for s in sizes}
-    batches = {s: TreeBatch.from_trees([t] * batch_size) for s, t in trees.items()}  # the engine's form, B = 1 too
-    once = batch_size == 1 and target.rescores_trees  # declared on the target contract
-    if once:
-        target.prefill_batch([list(prompt_ids)])
-    times: dict[int, float] = {}
-    rounds = warmup + repeats
-    started = clock()
-    for rep in range(rounds):
-        for size in sizes:
-            if not once:
-                target.prefill_batch([list(prompt_ids)] * batch_size)
-            start = clock()
-            try:
-                out = target.score_batch(batches[size])
-                float(out.reshape(-1)[0])  # forces completion on asynchronous devices
-            except SpecDecError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one clear error naming the size; no curve is guessed
-                raise MeasurementError(
-                    f"the target forward of a {size}-token tree{f' x {batch_size} rows' if batch_size > 1 else ''} "
-                    f"failed while timing the forward-cost curve ({type(exc).__name__}: {exc}); the curve is not "
-                    "guessed: fix the model at that size, or give the tree budget by hand (--budget N)"
-                ) from exc
-            elapsed = clock() - start
-            if rep >= warmup:
-                times[size] = min(times.get(size, elapsed), elapsed)
+
+    def report(done: int, rounds: int, spent: float) -> None:
         if log is not None:
-            spent = clock() - started
-            left = spent / (rep + 1) * (rounds - rep - 1)
+            left = spent / done * (rounds - done)
             log(f"auto budget: target forwards of {len(sizes)} tree sizes ({sizes[0]}-{sizes[-1]} tokens): round "
-                f"{rep + 1} of {rounds} in {spent:.0f} s" + (f", about {left:.0f} s left" if left else ""))
-    return times
+                f"{done} of {rounds} in {spent:.0f} s" + (f", about {left:.0f} s left" if left else ""))
+
+    return measure_forward_times(target, prompt_ids, sizes, repeats=repeats, warmup=warmup, batch_size=batch_size,
+                                 interleave=True, statistic="min", prefill_once=batch_size == 1 and target.rescores_trees,
+                                 on_round=report, clock=clock)

@@ -248,6 +248,13 @@ def _sync(x: torch.Tensor) -> None:
 _clock = time.perf_counter  # the forward-cost curve's clock (a module attribute: the tests replace it)
 
 
+def timing_chain(prompt_ids: Sequence[int], size: int, vocab: int) -> DraftTree:
+    """A chain of ``size`` tokens (root included) after ``prompt_ids``: the tree a forward-cost timing scores."""
+    law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
+    tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
+    return DraftTree.chain(int(prompt_ids[-1]), tokens, [law] * (size - 1), vocab)
+
+
 def measure_forward_times(
     target: TargetModel,
     prompt_ids: Sequence[int],
@@ -258,6 +265,9 @@ def measure_forward_times(
     batch_size: int = 1,
     interleave: bool = False,
     statistic: str = "median",
+    prefill_once: bool = False,
+    on_round: Callable[[int, int, float], None] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> dict[int, float]:
     """Seconds for ``target`` to score a tree of each size on this machine.
 
@@ -275,6 +285,12 @@ def measure_forward_times(
             another: a spell of load on a shared machine falls on every size alike.
         statistic: ``"median"``, or ``"min"``: interference only adds time, so the fastest
             is the cost on a quiet core (``--budget auto``: ``interleave=True, statistic="min"``).
+        prefill_once: prefill once, not before every forward (one row, and a target that
+            declares :attr:`~specdec.targets.base.TargetModel.rescores_trees`: scoring again
+            discards the previous tree, so the timed forwards are the same).
+        on_round: with ``interleave``, called after each round with ``(rounds done, rounds,
+            seconds so far)`` (the bench's progress lines).
+        clock: the timer (default: this module's ``_clock``, read at the call).
 
     Returns:
         ``{tokens: seconds}`` (seconds of the whole ``B``-row forward), usable as
@@ -289,6 +305,9 @@ def measure_forward_times(
         raise InvalidConfigError("measure_forward_times needs a non-empty prompt")
     if batch_size > 1 and not target.supports_batch:
         raise InvalidConfigError(f"{type(target).__name__} has no batch mode: cannot time {batch_size}-row forwards")
+    if prefill_once and (batch_size > 1 or not target.rescores_trees):
+        raise InvalidConfigError("prefill_once needs one row and a target that declares rescores_trees")
+    timer = _clock if clock is None else clock
     vocab = target.vocab_size
     trees: dict[int, tuple[DraftTree, TreeBatch]] = {}
     for size in sizes:
@@ -297,16 +316,15 @@ def measure_forward_times(
             raise ContextOverflowError(
                 f"a {size}-token tree after a {len(prompt_ids)}-token prompt exceeds max_length {target.max_length}"
             )
-        law = SparseLaw.from_dense(torch.full((vocab,), 1.0 / vocab, dtype=torch.float64), SampleMode.IID)
-        chain_tokens = [int(prompt_ids[i % len(prompt_ids)]) for i in range(size - 1)]
-        tree = DraftTree.chain(int(prompt_ids[-1]), chain_tokens, [law] * (size - 1), vocab)
+        tree = timing_chain(prompt_ids, size, vocab)
         trees[int(size)] = (tree, TreeBatch.from_trees([tree] * batch_size))
     times: dict[int, list[float]] = {size: [] for size in trees}
 
     def timed(size: int, keep: bool) -> None:
         _, batch = trees[size]
-        target.prefill_batch([prompt_ids] * batch_size)
-        start = _clock()
+        if not prefill_once:
+            target.prefill_batch([prompt_ids] * batch_size)
+        start = timer()
         try:
             _sync(target.score_batch(batch))
         except SpecDecError:
@@ -317,14 +335,19 @@ def measure_forward_times(
                 f"failed while timing the forward-cost curve ({type(exc).__name__}: {exc}); the curve is not "
                 "guessed: fix the model at that size, or give the tree budget by hand (--budget N)"
             ) from exc
-        elapsed = _clock() - start
+        elapsed = timer() - start
         if keep:
             times[size].append(elapsed)
 
+    if prefill_once:
+        target.prefill_batch([list(prompt_ids)])
     if interleave:
+        started = timer() if on_round is not None else 0.0
         for rep in range(warmup + repeats):
             for size in trees:
                 timed(size, rep >= warmup)
+            if on_round is not None:
+                on_round(rep + 1, warmup + repeats, timer() - started)
     else:
         for size in trees:
             for rep in range(warmup + repeats):
