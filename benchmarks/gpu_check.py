@@ -64,6 +64,19 @@ nodes (``--vocab``, ``--sizes``):
    kind of row, T=0 outputs equal to the baseline's), run by pytest in a
    subprocess; its exit status and the tail of its output are recorded.
 
+8. CUDA graphs (``cuda_graph_check``, issue 58; docs/cuda_graphs.md): on the first GPU
+   (``cuda:0``), the fixed-shape step (:mod:`specdec.engine.fixed_step`, ``rheo`` and
+   ``sd`` at T=1, ``B = --graph-batch``, ``V = --graph-vocab``) captured with
+   ``torch.cuda.CUDAGraph``: each tree level, the finish and the verification, replayed
+   ``--graph-replays`` times with new roots, draft and target logits and uniform tables
+   copied into the static inputs, every output compared with the eager functions on the
+   same inputs (must be equal), and the replayed vs eager time of the verification.
+   Without CUDA the section records why and does nothing; ``--graph-dry-run`` runs the
+   same static-buffer logic on ``--device`` without a capture (the CPU smoke test)::
+
+       python benchmarks/gpu_check.py --device cpu --skip correctness timing kv step multi_gpu batch bench \
+           --graph-dry-run --graph-vocab 64 --graph-replays 2 --out /tmp/gpu_check
+
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``. Every section
 catches its own errors (recorded in the output, exit status 1 at the end) so
 that one failure does not lose the rest of a scarce GPU run; ``--budget-s``
@@ -620,10 +633,150 @@ def to_markdown(report: dict[str, Any]) -> str:
         b = report["bench"]
         lines += ["", "## specdec bench --device cuda (tests/bench/test_bench_device.py)", "",
                   f"{'passed' if b['passed'] else 'FAILED'} (exit {b['returncode']}, {b['wall_s']} s): `{b['command']}`"]
+    if report.get("cuda_graph"):
+        lines += ["", "## CUDA graphs: the fixed-shape step captured and replayed (docs/cuda_graphs.md)", "",
+                  "```", json.dumps(report["cuda_graph"], indent=1), "```"]
     if report.get("skipped_for_time"):
         lines += ["", "Skipped for time: " + "; ".join(report["skipped_for_time"])]
     return "\n".join(lines) + "\n"
 
+
+def cuda_graph_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Capture and replay of the fixed-shape step on the first GPU (module docstring, item 8)."""
+    from specdec.engine.fixed_step import fixed_step
+
+    dry = args.graph_dry_run
+    if not dry and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        report["cuda_graph"] = {"skipped": "no CUDA device: the CUDA-graph capture-and-replay check runs on the "
+                                           "first GPU only (--graph-dry-run runs its static-buffer logic without a capture)"}
+        print(f"[cuda_graph] {report['cuda_graph']['skipped']}", flush=True)
+        return
+    device = torch.device(args.device if dry else "cuda:0")
+    B, V, H = args.graph_batch, args.graph_vocab, 64
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    emb = torch.randn(V, H, generator=gen).to(device)  # a Markov draft and target: logits = emb[token] @ out
+    out_t = (torch.randn(H, V, generator=gen) / H ** 0.5 * 3).to(device)
+    out_d = out_t + (torch.randn(H, V, generator=gen) / H ** 0.5).to(device)
+    sampling = SamplingConfig(temperature=1.0)
+    rows = []
+    for method, tree_name, options, rule in (("rheo", "rheo", {"K": 4, "depth": 4, "N": 24, "M": 16}, "mixed"),
+                                             ("sd", "chain", {"depth": 4}, "rejection-iid")):
+        row: dict[str, Any] = {"method": method, "B": B, "V": V, "dry_run": dry}
+        try:
+            plan = fixed_step(get("tree", tree_name)(**options), get("verifier", rule)(), sampling, batch=B, vocab=V)
+            row.update(_graph_rounds(plan, emb, out_d, out_t, device, args.graph_replays, args.reps, dry))
+        except Exception:
+            row["error"] = traceback.format_exc()[-1500:]
+        rows.append(row)
+        print(f"[cuda_graph] {row}", flush=True)
+    report["cuda_graph"] = {"rows": rows, "passed": all("error" not in r and r["mismatches"] == 0 for r in rows)}
+
+
+class _Captured:
+    """``fn`` on static copies of its example arguments, captured in a ``torch.cuda.CUDAGraph``
+    (after a warm-up on a side stream); a call copies its arguments into the static inputs and
+    replays. ``dry``: no capture, ``fn`` runs on the static inputs (the CPU smoke test)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], dry: bool) -> None:
+        from torch.utils import _pytree as pytree
+
+        self.pytree, self.fn, self.dry = pytree, fn, dry
+        self.static = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
+        self.graph: Any = None
+        if dry:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*self.static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = fn(*self.static)
+
+    def __call__(self, *args: Any) -> Any:
+        for s, x in zip(self.pytree.tree_leaves(self.static), self.pytree.tree_leaves(args), strict=True):
+            if isinstance(s, torch.Tensor):
+                s.copy_(x)
+        if self.graph is None:
+            return self.fn(*self.static)
+        self.graph.replay()
+        return self.out
+
+
+_TREE_FIELDS = ("tokens", "parents", "depths", "kinds", "draw_order", "weights", "num_nodes", "law_ids", "law_probs",
+                "law_wor", "ancestors", "draft_bad")
+
+
+def _graph_rounds(plan: Any, emb: torch.Tensor, out_d: torch.Tensor, out_t: torch.Tensor, device: torch.device,
+                  replays: int, reps: int, dry: bool) -> dict[str, Any]:
+    """Capture every level, the finish and the verification of ``plan`` (fields of the tree in,
+    :class:`~specdec.engine.fixed_step.FixedVerify` out), then run ``replays`` steps with new
+    inputs through the replayed graphs and through the eager functions: fields that differ."""
+    from torch.utils import _pytree as pytree
+
+    b = plan.budget
+    consts = plan.constants(device)
+    fns = plan.eager()
+    gen = torch.Generator(device="cpu").manual_seed(1)
+
+    def verify_fields(fields: dict[str, torch.Tensor], logits: torch.Tensor, u: torch.Tensor,
+                      lens: torch.Tensor) -> Any:
+        return fns.verify(plan.tree(fields), logits, u, lens)
+
+    def inputs() -> dict[str, Any]:  # one step's roots, uniform tables and prefix lengths
+        return {"roots": torch.randint(b.vocab, (b.batch,), generator=gen).to(device),
+                "tables": [torch.rand(plan.table_shape(d), generator=gen, dtype=torch.float64).to(device)
+                           for d in range(1, b.depth + 1)],
+                "u": torch.rand(plan.verify_table_shape, generator=gen, dtype=torch.float64).to(device),
+                "lens": torch.randint(1, 100, (b.batch,), generator=gen).to(device)}
+
+    def step(x: dict[str, Any], levels_fns: Any, finish: Any, verify: Any) -> tuple[list[Any], Any, Any]:
+        """One step; the draft and target forwards (``emb[token] @ out``) are the engine's, eager."""
+        root, live, score = plan.start(x["roots"])
+        logits = emb[root.view(-1)] @ out_d  # [B, V] the roots' draft logits
+        levels = []
+        for d in range(1, b.depth + 1):
+            lv = levels_fns[d - 1](logits, x["tables"][d - 1], root, live, score, consts)
+            levels.append(lv)
+            if lv.tokens is not None:
+                logits = emb[lv.tokens] @ out_d  # [B, k, V]
+                live, score = plan.carry(lv)
+        fields = finish(levels, root, consts)
+        return levels, fields, verify(fields, emb[fields["tokens"]] @ out_t, x["u"], x["lens"])
+
+    # the eager run of a first step gives every function's example arguments, which the captures copy
+    first = inputs()
+    examples: list[tuple[Any, ...]] = []
+
+    def recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            examples.append(args)
+            return fn(*args)
+        return call
+
+    step(first, [recording(f) for f in fns.levels], recording(fns.finish), recording(verify_fields))
+    graphs = [_Captured(f, a, dry) for f, a in zip([*fns.levels, fns.finish, verify_fields], examples, strict=True)]
+    levels_g, finish_g, verify_g = graphs[: b.depth], graphs[b.depth], graphs[b.depth + 1]
+    mismatches, compared = 0, 0
+    for _ in range(replays):
+        x = inputs()
+        want = step(x, fns.levels, fns.finish, verify_fields)
+        got = step(x, levels_g, finish_g, verify_g)
+        for a, c in zip(pytree.tree_leaves(want), pytree.tree_leaves(got), strict=True):
+            if isinstance(a, torch.Tensor):
+                compared += 1
+                mismatches += not torch.equal(a, c)
+    result: dict[str, Any] = {"nodes": b.nodes, "depth": b.depth, "replays": replays, "tensors_compared": compared,
+                              "mismatches": mismatches, "graphs": 0 if dry else len(graphs)}
+    if not dry:
+        args_v = examples[-1]
+        result["verify_eager_ms"] = median_ms(lambda: verify_fields(*args_v), "cuda", reps)
+        result["verify_replay_ms"] = median_ms(verify_g.graph.replay, "cuda", reps)
+        result["step_eager_ms"] = median_ms(lambda: step(first, fns.levels, fns.finish, verify_fields), "cuda", reps)
+        result["step_replayed_ms"] = median_ms(lambda: step(first, levels_g, finish_g, verify_g), "cuda", reps)
+    return result
 
 def bench_check(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """``specdec bench --device cuda`` end to end: the GPU test of tests/bench/test_bench_device.py."""
@@ -653,7 +806,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-mismatch-rate", type=float, default=1e-3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting timing cases after this")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["correctness", "timing", "kv", "step", "multi_gpu", "batch", "bench"])
+                        choices=["correctness", "timing", "kv", "step", "multi_gpu", "batch", "bench", "cuda_graph"])
+    parser.add_argument("--graph-batch", type=int, default=4, help="rows of the CUDA-graph check")
+    parser.add_argument("--graph-vocab", type=int, default=32000, help="vocabulary of the CUDA-graph check")
+    parser.add_argument("--graph-replays", type=int, default=5, help="steps replayed with new inputs")
+    parser.add_argument("--graph-dry-run", action="store_true",
+                        help="the CUDA-graph check's static-buffer logic without a capture (runs on a CPU)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--batch-nodes", type=int, default=64, help="nodes of the largest tree of a batch")
     parser.add_argument("--batch-vocab", type=int, default=128256)
@@ -676,7 +834,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("step", lambda: step_check(args, report)),
                 ("multi_gpu", lambda: multi_gpu_check(args, report)),
                 ("batch", lambda: batch_check(args, report, start + args.budget_s)),
-                ("bench", lambda: bench_check(args, report))]
+                ("bench", lambda: bench_check(args, report)),
+                ("cuda_graph", lambda: cuda_graph_check(args, report))]
     for name, run in sections:
         if name in args.skip or "error" in report:
             continue
@@ -694,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
           and report.get("correctness_summary", {}).get("ok", "correctness" in args.skip)
           and all("error" not in r and r["rows_differ_vs_per_row_kernel"] == 0 for r in report.get("batch", []))
           and report.get("bench", {}).get("passed", "bench" in args.skip or args.device == "cpu")
-          and report.get("auto_check", {}).get("passed", "step" in args.skip))
+          and report.get("auto_check", {}).get("passed", "step" in args.skip)
+          and report.get("cuda_graph", {}).get("passed", True))
     return 0 if ok else 1
 
 
