@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
@@ -495,3 +498,19 @@ def test_host_reads_one_to_validate_none_without():
             verify_chain_proposals(proposals, logits, "rejection-iid", HOT, _streams([0, 1]), validate=validate)
         reads = [site for kind, site in counter.sync_sites["step"] if kind == "read"]
         assert len(reads) == most, counter.report()
+
+
+# ----------------------------------------------------------------- the docs' runners
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
+
+
+@pytest.mark.parametrize("marker", ["vllm-runner", "sglang-runner"])
+def test_the_docs_runners_run_in_at_most_40_lines_of_public_api(marker):
+    match = re.search(rf"<!-- {marker} -->\n```python\n(.*?)^```", PAGE.read_text(), re.DOTALL | re.MULTILINE)
+    assert match, f"docs/serving.md lost its {marker} example"
+    lines = [line for line in match.group(1).splitlines() if line.strip()]
+    body = [line for line in lines if not line.startswith(("import ", "from "))]
+    assert len(body) <= 40, len(body)
+    scope: dict = {}
+    exec(compile(match.group(1), str(PAGE), "exec"), scope)
+    assert all(len(seq) >= 6 for seq in scope["sequences"])  # every request emitted at least one token per step

@@ -17,13 +17,26 @@ contracts and the kernels through rule descriptors.
 - :mod:`~specdec.engine.compiler`: :class:`StepCompiler` (``compile=``);
 - :mod:`~specdec.engine.layouts`: a tree batch in serving engines' attention and KV forms;
 - :mod:`~specdec.engine.serving`: :func:`verify_for_engine`, verification in one call with
-  per-row sampling (docs/serving.md).
+  per-row sampling (docs/serving.md);
+- :mod:`~specdec.engine.proposals`: an engine's own proposals verified in its layouts (vLLM's
+  flat ragged chains, SGLang's retrieve arrays).
 """
 
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES, VERIFY_PATHS, Verification, choose_verification
 from specdec.engine.loop import RowsRequest, StepReport, decode_rows, profile_steps, run_rows
 from specdec.engine.options import CLOCKS, VERIFY_ROWS, StepOptions
+from specdec.engine.proposals import (
+    ChainProposals,
+    ChainVerification,
+    DraftLaws,
+    TreeProposals,
+    TreeVerification,
+    check_rule,
+    serving_rules,
+    verify_chain_proposals,
+    verify_tree_proposals,
+)
 from specdec.engine.serving import EngineVerification, RowSampling, verify_for_engine
 from specdec.engine.stats import GenerationStats, StepTally
 from specdec.engine.step import (
@@ -43,6 +56,9 @@ __all__ = [
     "KERNEL_CHOICES",
     "VERIFY_PATHS",
     "VERIFY_ROWS",
+    "ChainProposals",
+    "ChainVerification",
+    "DraftLaws",
     "EngineVerification",
     "GenerationStats",
     "Roles",
@@ -55,7 +71,10 @@ __all__ = [
     "StepOutcome",
     "StepReport",
     "StepTally",
+    "TreeProposals",
+    "TreeVerification",
     "Verification",
+    "check_rule",
     "choose_verification",
     "commit_step",
     "decode_rows",
@@ -64,6 +83,9 @@ __all__ = [
     "read_step",
     "run_rows",
     "run_step",
+    "serving_rules",
     "step_rows",
+    "verify_chain_proposals",
     "verify_for_engine",
+    "verify_tree_proposals",
 ]
