@@ -18,7 +18,7 @@ import torch
 
 from specdec.engine.serving import RowSampling, verify_for_engine
 from tests.engine._per_row import CONFIGS, first_two, gap, target_law
-from specdec.errors import InvalidConfigError, UnknownNameError, UnsupportedTreeError
+from specdec.errors import InvalidConfigError, UnknownNameError
 from specdec.models import CallableLM
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
@@ -28,6 +28,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
+from specdec.trees import build_tree
 
 V = 4
 CASES = {
@@ -48,7 +49,7 @@ def _trees(builder, roots, configs, sources):
     for root, config, src in zip(roots, configs, sources):
         draft = _draft()
         draft.begin([root])
-        trees.append(builder.build(root, draft, config, src))
+        trees.append(build_tree(builder, root, draft, config, src))
     return TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
 
 
@@ -70,7 +71,7 @@ def _row_law(case: str, row: int, configs, process_as=None) -> dict[tuple[int, i
         draft = _draft()
         draft.begin([roots[row]])
         trees = list(others)
-        trees[row] = builder.build(roots[row], draft, configs[row], rng)
+        trees[row] = build_tree(builder, roots[row], draft, configs[row], rng)
         batch = TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
         sources = [rng if b == row else TorchRandom.seeded(200 + b) for b in range(len(configs))]
         out = verify_for_engine(batch, _logits(batch), verifier, process_as or configs, RowStreams(sources),
@@ -160,5 +161,7 @@ def test_bad_input_is_refused_naming_what_is_wrong():
     with pytest.raises(UnknownNameError):
         verify_for_engine(batch, logits, "no-such-rule", CONFIGS[1], streams)
     wide = _trees(StaticTreeBuilder(expansion=(2, 1), mode="wor"), [0, 1], CONFIGS[1:3], [TorchRandom.seeded(0), TorchRandom.seeded(1)])
-    with pytest.raises(UnsupportedTreeError, match="row 0: "):
-        verify_for_engine(wide, _logits(wide), "block", CONFIGS[1], streams)
+    out = verify_for_engine(wide, _logits(wide), "block", CONFIGS[1], streams)  # several children: flagged, not raised
+    assert out.flag.tolist() == [1, 1] and out.bad.all()
+    assert out.reasons()[0] == ("row 0: refused: the rule cannot serve this row: verifier 'block' cannot verify several "
+                                "children drawn 'wor' losslessly; it supports ['sampled'] children, several drawn []")

@@ -6,35 +6,44 @@ A serving engine owns its model runner, its KV cache and its batch; it has the
 :class:`~specdec.sampling.SamplingConfig` per row and the rows' random sources, and:
 
 1. checks every input before it changes any state (shapes, devices, the number of
-   per-row configurations and sources, an empty batch, the verifier's support for each
-   row's tree), naming the argument and the row;
-2. checks, per row, that the verifier can serve the row's sampling exactly
+   per-row configurations and sources, an empty batch, the grammar mask), naming the argument;
+2. checks every row's tree ON THE DEVICE (:mod:`specdec.engine.tree_checks`, with
+   ``check_trees``, the default): a batch holding a tensor that is no tree at all raises
+   :class:`~specdec.errors.MalformedTreeError` naming the row, decided from ONE host read of a
+   ``[B]`` code; children the verifier cannot verify losslessly, a recorded law that is not a
+   distribution and an id outside the vocabulary flag their row (``[B]`` tensors, no read);
+3. checks, per row, that the verifier can serve the row's sampling exactly
    (:meth:`Verifier.check_sampling <specdec.verify.base.Verifier.check_sampling>`: a
    greedy-only rule at ``T > 0``); a row it cannot serve is *refused*: flagged
    (:data:`FLAG_REFUSED`, its reason naming the rule), nothing drawn from its source,
    the other rows untouched;
-3. decides each configuration group's rows through the step's own decision
+4. decides each configuration group's rows through the step's own decision
    (:data:`specdec.engine.step.decide_rows`, the path from
    :func:`~specdec.engine.dispatch.choose_verification`): the rule's tensor form, its
    path-level form or the verifier's walk, each row's logits processed under its own
-   configuration and its uniforms drawn from its own source. One executor: the step and the
-   serving call run the same code, so a row emits what specdec's own loop would emit;
-4. returns :class:`EngineVerification`: device tensors, accepted slots and emitted tokens
-   padded with ``-1``, counts, and per-row ``bad`` flags with their cause (``flag``,
-   :meth:`EngineVerification.reasons`): a row whose target logits were NaN / +inf / all -inf
-   at a node the verifier visited, whose draft was flagged while building, whose tree holds
-   a token outside the vocabulary, or that the rule cannot serve, emits nothing; the other
-   rows are verified as usual.
+   configuration (and masked by its grammar, ``allowed``) and its uniforms drawn from its own
+   source. One executor: the step and the serving call run the same code, so a row emits what
+   specdec's own loop would emit;
+5. returns :class:`EngineVerification`: device tensors, accepted slots and emitted tokens
+   padded with ``-1``, counts, and per-row ``bad`` flags with their cause (``flag``, codes of
+   :data:`FLAG_CAUSES`, :meth:`EngineVerification.reasons`): a flagged row emits nothing; the
+   other rows are verified as usual, bit for bit as in a batch without it.
 
-The tensor paths make no host read (the caller reads what it needs); the walk reads each
-row's tree. Every row's output law is its own configuration's target law (exact by
-enumeration, ``tests/engine/test_serving.py``) and a row of a batch emits exactly what it
-emits verified alone with the same source.
+The default call makes at most one host read (the structure check's) on the tensor paths
+(``check_trees=False``: none); the walk reads each row's tree. Every row's output law is its own
+configuration's target law (exact by enumeration, ``tests/engine/test_serving.py``) and a row of a
+batch emits exactly what it emits verified alone with the same source.
+
+:func:`engine_feed` is the serving path's :class:`~specdec.trees.feed.TreeFeed`: the same build,
+with the builders' proposal laws recorded sparsely by default (``laws="sparse"``: the top
+:data:`SERVING_LAW_TOP_K` ids of each law, ``proposal_top_k``; a different, still exact, draft
+law), the full ones when asked (``laws="dense"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -43,26 +52,36 @@ from specdec.engine.dispatch import choose_verification
 from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, scatter_decisions
 from specdec.engine.step import StepInputs, decide_rows
+from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, row_is_bad
 from specdec.tree_batch import TreeBatch
+from specdec.trees.feed import DraftSpec, FeedBuilder, TreeFeed
 from specdec.verify.base import Verifier
 from specdec.verify.decision import TreeDecision
 
-__all__ = ["EngineVerification", "FLAG_CAUSES", "RowSampling", "verify_for_engine"]
+__all__ = ["EngineVerification", "FLAG_CAUSES", "RowSampling", "SERVING_LAW_TOP_K", "engine_feed", "verify_for_engine"]
 
-FLAG_NONE, FLAG_REFUSED, FLAG_TOKENS, FLAG_DRAFT, FLAG_TARGET = range(5)
+FLAG_NONE, FLAG_REFUSED, FLAG_TOKENS, FLAG_DRAFT, FLAG_TARGET, FLAG_GRAMMAR = range(6)
 FLAG_CAUSES = (
     None,
-    "refused: the verifier cannot serve the row's sampling exactly",
-    "the row's tree holds a token outside the vocabulary",
-    "the draft's logits were bad at a node the builder expanded",
+    "refused: the rule cannot serve this row",
+    "an id of the row's tree (a token, its root included, or a law id) is outside the vocabulary",
+    "the row's draft law is bad (the draft's logits were bad at a node the builder expanded, or a recorded law "
+    "is not a distribution)",
     "the target's logits were NaN, +inf or all -inf at a node the verifier visited",
+    "the row's grammar allows no token at a node the verifier visited",
 )
 """Why a row was flagged, by :attr:`EngineVerification.flag` code (``0``: not flagged); when several
-apply, the lowest code is given (a refused row is never verified)."""
+apply, the lowest code is given (a refused row is never verified). :meth:`EngineVerification.reasons`
+adds the rule's own words to code 1 (the sampling it refuses, or the children it cannot verify)."""
+
+SERVING_LAW_TOP_K = 256
+"""The law width :func:`engine_feed` records by default (``proposal_top_k`` of the builders that have
+it): a SpecInfer tree of 45 nodes keeps 0.18 MB of laws per row at any vocabulary, against 92 MB in
+full at ``V = 128,256`` (``benchmarks/results/static_law_memory.md``)."""
 
 _SERVE_OPTIONS = StepOptions(validate=False)
 
@@ -81,6 +100,9 @@ class EngineVerification:
         flag: ``[B]`` int64 why each row was flagged, a code of :data:`FLAG_CAUSES` (0: not flagged).
         refusals: per row, the message of the verifier's refusal (naming the rule and the row's
             temperature) for a row it cannot serve, None for the others (host values: no read).
+        unsupported: ``[B]`` int64, or None: the children the verifier cannot verify losslessly,
+            bits of :data:`specdec.engine.tree_checks.UNSUPPORTED` (0: none; code 1 when set).
+        verifier: the verifier (for :meth:`reasons`), or None.
     """
 
     accepted: torch.Tensor
@@ -91,36 +113,75 @@ class EngineVerification:
     path: str
     flag: torch.Tensor
     refusals: tuple[str | None, ...] = ()
+    unsupported: torch.Tensor | None = None
+    verifier: Verifier | None = attrs.field(default=None, repr=False)
 
     def reasons(self) -> list[str | None]:
-        """Per row, why it was flagged (``"row b: ..."``), or None; one host read of :attr:`flag`."""
+        """Per row, why it was flagged (``"row b: ..."``), or None; one host read of :attr:`flag`
+        (and :attr:`unsupported`)."""
+        codes = self.flag.view(-1, 1)
+        if self.unsupported is not None:
+            codes = torch.cat([codes, self.unsupported.to(codes.device).view(-1, 1)], dim=1)
         out: list[str | None] = []
-        for b, code in enumerate(self.flag.tolist()):
+        for b, (code, *bits) in enumerate(codes.tolist()):
             refusal = self.refusals[b] if b < len(self.refusals) else None
             if code == FLAG_NONE:
                 out.append(None)
             elif code == FLAG_REFUSED and refusal is not None:
-                out.append(f"row {b}: refused: {refusal}")
+                out.append(f"row {b}: {FLAG_CAUSES[code]}: {refusal}")
+            elif code == FLAG_REFUSED and bits and bits[0] and self.verifier is not None:
+                out.append(f"row {b}: {FLAG_CAUSES[code]}: {unsupported_message(self.verifier, bits[0])}")
             else:
                 out.append(f"row {b}: {FLAG_CAUSES[code]}")
         return out
 
 
-def _check_trees(tree: TreeBatch, verifier: Verifier, outside: torch.Tensor) -> None:
-    """The verifier supports every row's tree (host reads), naming the row. A row with a token
-    outside the vocabulary (``outside[b]``, read only then) has no valid host tree: it is left to
-    its flag; any other malformed tree raises, naming the row."""
+def _host_check_trees(tree: TreeBatch, verifier: Verifier) -> None:
+    """A verifier whose tree check is its own (it overrides :meth:`~specdec.verify.base.Verifier.check_tree`
+    or :meth:`~specdec.verify.base.Verifier.check_node_mix`): every row's host tree, checked by it (host reads),
+    naming the row."""
     for b in range(tree.batch_size):
         try:
             host = tree.tree(b)
         except MalformedTreeError as exc:
-            if bool(outside[b]):
-                continue
             raise MalformedTreeError(f"row {b}: {exc}") from exc
         try:
             verifier.check_tree(host)
         except UnsupportedTreeError as exc:
             raise UnsupportedTreeError(f"row {b}: {exc}") from exc
+
+
+def engine_feed(builder: FeedBuilder, roots: torch.Tensor, sampling: SamplingConfig | Sequence[SamplingConfig],
+                rng: RandomSource, spec: DraftSpec, *, laws: str = "sparse", top_k: int = SERVING_LAW_TOP_K,
+                compiler: Any = None) -> TreeFeed:
+    """The serving path's :class:`~specdec.trees.feed.TreeFeed` (arguments as there): sparse laws by default.
+
+    A builder with a ``proposal_top_k`` option left at 0 (``static``, ``chain``, ``sequoia``: the
+    full law, ``[B, n, V]`` per step) draws each node's children from, and records, its law's top
+    ``top_k`` ids renormalised (:func:`~specdec.trees.static.truncate_proposal`): ``[B, n, top_k]``.
+    That is the draft law of the method now, a different one than the full law, and still exact:
+    every verifier is lossless for any recorded proposal law (docs/trees.md, "Sparse proposals");
+    the acceptance it gives up is measured in ``benchmarks/results/static_law_memory.md``. A builder
+    whose ``proposal_top_k`` is set keeps its own; the others (``eagle``, ``rheo``,
+    ``sampled-dynamic``) record their laws as they do. ``generate`` is not changed: it keeps
+    each builder's own option.
+
+    Args:
+        laws: ``"sparse"`` (default) or ``"dense"`` (the builder as given: full laws where its
+            ``proposal_top_k`` is 0).
+        top_k: the law width of ``"sparse"``, an integer ``>= 1``.
+
+    Raises:
+        InvalidConfigError: ``laws`` is neither, ``top_k`` is not a positive integer; and what
+            :class:`~specdec.trees.feed.TreeFeed` raises.
+    """
+    if laws not in ("sparse", "dense"):
+        raise InvalidConfigError(f"laws must be 'sparse' or 'dense', got {laws!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InvalidConfigError(f"top_k must be a positive integer, got {top_k!r}")
+    if laws == "sparse" and attrs.has(type(builder)) and getattr(builder, "proposal_top_k", None) == 0:
+        builder = attrs.evolve(builder, proposal_top_k=top_k)  # type: ignore[misc]
+    return TreeFeed(builder, roots, sampling, rng, spec, compiler=compiler)
 
 
 def verify_for_engine(
@@ -131,6 +192,7 @@ def verify_for_engine(
     rng: RandomSource,
     *,
     check_trees: bool = True,
+    allowed: torch.Tensor | None = None,
 ) -> EngineVerification:
     """Verify a drafted tree batch against the target's logits (module docstring).
 
@@ -143,36 +205,55 @@ def verify_for_engine(
         sampling: one configuration for every row, one per row, or a :class:`RowSampling`
             (made once per batch: no host-to-device copy per step).
         rng: a :class:`~specdec.rng.RowStreams` of one source per row (or, for ``B = 1``, one source).
-        check_trees: check that the verifier supports every row's tree (host reads of the trees;
-            a caller that drafted with the verifier's own builder may skip it).
+        check_trees: check every row's tree on the device (:mod:`specdec.engine.tree_checks`): a
+            tensor that is no tree raises (one host read of a ``[B]`` code for the whole batch);
+            children the verifier cannot verify losslessly flag the row (code 1), a recorded law
+            that is not a distribution code 3, a law id outside the vocabulary code 2. False: no
+            tree check and no read (a caller that drafted with the verifier's own builder may skip
+            it); tokens outside the vocabulary are flagged either way. A verifier with its own
+            tree check (one that overrides ``check_tree`` or ``check_node_mix``) is checked on the
+            host trees instead (host reads; raises ``UnsupportedTreeError``, naming the row).
+        allowed: ``[B, n, V]`` bool, or None: the tokens each row's grammar allows after each
+            node's path (an engine's grammar mask, e.g. xgrammar's bitmask unpacked); the target's
+            logits are masked by it (``-inf`` elsewhere) before they are processed, and a row whose
+            grammar allows no token at a node the verifier visited is flagged (code 5).
 
     Raises:
         InvalidConfigError: an empty batch; logits of the wrong shape, device or dtype; per-row
-            configurations or sources of the wrong length; an unknown verifier name.
-        UnsupportedTreeError: (``check_trees``) a row's tree has children the verifier cannot
-            verify losslessly, naming the row.
+            configurations or sources of the wrong length; an unknown verifier name; ``allowed``
+            of the wrong shape, dtype or device.
+        MalformedTreeError: (``check_trees``) a row's tensors are not a tree, naming the row and
+            what is broken.
+        UnsupportedTreeError: (``check_trees``, a verifier with its own tree check) a row's tree has
+            children the verifier cannot verify losslessly, naming the row.
     """
     with torch.no_grad():
-        return _verify(tree, logits, verifier, sampling, rng, check_trees)
+        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed)
 
 
 def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling, rng: RandomSource,
-            check_trees: bool) -> EngineVerification:
+            check_trees: bool, allowed: torch.Tensor | None) -> EngineVerification:
     rule_of = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     B = tree.batch_size
     if B == 0:
         raise InvalidConfigError("tree: an empty batch (0 rows); verify_for_engine needs at least one row")
     sources = len(rng.sources) if isinstance(rng, RowStreams) else (None if B == 1 else 1)
     _check_shapes(tree, logits, sources)
+    _check_allowed(tree, allowed)
     rows = RowSampling.of(sampling, B, tree.device)
-    oov = _tokens_outside(tree)  # [B, n] valid slots whose token is outside [0, V)
-    oov_rows = oov.any(dim=-1)  # [B]
-    if check_trees:
-        _check_trees(tree, rule_of, oov_rows)
+    own_check = type(rule_of).check_tree is not Verifier.check_tree or rule_of.host_checks
+    if check_trees and own_check:
+        _host_check_trees(tree, rule_of)
+    checked = check_batch_on_device(tree, rule_of, structure=check_trees and not own_check)  # the one host read
     refusals = _refusals(rule_of, rows)
-    # the rows' tokens, outside-vocabulary ones replaced (those rows are flagged): no gather leaves the vocabulary
-    served = attrs.evolve(tree, tokens=torch.where(oov, 0, tree.tokens))
+    served = checked.tree  # ids outside the vocabulary replaced (those rows are flagged): no gather leaves it
+    grammar_empty: torch.Tensor | None = None  # [B, n] nodes whose grammar allows no token
+    target_bad: torch.Tensor | None = None  # [B, n] nodes whose raw logits are bad
+    if allowed is not None:
+        grammar_empty = ~allowed.any(dim=-1)
+        target_bad = row_is_bad(logits)
+        logits = logits.masked_fill(~allowed, float("-inf"))
     # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every row
     verification = choose_verification(rule_of, rows.configs[0], "torch", logits.device, draws_tables=rng.draws_tables)
     row_rngs: list[RandomSource] = list(rng.sources) if isinstance(rng, RowStreams) else [rng]
@@ -198,10 +279,17 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
                                   flag_bad=True)
         parts.append((index, decision))
     decision = _assemble(parts, refused, tree)
-    draft_bad = tree.draft_bad.to(refused.device) if tree.draft_bad is not None else torch.zeros_like(refused)
-    target_bad = decision.bad_visited.to(refused.device)
-    flag = torch.where(refused, FLAG_REFUSED, torch.where(oov_rows, FLAG_TOKENS, torch.where(
-        draft_bad, FLAG_DRAFT, torch.where(target_bad, FLAG_TARGET, FLAG_NONE))))
+    dev = refused.device
+    draft_bad = tree.draft_bad.to(dev) if tree.draft_bad is not None else torch.zeros_like(refused)
+    visited_bad = decision.bad_visited.to(dev)
+    grammar = torch.zeros_like(refused)
+    if grammar_empty is not None and target_bad is not None:  # the cause at the path that met the bad node
+        path = tree.ancestors.gather(1, decision.stop.to(dev).clamp(0, tree.node_slots - 1).view(B, 1, 1)
+                                     .expand(B, 1, tree.node_slots)).squeeze(1)  # [B, n] the root .. stop
+        grammar = visited_bad & (path & grammar_empty).any(-1) & ~(path & target_bad).any(-1)
+    flag = torch.where(refused | (checked.unsupported > 0), FLAG_REFUSED, torch.where(
+        checked.outside, FLAG_TOKENS, torch.where(draft_bad | checked.law_bad, FLAG_DRAFT, torch.where(
+            grammar, FLAG_GRAMMAR, torch.where(visited_bad, FLAG_TARGET, FLAG_NONE)))))
     bad = (flag > 0).to(decision.accepted.device)
     keep = ~bad.view(B, 1)
     return EngineVerification(
@@ -213,6 +301,8 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
         path=verification.path,
         flag=flag,
         refusals=refusals,
+        unsupported=checked.unsupported,
+        verifier=rule_of,
     )
 
 
@@ -226,13 +316,6 @@ def _refusals(verifier: Verifier, rows: RowSampling) -> tuple[str | None, ...]:
         except (InvalidConfigError, InvalidDistributionError) as exc:
             message[config] = str(exc)
     return tuple(message[c] for c in rows.configs)
-
-
-def _tokens_outside(tree: TreeBatch) -> torch.Tensor:
-    """``[B, n]`` bool: valid slots (root included) whose token is outside ``[0, V)`` (no host read)."""
-    slots = torch.arange(tree.node_slots, device=tree.device).view(1, -1)
-    valid = slots < tree.num_nodes.view(-1, 1)
-    return valid & ((tree.tokens < 0) | (tree.tokens >= tree.vocab_size))
 
 
 def _rows_of(tree: TreeBatch, index: torch.Tensor, rows: Sequence[int]) -> TreeBatch:
@@ -274,3 +357,17 @@ def _check_shapes(tree: TreeBatch, logits: torch.Tensor, sources: int | None) ->
         raise InvalidConfigError(f"logits must be floating point, got {logits.dtype}")
     if sources is not None and sources != B:
         raise InvalidConfigError(f"rng: {sources} row streams for {B} rows (one source per row: RowStreams)")
+
+
+def _check_allowed(tree: TreeBatch, allowed: torch.Tensor | None) -> None:
+    """The grammar mask's shape, dtype and device (no host read)."""
+    if allowed is None:
+        return
+    want = (tree.batch_size, tree.node_slots, tree.vocab_size)
+    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool or tuple(allowed.shape) != want:
+        raise InvalidConfigError(
+            f"allowed must be a [B, n, V] = {list(want)} bool tensor (the tokens each row's grammar allows at each "
+            f"node), got {getattr(allowed, 'dtype', type(allowed).__name__)} {list(getattr(allowed, 'shape', []))}"
+        )
+    if allowed.device != tree.device:
+        raise InvalidConfigError(f"allowed is on {allowed.device} but the tree batch is on {tree.device}")
