@@ -21,12 +21,9 @@ same decisions draw for draw (``tests/engine/test_fixed_shape.py``, against
 (:meth:`FixedStep.compiled`); :func:`run_fixed_step` is the engine's side of the loop, in the
 order the functions run (the draft forwards, the tables and the one read stay outside).
 
-Served: the constant-length chain (``sd``: no confidence stop, no schedule, the full
-vocabulary, no ``proposal_top_k``) and the level-wise builders (``eagle2``, ``eagle3``
-with a draft vocabulary, ``rheo``), under one :class:`~specdec.sampling.SamplingConfig`,
-verified by a rule with a tensor form (:attr:`~specdec.verify.base.Verifier.fused`).
-Everything else is refused by name (:class:`~specdec.errors.InvalidConfigError`), with why
-in docs/cuda_graphs.md, "What is not captured".
+Served: the constant-length chain (``sd``) and the level-wise builders (``eagle2``,
+``eagle3``, ``rheo``) under one :class:`~specdec.sampling.SamplingConfig`, verified by a
+rule with a tensor form; the rest is refused by name (docs/cuda_graphs.md, "What is not captured").
 """
 
 from __future__ import annotations
@@ -62,9 +59,7 @@ class StepBudget:
     """The shapes every fixed-shape function of one :class:`FixedStep` has (docs/cuda_graphs.md, "Shapes").
 
     Attributes:
-        batch: ``B`` rows.
-        vocab: ``V``, the target's vocabulary.
-        draft_vocab: ``Vd``, the columns of the draft's logits (``V``, or its proposal vocabulary's size).
+        batch, vocab, draft_vocab: ``B`` rows; ``V``; ``Vd``, the draft logits' columns (``V`` or its proposal ids').
         nodes: ``n`` node slots per tree, the root included (padding past a row's ``num_nodes``).
         depth: ``D``, the levels drawn (the most tokens accepted per step; ``D + 1`` emitted).
         children: ``C``, child slots per node (the verification table is ``[B, n, C + 1]``).
@@ -109,17 +104,12 @@ class FixedVerify(NamedTuple):
     """The verification's outputs (``B`` rows, depth ``D``), every shape fixed.
 
     Attributes:
-        accepted: ``[B, D]`` int64 accepted node slots, root's child first, ``-1`` padded.
-        num_accepted: ``[B]`` int64.
-        tokens: ``[B, D + 1]`` int64 emitted tokens (accepted then the bonus, ``-1`` padded).
-        bonus: ``[B]`` int64.
-        attempted: ``[B]`` int64 depths at which a draft token was tested.
-        bad_visited: ``[B]`` bool: a visited row's target logits were NaN, +inf or all -inf.
-        stop: ``[B]`` int64 the node where the bonus was drawn.
+        accepted, num_accepted, tokens, bonus, attempted, bad_visited, stop: the
+            :class:`~specdec.verify.decision.TreeDecision` fields (``[B, D]``, ``[B]``, ``[B, D + 1]``, ``[B]`` ...).
         kv_src: ``[B, D]`` int64 KV position of the ``d``-th accepted node (``prefix + slot``), ``-1`` padded.
         kv_dst: ``[B, D]`` int64 where it moves (``prefix + d``), ``-1`` padded.
         kv_lens: ``[B]`` int64 KV lengths after compaction (``prefix + 1 + num_accepted``).
-        packed: ``[B, 2D + 5]`` int64 the fields above the KV ones in one tensor: the step's one read
+        packed: ``[B, 2D + 5]`` int64 the decision in one tensor, the step's one read
             (:meth:`~specdec.verify.decision.TreeDecision.packed`'s layout).
     """
 
@@ -142,17 +132,9 @@ ROWS = ("all", "path")
 
 @attrs.frozen(eq=False)
 class FixedStep:
-    """The fixed-shape functions of one step for a builder, a rule, a sampling and a budget
-    (module docstring); made by :func:`fixed_step`.
-
-    Attributes:
-        budget: the shapes (:class:`StepBudget`).
-        builder: the tree builder.
-        rule: the verifier's tensor rule.
-        sampling: the rows' configuration.
-        rows: the verification's form (:data:`ROWS`).
-        proposal_ids: ``[Vd]`` the draft's proposal vocabulary (target ids), or None.
-    """
+    """The fixed-shape functions of one step (module docstring), made by :func:`fixed_step`: the
+    ``budget`` (:class:`StepBudget`), ``builder``, the verifier's tensor ``rule``, the rows'
+    ``sampling``, the verification's form ``rows`` (:data:`ROWS`) and the draft's ``proposal_ids``."""
 
     budget: StepBudget
     builder: TreeBuilder
@@ -195,10 +177,9 @@ class FixedStep:
 
     def start(self, roots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Level 1's carry from the rows' roots ``[B]``: ``(root [B, 1], live [B], parent_score [B, 1])``."""
-        B = self.budget.batch
-        root = roots.to(torch.int64).reshape(B, 1)
-        return root, torch.ones(B, dtype=torch.bool, device=root.device), torch.zeros(B, 1, dtype=torch.float64,
-                                                                                      device=root.device)
+        root = roots.to(torch.int64).reshape(-1, 1)
+        dev, B = root.device, root.shape[0]
+        return root, torch.ones(B, dtype=torch.bool, device=dev), torch.zeros(B, 1, dtype=torch.float64, device=dev)
 
     def level(self, d: int, logits: torch.Tensor, u: torch.Tensor, root: torch.Tensor, live: torch.Tensor,
               parent_score: torch.Tensor, constants: dict[str, torch.Tensor]) -> FixedLevel:
@@ -307,11 +288,11 @@ class FixedStep:
 
 
 class _ShapeView(NamedTuple):
-    """:func:`~specdec.trees.levelwise.finish_levels`' shape constants, handed in as inputs."""
+    """:func:`~specdec.trees.levelwise.finish_levels`' shape constants (``[T]``, ``[E]``, ``[1]``), as inputs."""
 
-    levels: torch.Tensor  # [T] int64 the level of every created node
-    first_index: torch.Tensor  # [E] int64 creation index of the first node of each expanded row's level
-    root_parent: torch.Tensor  # [1] int64 T
+    levels: torch.Tensor
+    first_index: torch.Tensor
+    root_parent: torch.Tensor
 
 
 @attrs.frozen(eq=False)
@@ -344,8 +325,8 @@ def _compiled(fn: Callable[..., Any], backend: str, name: str) -> Any:
             return inner(bound, *args)
 
         fn = call
-    code = fn.__code__.replace(co_name=name)  # type: ignore[attr-defined]
-    own = types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)  # type: ignore[attr-defined]
+    code = fn.__code__.replace(co_name=name)
+    own = types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
     return torch.compile(own, fullgraph=True, backend=backend)
 
 
@@ -457,7 +438,7 @@ def fixed_step(
     level_rows = tuple(itertools.accumulate(range(D - 1), lambda r, _: min(W, r * C), initial=1))  # [1, W', ...]
     created = sum(r * C for r in level_rows)
     m = builder.draws_per_node(sampling)
-    n = min(int(builder.N), created) + 1  # type: ignore[arg-type]
+    n = min(int(builder.N), created) + 1
     budget = StepBudget(batch, vocab, draft_vocab, n, D, C, _law_slots(builder, sampling, draft_vocab), level_rows, m)
     return FixedStep(budget, builder, rule, sampling, rows, proposal_ids, level, configs)
 
