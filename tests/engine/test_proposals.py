@@ -20,6 +20,7 @@ import attrs
 import pytest
 import torch
 
+from specdec.engine import proposal_layouts as L
 from specdec.engine import proposals as P
 from specdec.engine.layouts import retrieve_arrays
 from specdec.engine.proposals import (
@@ -149,7 +150,7 @@ def test_chains_decide_as_the_padded_path_draw_for_draw(law, rule, config):
 
 
 def test_an_off_by_one_in_the_ragged_offsets_is_caught(monkeypatch):
-    monkeypatch.setattr(P, "_chain_starts", lambda cu, counts: (cu - counts + 1).clamp_max(int(cu[-1]) - 1))
+    monkeypatch.setattr(L, "_chain_starts", lambda cu, counts: (cu - counts + 1).clamp_max(int(cu[-1]) - 1))
     assert _chain_mismatches("dense", "rejection-iid", HOT) > 0
 
 
@@ -243,13 +244,13 @@ def test_sparse_laws_decide_as_the_padded_path():
 
 
 def test_a_parent_mix_up_is_caught(monkeypatch):
-    real = P._tree_parents
+    real = L._tree_parents
 
     def mixed_up(nxt, sib, valid):  # a sibling's parent taken from its previous sibling's slot
         parents, rank, incoming = real(nxt, sib, valid)
         return torch.where(rank > 0, parents + rank, parents).clamp_max(torch.arange(nxt.shape[1]) - 1), rank, incoming
 
-    monkeypatch.setattr(P, "_tree_parents", mixed_up)
+    monkeypatch.setattr(L, "_tree_parents", mixed_up)
     assert _tree_mismatches("iid", "rejection-iid", HOT, validate=False, draw_order="siblings") > 0
     with pytest.raises(InvalidConfigError, match="not a tree|max_children"):  # and the checks see it
         _tree_mismatches("iid", "rejection-iid", HOT, draw_order="siblings")
@@ -349,7 +350,7 @@ def test_exact_by_enumeration_for_every_rule_and_kind(kind, rule):
 
 
 def test_a_law_one_slot_off_is_caught_by_the_enumeration(monkeypatch):
-    real = P._chain_batch
+    real = L._chain_batch
 
     def shifted(*args):  # the second draft's law read one row off (the first draft's)
         tree = real(*args)
@@ -357,7 +358,7 @@ def test_a_law_one_slot_off_is_caught_by_the_enumeration(monkeypatch):
         ids[:, 1], probs[:, 1] = ids[:, 0], probs[:, 0]
         return attrs.evolve(tree, law_ids=ids, law_probs=probs)
 
-    monkeypatch.setattr(P, "_chain_batch", shifted)
+    monkeypatch.setattr(L, "_chain_batch", shifted)
     config = SamplingConfig(temperature=0.9)
     assert gap(_chain_law("rejection-iid", config, deterministic=False), target_law(E_TARGET, 1, config)) > 1e-3
 
