@@ -18,17 +18,29 @@ accepted) only stop tokens are allowed. A row whose tokens the grammar cannot ac
 draft node off the grammar: its parent's constrained law gives it probability 0, so no
 verifier ever accepts it) gets all ``-inf``: it is flagged as a bad row and raises only if a
 verifier visits it, which it cannot.
+
+A whole tree (:mod:`specdec.processors` calls :meth:`GrammarProcessor.process_tree` once per
+tree) is masked in one native call of xgrammar's ``GrammarMatcher.traverse_draft_tree`` where the
+installed xgrammar has it (0.2 and later), from the root's state and the tree in SGLang's
+first-child / next-sibling arrays; the rows it leaves empty after the grammar has ended are
+then given the stop tokens, so the masks are exactly those of the per-node fills (one rollback,
+acceptance and ``fill_next_token_bitmask`` per node), which run otherwise or when asked
+(``tree_mask="per_node"``). :attr:`GrammarProcessor.tree_mask_path` names the path, an INFO log
+says it once per process, and :attr:`GrammarProcessor.whole_tree_calls` /
+:attr:`GrammarProcessor.node_fills` count what ran.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from specdec._extras import require_extra
-from specdec.errors import InvalidConfigError
+from specdec.errors import InvalidConfigError, MalformedTreeError
 
 _xgr: Any
 try:  # the [grammar] extra; this module is imported only where a grammar is used, never by `import specdec`
@@ -36,7 +48,27 @@ try:  # the [grammar] extra; this module is imported only where a grammar is use
 except ModuleNotFoundError:  # pragma: no cover - the extra's absence is reported by GrammarProcessor
     _xgr = None
 
-__all__ = ["GrammarProcessor"]
+__all__ = ["GrammarProcessor", "TREE_MASK_PATHS", "has_tree_traversal"]
+
+_log = logging.getLogger(__name__)
+
+TREE_MASK_PATHS = ("traverse_draft_tree", "per_node")
+"""The two ways :meth:`GrammarProcessor.process_tree` masks a tree: one native call of
+xgrammar's ``GrammarMatcher.traverse_draft_tree``, or one mask fill per node."""
+
+_TREE_MASK_CHOICES = ("auto",) + TREE_MASK_PATHS
+_logged: set[tuple[str, str]] = set()  # (path, why) already said at INFO in this process
+
+
+def has_tree_traversal() -> bool:
+    """True when the installed xgrammar has ``GrammarMatcher.traverse_draft_tree`` (0.2 and later)."""
+    return _xgr is not None and callable(getattr(_xgr.GrammarMatcher, "traverse_draft_tree", None))
+
+
+def _say_once(path: str, why: str) -> None:
+    if (path, why) not in _logged:
+        _logged.add((path, why))
+        _log.info("specdec.grammar: draft trees are masked by %s (%s)", path, why)
 
 
 class GrammarProcessor:
@@ -49,10 +81,19 @@ class GrammarProcessor:
             Hugging Face processor does): give it when the first call may not be on the prompt.
         vocab_size: the logits' width when it exceeds the tokenizer's (padded LM heads: the
             padding columns are banned).
+        tree_mask: how a whole tree is masked (:meth:`process_tree`): ``"auto"`` (xgrammar's
+            ``traverse_draft_tree`` where the installed xgrammar has it, else one fill per node),
+            ``"traverse_draft_tree"`` (required) or ``"per_node"``. The masks are the same.
+
+    Attributes:
+        tree_mask_path: the path :meth:`process_tree` takes, one of :data:`TREE_MASK_PATHS`.
+        whole_tree_calls: trees masked by one ``traverse_draft_tree`` call so far.
+        node_fills: rows masked one by one so far (per-node fills, and every row of a direct call).
 
     Raises:
         MissingExtraError: xgrammar is not installed (``pip install 'specdec-trees[grammar]'``).
-        InvalidConfigError: a call's rows are shorter than the prompt, or scores of another width.
+        InvalidConfigError: a call's rows are shorter than the prompt, or scores of another width;
+            ``tree_mask`` unknown, or ``"traverse_draft_tree"`` with an xgrammar that lacks it.
 
     Example (a grammar over four tokens; after ``a`` only ``b`` may follow):
         >>> import torch, xgrammar as xgr
@@ -63,9 +104,27 @@ class GrammarProcessor:
         [[False, True, False, False]]
     """
 
-    def __init__(self, compiled_grammar: Any, prompt_length: int | None = None, vocab_size: int | None = None) -> None:
+    def __init__(self, compiled_grammar: Any, prompt_length: int | None = None, vocab_size: int | None = None,
+                 tree_mask: str = "auto") -> None:
         if _xgr is None:
             require_extra("grammar", "GrammarProcessor")
+        if tree_mask not in _TREE_MASK_CHOICES:
+            raise InvalidConfigError(f"GrammarProcessor: tree_mask must be one of {', '.join(_TREE_MASK_CHOICES)}, "
+                                     f"got {tree_mask!r}")
+        native = has_tree_traversal()
+        if tree_mask == "traverse_draft_tree" and not native:
+            raise InvalidConfigError(f"GrammarProcessor: tree_mask='traverse_draft_tree', but the installed xgrammar "
+                                     f"{_xgrammar_version()} has no GrammarMatcher.traverse_draft_tree (0.2 and later have it)")
+        self.tree_mask_path = "traverse_draft_tree" if native and tree_mask != "per_node" else "per_node"
+        if self.tree_mask_path == "traverse_draft_tree":
+            _say_once(self.tree_mask_path, "one native call of xgrammar's GrammarMatcher.traverse_draft_tree per tree")
+        elif tree_mask == "per_node":
+            _say_once("per-node fills", "tree_mask='per_node'")
+        else:
+            _say_once("per-node fills", f"the installed xgrammar {_xgrammar_version()} has no "
+                                        "GrammarMatcher.traverse_draft_tree")
+        self.whole_tree_calls = 0
+        self.node_fills = 0
         xgr = _xgr
         self._xgr = xgr
         self.grammar = compiled_grammar
@@ -111,6 +170,7 @@ class GrammarProcessor:
         """``[V]`` bool: the tokens the grammar allows after ``generated`` (all False when it
         refuses ``generated`` itself; only the stop tokens after the grammar has ended)."""
         out = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self.node_fills += 1
         if not self._sync(generated):
             return out
         if self.matcher.is_terminated():
@@ -122,13 +182,133 @@ class GrammarProcessor:
         out[: self.tokenizer_vocab] = ones[0] == 0
         return out
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` ``[b, V]`` with ``-inf`` where the grammar bans a token after ``input_ids[r]``."""
+    def tree_allowed(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """``[n, V]`` bool: row ``i`` is :meth:`allowed` after ``generated`` then node ``i``'s path.
+
+        Args:
+            generated: the generated tokens of the committed sequence (the root's context).
+            tokens: the ``n`` node tokens.
+            parents: each node's parent, ``-1`` for the nodes of depth 0 (root and padding slots,
+                whose rows are the root's).
+
+        Raises:
+            MalformedTreeError: ``parents`` is not a forest over the ``n`` nodes.
+        """
+        roots, children = _forest(parents, len(tokens))
+        if not tokens:
+            return torch.zeros(0, self.vocab_size, dtype=torch.bool)
+        if self.tree_mask_path == "traverse_draft_tree":
+            return self._tree_allowed_native(generated, tokens, parents, roots, children)
+        root_row = self.allowed(generated)  # [V]: every node of depth 0 sees the committed context only
+        rows = [root_row] * len(tokens)
+        path: list[list[int]] = [[] for _ in tokens]
+        for i in _parents_first(roots, children, depth_first=True):  # depth-first: short rollbacks
+            if parents[i] >= 0:
+                path[i] = path[parents[i]] + [int(tokens[i])]
+                rows[i] = self.allowed([*generated, *path[i]])
+        return torch.stack(rows)  # [n, V]
+
+    def _tree_allowed_native(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                             roots: list[int], children: list[list[int]]) -> torch.Tensor:
+        """:meth:`tree_allowed` by one ``traverse_draft_tree`` call from the root's state."""
+        n = len(tokens)
+        out = torch.zeros(n, self.vocab_size, dtype=torch.bool)  # [n, V]
+        if not self._sync(generated):
+            return out  # the root's context is refused, so is every node's
+        root_ended = bool(self.matcher.is_terminated())
+        # the tree in xgrammar's layout: slot 0 the root's state (its token already accepted), the
+        # nodes below in slots 1.., first child / next sibling; a token outside the tokenizer's
+        # vocabulary is refused (the matcher refuses it) with its subtree, so it gets no slot
+        order = _parents_first(roots, children, depth_first=False)
+        slot = [-1] * n
+        slot_tokens, first_child, next_sibling, last_child = [0], [-1], [-1], [-1]
+        for i in order:
+            parent = parents[i]
+            if parent < 0:
+                slot[i] = 0
+                continue
+            token = int(tokens[i])
+            if slot[parent] < 0 or not 0 <= token < self.tokenizer_vocab:
+                continue
+            s, up = len(slot_tokens), slot[parent]
+            slot[i] = s
+            slot_tokens.append(token)
+            first_child.append(-1)
+            next_sibling.append(-1)
+            last_child.append(-1)
+            if first_child[up] < 0:
+                first_child[up] = s
+            else:
+                next_sibling[last_child[up]] = s
+            last_child[up] = s
+        bitmask = self._xgr.allocate_token_bitmask(len(slot_tokens), self.tokenizer_vocab)  # [m, words] int32
+        bitmask.zero_()  # rows the traversal does not visit (below a refused or ended node) ban every token
+        if not root_ended:
+            done = self.matcher.traverse_draft_tree(torch.tensor(first_child, dtype=torch.int64),
+                                                    torch.tensor(next_sibling, dtype=torch.int64),
+                                                    torch.tensor(slot_tokens, dtype=torch.int64), bitmask)
+            if not done:  # pragma: no cover - no time limit is given, so the traversal always completes
+                raise RuntimeError("xgrammar's traverse_draft_tree did not complete")
+            self.whole_tree_calls += 1
+        banned = torch.zeros(len(slot_tokens), self.tokenizer_vocab)  # [m, V_tok]
+        self._xgr.apply_token_bitmask_inplace(banned, bitmask)
+        native = banned == 0  # [m, V_tok] bool
+        # after the grammar has ended xgrammar's rows are empty; the per-node rule allows the stop
+        # tokens there: a node has ended when its token is a stop token its parent's row allows
+        stops = set(self.stop_ids)
+        ended = [False] * n
+        for i in order:
+            parent = parents[i]
+            if parent < 0:
+                ended[i] = root_ended
+            elif int(tokens[i]) in stops and slot[parent] >= 0:
+                ended[i] = ended[parent] or bool(native[slot[parent], int(tokens[i])])
+        index = torch.tensor(slot, dtype=torch.int64)  # [n], -1: no slot
+        out[:, : self.tokenizer_vocab] = native[index.clamp(min=0)] & (index >= 0).unsqueeze(1)
+        if any(ended):
+            stop_row = torch.zeros(self.vocab_size, dtype=torch.bool)
+            stop_row[self.stop_ids] = True
+            out[torch.tensor(ended)] = stop_row
+        return out
+
+    def process_tree(self, scores: torch.Tensor, context: torch.Tensor, tokens: torch.Tensor,
+                     parents: torch.Tensor) -> torch.Tensor:
+        """A whole tree's ``scores [n, V]`` with ``-inf`` where the grammar bans a token after each
+        node's context (:class:`specdec.processors.TreeLogitsProcessor`; one host read).
+
+        Args:
+            scores: ``[n, V]`` node rows.
+            context: ``[L]`` int64 committed sequence (prompt and generated; its last token the root's).
+            tokens: ``[n]`` int64 node tokens.
+            parents: ``[n]`` int64 parent slots, ``-1`` for the root and padding slots.
+        """
+        self._check_width(scores)
+        length, n = int(context.shape[0]), int(tokens.shape[0])
+        if self.prompt_length is None:
+            self.prompt_length = length
+        if length < self.prompt_length:
+            raise InvalidConfigError(
+                f"GrammarProcessor: a committed context of length {length} is shorter than the prompt ({self.prompt_length})"
+            )
+        host = torch.cat([context.view(-1), tokens.view(-1), parents.view(-1)]).tolist()  # one host read
+        keep = self.tree_allowed(host[self.prompt_length : length], host[length : length + n], host[length + n :])
+        return scores.masked_fill(~keep.to(scores.device), float("-inf"))
+
+    def _check_width(self, scores: torch.Tensor) -> None:
         if scores.shape[-1] != self.vocab_size:
             raise InvalidConfigError(
                 f"GrammarProcessor: scores have {scores.shape[-1]} columns, the grammar's vocabulary {self.vocab_size} "
                 "(give vocab_size= for a padded LM head)"
             )
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` ``[b, V]`` with ``-inf`` where the grammar bans a token after ``input_ids[r]``
+        (one fill per row: a tree handed row by row, e.g. inside a ``LogitsProcessorList``,
+        takes the per-node path, said once at INFO)."""
+        self._check_width(scores)
+        if self.tree_mask_path == "traverse_draft_tree":
+            _say_once("per-node fills", "the processor was called on rows, not through process_tree: e.g. wrapped "
+                                        "in a LogitsProcessorList, or autoregressive decoding")
         if self.prompt_length is None:
             self.prompt_length = int(input_ids.shape[1])
         if input_ids.shape[1] < self.prompt_length:
@@ -138,3 +318,46 @@ class GrammarProcessor:
         rows = input_ids[:, self.prompt_length:].tolist()  # one host read per call: the generated tokens
         keep = torch.stack([self.allowed(row) for row in rows]).to(scores.device)  # [b, V]
         return scores.masked_fill(~keep, float("-inf"))
+
+
+def _xgrammar_version() -> str:
+    try:
+        return importlib.metadata.version("xgrammar")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - installed without metadata
+        return "(version unknown)"
+
+
+def _forest(parents: Sequence[int], n: int) -> tuple[list[int], list[list[int]]]:
+    """The nodes of depth 0 (parent ``-1``) and each node's children; MalformedTreeError when
+    ``parents`` has another length, a slot outside ``[-1, n)`` or a cycle."""
+    if len(parents) != n:
+        raise MalformedTreeError(f"parents has {len(parents)} entries for {n} node tokens")
+    roots: list[int] = []
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i, parent in enumerate(parents):
+        if parent < 0:
+            roots.append(i)
+        elif parent >= n or parent == i:
+            raise MalformedTreeError(f"parents[{i}] = {parent} is not another node's slot (n = {n})")
+        else:
+            children[parent].append(i)
+    reached = sum(1 for _ in _parents_first(roots, children, depth_first=False))
+    if reached != n:
+        raise MalformedTreeError(f"parents has a cycle: {n - reached} of {n} nodes are not below a node of depth 0")
+    return roots, children
+
+
+def _parents_first(roots: list[int], children: list[list[int]], *, depth_first: bool) -> list[int]:
+    """Every node below ``roots``, each after its parent (depth-first or breadth-first)."""
+    if not depth_first:
+        order = list(roots)
+        for node in order:  # grows while it is read: each node's children after it
+            order.extend(children[node])
+        return order
+    order = []
+    pending = list(reversed(roots))
+    while pending:
+        node = pending.pop()
+        order.append(node)
+        pending.extend(reversed(children[node]))
+    return order

@@ -23,12 +23,17 @@ only; the contexts are gathered from the tree's tensors on the device (no
 Python loop over nodes). Knowing ``n_d`` costs one host read per step (the
 nodes per depth), on top of the step's own read. Processors run on the raw logits, before
 temperature, top-k and top-p (transformers' order: processors, then warpers).
+
+A processor that can take a whole tree at once (a :class:`TreeLogitsProcessor`, such as
+:class:`specdec.grammar.GrammarProcessor`, which masks every node in one call of xgrammar's
+tree traversal) is called once per tree instead, with each node's parent (:func:`node_parents`)
+in place of the per-depth contexts; its rows must be those the per-depth calls would give.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -36,9 +41,11 @@ from specdec.errors import InvalidConfigError
 
 __all__ = [
     "LogitsProcessorLike",
+    "TreeLogitsProcessor",
     "call_processor",
     "check_processor",
     "node_contexts",
+    "node_parents",
     "node_paths",
     "process_batch_row",
     "process_host_tree",
@@ -48,6 +55,26 @@ __all__ = [
 LogitsProcessorLike = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(input_ids [b, len] int64, scores [b, V] float) -> [b, V] float``: transformers'
 ``LogitsProcessor`` / ``LogitsProcessorList`` or any callable with that signature."""
+
+
+@runtime_checkable
+class TreeLogitsProcessor(Protocol):
+    """A logits processor that also processes a whole draft tree in one call.
+
+    :func:`process_tree_logits` calls :meth:`process_tree` once per tree instead of the
+    processor once per depth; the result must equal what the per-depth calls give (each node's
+    row processed in its own context: the committed sequence, then the node's path).
+    """
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor: ...
+
+    def process_tree(self, scores: torch.Tensor, context: torch.Tensor, tokens: torch.Tensor,
+                     parents: torch.Tensor) -> torch.Tensor:
+        """``scores [n, V]`` (a copy: it may be written in place) processed row by row in each
+        node's context; ``context [L]`` int64 the committed sequence (its last token the
+        root's); ``tokens [n]`` int64; ``parents [n]`` int64, ``-1`` for the nodes of depth 0
+        (the root and padding slots, which all see the committed context only)."""
+        ...
 
 
 def check_processor(processor: Any, name: str = "logits_processor") -> LogitsProcessorLike | None:
@@ -103,6 +130,18 @@ def node_paths(tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tens
     return path.transpose(0, 1)  # [n, D]
 
 
+def node_parents(depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """``[n]`` int64: each node's parent slot, ``-1`` for the nodes of depth 0 (root, padding).
+
+    Args:
+        depths: ``[n]`` int64 node depths.
+        ancestors: ``[n, n]`` bool, ``[i, j]`` iff ``j`` is ``i`` or an ancestor of ``i``.
+    """
+    n = depths.shape[0]
+    is_parent = ancestors & (depths.view(1, n) == depths.view(n, 1) - 1)  # [n, n]: j is i's parent
+    return torch.where(is_parent.any(1), is_parent.to(torch.int64).argmax(1), -1)  # [n]
+
+
 def node_contexts(context: torch.Tensor, paths: torch.Tensor, depth: int) -> torch.Tensor:
     """``[n, L + depth]``: the context of a depth-``depth`` node, for every row of ``paths``
     (``context [L]`` the committed sequence, ending with the root's token)."""
@@ -127,7 +166,8 @@ def process_tree_logits(
         context: ``[L]`` int64 committed sequence (prompt + emitted; its last token is the root's).
         tokens, depths, ancestors: ``[n]``, ``[n]``, ``[n, n]`` the tree's
             tensors (:class:`~specdec.tree_batch.TreeBatch` row ``b``).
-        max_depth: a bound on ``depths`` (the processor is called at most ``max_depth + 1`` times, once per depth that has nodes).
+        max_depth: a bound on ``depths`` (the processor is called at most ``max_depth + 1`` times, once per depth that
+            has nodes; a :class:`TreeLogitsProcessor` once).
 
     Returns:
         ``[n, V]`` processed logits (a new tensor; ``logits`` is not modified).
@@ -136,6 +176,14 @@ def process_tree_logits(
         InvalidConfigError: the processor returned a tensor of another shape.
     """
     context = context.to(device=logits.device, dtype=torch.int64)
+    if isinstance(processor, TreeLogitsProcessor):  # the whole tree in one call
+        parents = node_parents(depths.to(logits.device), ancestors.to(logits.device))  # [n]
+        processed = processor.process_tree(logits.clone(), context, tokens.to(logits.device), parents)
+        if not isinstance(processed, torch.Tensor) or processed.shape != logits.shape:
+            got = tuple(processed.shape) if isinstance(processed, torch.Tensor) else type(processed).__name__
+            raise InvalidConfigError(f"the logits processor's process_tree returned {got} for scores of shape "
+                                     f"{tuple(logits.shape)}; it must return one row of scores per node")
+        return processed.to(logits.dtype)
     paths = node_paths(tokens.to(logits.device), depths.to(logits.device), ancestors.to(logits.device), max_depth)
     depths = depths.to(logits.device)
     order = torch.argsort(depths, stable=True)  # [n] node rows grouped by depth

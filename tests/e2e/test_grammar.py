@@ -3,8 +3,9 @@
 - Exact: every registered method, at T = 1 and T = 0, gives the law of constrained
   autoregressive decoding of the first two tokens (the step chained inside one enumeration,
   as ``test_logits_processors.py`` does for its processors); the constraint matters (the
-  unconstrained law is far from it). The parent-context mutant (each node constrained by its
-  parent's path) fails it.
+  unconstrained law is far from it). The tree is masked by xgrammar's ``traverse_draft_tree``
+  where installed; the per-node fallback (``tree_mask="per_node"``) is exact too. The
+  parent-context mutant (each node constrained by its parent's path) fails it on both paths.
 - Greedy: every method's output equals autoregressive decoding with xgrammar's own Hugging
   Face logits processor, up to the stop token.
 - Bad input: a grammar that admits no token at a node the verifier visits raises naming the
@@ -34,7 +35,7 @@ from specdec.methods import compose  # noqa: E402
 from specdec.testing import MarkovLM, exact_law, random_markov_logits  # noqa: E402
 
 from .test_logits_processors import (  # noqa: E402
-    GREEDY, METHODS, NUM_TOKENS, PROMPT, T1, deviation, models, parent_context, processed_law, speculative_law,
+    GREEDY, METHODS, NUM_TOKENS, PROMPT, T1, deviation, models, processed_law, speculative_law,
 )
 
 SMALL_VOCAB = ["a", "b", "ab", "</s>"]  # V = 4, the models of test_logits_processors
@@ -59,13 +60,38 @@ def test_every_method_gives_the_constrained_law_exactly(method, sampling):
     assert deviation(law, reference) < 1e-9, f"{method}: {deviation(law, reference):.3e}"
 
 
-def test_the_parent_context_mutant_is_caught(monkeypatch):
+@pytest.mark.parametrize("method", ["sd", "specinfer", "rheo", "sequoia"])
+def test_the_per_node_fallback_gives_the_constrained_law_exactly(method):
+    """``tree_mask="per_node"`` (the path without xgrammar's tree traversal) keeps the law too."""
     grammar = small_grammar()
     target, _ = models()
     reference = processed_law(target, GrammarProcessor(grammar, prompt_length=len(PROMPT)), T1, NUM_TOKENS)
-    monkeypatch.setattr(processors_module, "node_contexts", parent_context)
-    worst = max(deviation(speculative_law(m, GrammarProcessor(grammar, prompt_length=len(PROMPT)), T1, NUM_TOKENS,
-                                          draft_is_target=True), reference) for m in ("sd", "eagle3"))
+    processor = GrammarProcessor(grammar, prompt_length=len(PROMPT), tree_mask="per_node")
+    law = speculative_law(method, processor, T1, NUM_TOKENS)
+    assert processor.whole_tree_calls == 0 and processor.node_fills > 0
+    assert deviation(law, reference) < 1e-9, f"{method}: {deviation(law, reference):.3e}"
+
+
+_process_tree = GrammarProcessor.process_tree
+
+
+def _parent_rows(self, scores, context, tokens, parents):
+    """The mutant: each node's row masked as its parent's (its own token left out of its context)."""
+    banned = _process_tree(self, torch.zeros_like(scores), context, tokens, parents).isinf()  # [n, V]
+    own = torch.arange(parents.shape[0], device=parents.device)
+    return scores.masked_fill(banned[torch.where(parents >= 0, parents, own)], float("-inf"))
+
+
+@pytest.mark.parametrize("tree_mask", ["traverse_draft_tree", "per_node"])
+def test_the_parent_context_mutant_is_caught(monkeypatch, tree_mask):
+    """A whole tree goes to GrammarProcessor.process_tree: masking each node's row in its
+    parent's context instead of its own moves the law, on both mask paths."""
+    grammar = small_grammar()
+    target, _ = models()
+    reference = processed_law(target, GrammarProcessor(grammar, prompt_length=len(PROMPT)), T1, NUM_TOKENS)
+    monkeypatch.setattr(GrammarProcessor, "process_tree", _parent_rows)
+    worst = max(deviation(speculative_law(m, GrammarProcessor(grammar, prompt_length=len(PROMPT), tree_mask=tree_mask),
+                                          T1, NUM_TOKENS, draft_is_target=True), reference) for m in ("sd", "eagle3"))
     assert worst > 1e-3
 
 
