@@ -274,7 +274,7 @@ def _draw(rng: RandomSource, q: torch.Tensor, k: int, mode: str) -> list[int]:
     return out
 
 
-def _proposed_tree(rng: RandomSource, kind: str, root: int) -> TreeBatch:
+def _proposed_tree(rng: RandomSource, kind: str, root: int, sort: bool = False) -> TreeBatch:
     """The engine's proposer: two children of the root (drawn, or the draft's top-2), the first with one child."""
     asm = TreeAssembler(root, EV)
     q0 = process_logits(E_DRAFT[root], HOT)
@@ -286,16 +286,17 @@ def _proposed_tree(rng: RandomSource, kind: str, root: int) -> TreeBatch:
                 asm.add_deterministic(c, int(process_logits(E_DRAFT[t], HOT).argmax()), 1.0)
         return TreeBatch.from_trees([asm.build()])
     law0 = SparseLaw.from_dense(q0, mode)
-    kids = [asm.add_sampled(0, t, law0, 1.0) for t in _draw(rng, q0, 2, kind)]
+    drawn = _draw(rng, q0, 2, kind)
+    kids = [asm.add_sampled(0, t, law0, 1.0) for t in (sorted(drawn) if sort else drawn)]
     for c in kids[:1]:  # the first child has a child
         q = process_logits(E_DRAFT[int(asm.tokens[c])], HOT)
         asm.add_sampled(c, _draw(rng, q, 1, kind)[0], SparseLaw.from_dense(q, mode), 1.0)
     return TreeBatch.from_trees([asm.build()])
 
 
-def _tree_law(kind: str, rule: str, config: SamplingConfig, root: int = 1):
+def _tree_law(kind: str, rule: str, config: SamplingConfig, root: int = 1, sort: bool = False):
     def program(rng):
-        ref = _proposed_tree(rng, kind, root)
+        ref = _proposed_tree(rng, kind, root, sort)
         proposals = _retrieve_small(ref, kind)
         out = verify_tree_proposals(proposals, E_TARGET[ref.tokens], rule, config, rng)
         k = int(out.accept_length[0]) + 1
@@ -374,6 +375,24 @@ def test_siblings_tested_out_of_their_draws_order_are_caught_by_the_enumeration(
     monkeypatch.setattr(P, "tree_tree_batch", reversed_draws)
     config = SamplingConfig(temperature=0.9)
     assert gap(_tree_law("wor", "rejection-wor", config), target_law(E_TARGET, 1, config)) > 1e-3
+
+
+def test_iid_siblings_out_of_their_draws_order_bias_rule_3_so_the_order_is_required():
+    """Why rule 3 needs the draws' order too: i.i.d. draws listed sorted (a proposer's own order)
+    and declared as drawn are not verified exactly; ``match`` is (it never reads ``q'``)."""
+    config = SamplingConfig(temperature=0.9)
+    assert gap(_tree_law("iid", "rejection-iid", config, sort=True), target_law(E_TARGET, 1, config)) > 1e-3
+    assert gap(_tree_law("iid", "match", config, sort=True), target_law(E_TARGET, 1, config)) < 1e-9
+    assert "rejection-iid" not in serving_rules("iid", order_known=False)
+
+
+def test_rows_without_drafts():
+    for laws in (DraftLaws(torch.zeros(0, V, dtype=torch.float64)), None):
+        proposals = ChainProposals(torch.zeros(0, dtype=torch.int32), torch.tensor([0, 0]), laws, root_tokens=torch.tensor([1, 2]))
+        ref = TreeBatch.from_trees([TreeAssembler(1, V).build(), TreeAssembler(2, V).build()])
+        want = verify_for_engine(ref, TARGET[ref.tokens], "match", HOT, _streams([0, 1]))
+        got = verify_chain_proposals(proposals, TARGET[torch.tensor([1, 2])], "match", HOT, _streams([0, 1]))
+        assert got.output_token_ids.shape == (2, 1) and torch.equal(got.output_token_ids, want.tokens)
 
 
 # ----------------------------------------------------------------- refusals and bad input

@@ -246,9 +246,10 @@ def _chain_batch(tokens: torch.Tensor, counts: torch.Tensor, starts: torch.Tenso
     flat = (starts.view(B, 1) + slot - 1).clamp(0, max(tokens.shape[0] - 1, 0))  # [B, n] draft index of slot j
     drawn = tokens[flat] if tokens.shape[0] else torch.zeros(B, n, dtype=torch.int64, device=dev)
     kind = NodeKind.DETERMINISTIC if laws is None else NodeKind.SAMPLED
-    if laws is None:
-        law_ids = torch.full((B, n, 0), -1, dtype=torch.int64, device=dev)
-        law_probs = torch.zeros(B, n, 0, dtype=F64, device=dev)
+    if laws is None or tokens.shape[0] == 0:  # deterministic, or no draft at all
+        width = 0 if laws is None else laws[0].shape[-1]
+        law_ids = torch.full((B, n, width), -1, dtype=torch.int64, device=dev)
+        law_probs = torch.zeros(B, n, width, dtype=F64, device=dev)
     else:  # the law slot j's token was drawn from sits at its parent, slot j - 1
         ids, probs = laws
         at_parent = torch.cat([flat[:, 1:], flat[:, -1:]], 1)  # [B, n] the draft index of slot j's child
