@@ -107,6 +107,7 @@ class TreeProposals:
 
 # ----------------------------------------------------------------- input checks
 def as_int_tensor(x: object, what: str, dims: int) -> torch.Tensor:
+    """``x`` as an int64 tensor of ``dims`` dimensions, else :class:`~specdec.errors.InvalidConfigError` naming ``what``."""
     if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
         raise InvalidConfigError(f"{what} must be an integer tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.dim() != dims:
@@ -115,6 +116,8 @@ def as_int_tensor(x: object, what: str, dims: int) -> torch.Tensor:
 
 
 def flat_logits(x: object, rows: int, V: int | None, what: str = "target_logits") -> torch.Tensor:
+    """``x`` as ``[rows, V]`` floating-point logits (any leading shape of ``rows`` entries), else
+    :class:`~specdec.errors.InvalidConfigError` naming ``what``."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise InvalidConfigError(f"{what} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     flat = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x
@@ -146,12 +149,17 @@ def _law_rows(laws: DraftLaws, rows: int, V: int, device: torch.device) -> tuple
     return ids, probs.to(F64)
 
 
-def _law_problems(ids: torch.Tensor, probs: torch.Tensor, used: torch.Tensor, V: int, tol: float) -> list[torch.Tensor]:
-    """Device flags ``[k]`` bool each: (ids outside the vocabulary, ids repeated, not a distribution), over the rows ``used``."""
-    pad = ids < 0
-    outside = ((ids >= V) | (pad & (probs != 0))).any(-1)  # [N]
-    srt = torch.sort(torch.where(pad, -1 - torch.arange(ids.shape[-1], device=ids.device), ids), dim=-1).values
-    repeated = (srt[:, 1:] == srt[:, :-1]).any(-1) if ids.shape[-1] > 1 else torch.zeros_like(outside)
+def _law_problems(laws: DraftLaws, ids: torch.Tensor, probs: torch.Tensor, used: torch.Tensor, V: int) -> list[torch.Tensor]:
+    """Device flags (``[]`` bool each): ids outside the vocabulary, ids repeated, not a distribution, over the
+    rows ``used`` (``[N]`` bool) of the laws ``ids, probs [N, L]`` (dense laws: the id checks cannot fail)."""
+    tol = 1e-9 if laws.probs.dtype == F64 else 1e-4
+    if laws.ids is None:
+        outside = repeated = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    else:
+        pad = ids < 0
+        outside = ((ids >= V) | (pad & (probs != 0))).any(-1)  # [N]
+        srt = torch.sort(torch.where(pad, -1 - torch.arange(ids.shape[-1], device=ids.device), ids), dim=-1).values
+        repeated = (srt[:, 1:] == srt[:, :-1]).any(-1) if ids.shape[-1] > 1 else torch.zeros_like(outside)
     bad_values = (~torch.isfinite(probs) | (probs < 0)).any(-1)
     not_law = bad_values | ((torch.where(torch.isfinite(probs), probs, 0.0).sum(-1) - 1.0).abs() > tol)
     return [(outside & used).any(), (repeated & used).any(), (not_law & used).any()]
@@ -174,10 +182,6 @@ def _raise_first(flags: Sequence[bool], messages: Sequence[tuple[type[Exception]
 def _prob_of(ids: torch.Tensor, probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """``[...]`` the probability of ``token [...]`` under the laws ``ids, probs [..., L]``."""
     return torch.where(ids == token.unsqueeze(-1), probs, 0.0).sum(-1)
-
-
-def _tolerance(laws: DraftLaws) -> float:
-    return 1e-9 if laws.probs.dtype == F64 else 1e-4
 
 
 # ----------------------------------------------------------------- vLLM: flat ragged chains
@@ -214,9 +218,8 @@ def chain_tree_batch(proposals: ChainProposals, vocab_size: int, *, validate: bo
         flags = [(counts < 0).any() | (cu[-1] != T), ((tokens < 0) | (tokens >= V)).any(), ((roots < 0) | (roots >= V)).any()]
         if S is not None:
             flags.append((counts > S).any())
-        if laws is not None:
-            used = torch.ones(T, dtype=torch.bool, device=dev)
-            flags += _law_problems(*laws, used, V, _tolerance(proposals.laws))  # type: ignore[arg-type]
+        if laws is not None and proposals.laws is not None:
+            flags += _law_problems(proposals.laws, *laws, torch.ones(T, dtype=torch.bool, device=dev), V)
             flags.append((_prob_of(*laws, tokens.clamp(0, V - 1)) <= 0).any())
     longest = [counts.max().clamp_min(0)] if S is None else []
     values = torch.stack([f.long() for f in flags] + longest).tolist() if flags or longest else []  # the one host read
@@ -399,8 +402,8 @@ def tree_tree_batch(proposals: TreeProposals, vocab_size: int, *, validate: bool
         if isinstance(order, torch.Tensor) and sampled:
             flags.append((child & ((order < 0) | (order >= n_sib))).any()
                          | (same & (order.unsqueeze(2) == order.unsqueeze(1))).any())
-        if laws is not None:
-            flags += _law_problems(*laws, has_children.reshape(-1), V, _tolerance(proposals.laws))  # type: ignore[arg-type]
+        if laws is not None and proposals.laws is not None:
+            flags += _law_problems(proposals.laws, *laws, has_children.reshape(-1), V)
             ids, probs = (t.view(B, n, -1) for t in laws)
             at = safe_par.unsqueeze(-1).expand(B, n, ids.shape[-1])
             flags.append((child & (_prob_of(ids.gather(1, at), probs.gather(1, at), tokens.clamp(0, V - 1)) <= 0)).any())

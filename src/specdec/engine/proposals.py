@@ -218,6 +218,8 @@ def verify_tree_proposals(
         UnsupportedTreeError: the rule cannot serve the proposals' kind (named, before any work).
         InvalidConfigError, InvalidDistributionError: bad input, naming the argument.
     """
+    if proposals.mode not in ("iid", "wor"):
+        raise InvalidConfigError(f"mode must be 'iid' or 'wor', got {proposals.mode!r}")
     rule = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     check_rule(rule, proposals.kind, order_known=proposals.draw_order is not None)
     index = as_int_tensor(proposals.retrieve_index, "retrieve_index", 2)
@@ -228,8 +230,7 @@ def verify_tree_proposals(
                                  f"got {getattr(target_logits, 'shape', target_logits)!r:.60}")
     flat = flat_logits(target_logits, B * n, None)
     tree = tree_tree_batch(proposals, flat.shape[-1], validate=validate)
-    out = verify_for_engine(tree, flat.view(B, n, -1), rule, sampling, rng, check_trees=False)
-    D = tree.max_depth
+    out = verify_for_engine(tree, flat.reshape(B, n, -1), rule, sampling, rng, check_trees=False)
     taken = out.accepted >= 0  # [B, D]
     nodes = index.to(out.accepted.device).gather(1, out.accepted.clamp_min(0))  # [B, D]
     accept = torch.cat([index[:, :1].to(nodes.device), torch.where(taken, nodes, -1)], 1)  # [B, D + 1]
