@@ -22,6 +22,7 @@ import torch
 import specdec
 from specdec.sampling import process_logits
 from specdec.testing import ExactLaws, MarkovLM, exact_law, random_markov_logits
+from specdec.trees import build_tree
 
 CASES = (  # (label, tree, options, verifier, tokens)
     ("static(expansion=(2,1)), 2 tokens", "static", {"expansion": (2, 1), "mode": "iid"}, "rejection-iid", 2),
@@ -49,7 +50,7 @@ def literal(tree: str, options: dict, verifier: str, tokens: int, sampling, out)
         target.prefill(ctx)
         draft.begin(ctx)
         while len(emitted) < tokens:
-            t = builder.build(ctx[-1], draft, sampling, rng)
+            t = build_tree(builder, ctx[-1], draft, sampling, rng)
             result = rule.verify(t, process_logits(target.score_tree(t), sampling), rng)
             target.accept(result.accepted_nodes, result.bonus_token)
             draft.commit(result.tokens)

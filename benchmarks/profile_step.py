@@ -64,6 +64,7 @@ from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.tree import DraftTree, SparseLaw, TreeAssembler
+from specdec.trees import build_tree
 
 TREES = {
     "eagle": ("eagle", "match", {"K": 10, "depth": 6, "N": 60}),
@@ -183,7 +184,7 @@ def profile_tree(kind: str, vocab: int, repeats: int) -> dict[str, float]:
     for rep in range(repeats):
         TIMERS.reset()
         start = time.perf_counter()
-        tree = builder.build(ROOT, draft, SAMPLING, TorchRandom.seeded(rep))
+        tree = build_tree(builder, ROOT, draft, SAMPLING, TorchRandom.seeded(rep))
         totals.append(time.perf_counter() - start)
         trees.append(tree)
         for label in parts:

@@ -32,6 +32,7 @@ from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.sampling import SamplingConfig
 from specdec.testing import ProposalLM
+from specdec.trees import build_trees
 
 ACCEPTANCE = (0.35, 0.12, 0.07, 0.05, 0.04, 0.03, 0.025, 0.02, 0.02, 0.015)
 """A flat positional acceptance vector: Sequoia's tree for it has a wide root."""
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.repeats):
         draft.begin([1, 2])
         t0 = time.perf_counter()
-        tree = builder.build_batch(2, draft, sampling, TorchRandom.seeded(seed))
+        tree = build_trees(builder, 2, draft, sampling, TorchRandom.seeded(seed))
         times.append(time.perf_counter() - t0)
     root_children = sum(1 for p in builder.shape()[0] if len(p) == 1)
     print(json.dumps({

@@ -29,6 +29,7 @@ from specdec.trees import (
     SequoiaTreeBuilder,
     StaticTreeBuilder,
 )
+from specdec.trees import build_tree
 
 VOCAB = 49152
 POOL = torch.randn(128, VOCAB, generator=torch.Generator().manual_seed(0)) * 3.0
@@ -80,7 +81,7 @@ def test_build_tree(benchmark, builder_name, sampling_name):
 
     def run():
         draft.begin([0, 1])
-        return builder.build(1, draft, sampling, rng)
+        return build_tree(builder, 1, draft, sampling, rng)
 
     tree = benchmark(run)
     assert 1 < tree.num_nodes <= builder.max_nodes

@@ -242,9 +242,11 @@ def test_speculative_rows_refuse_what_they_cannot_run():
     from specdec.trees.chain import ChainTreeBuilder
     from specdec.verify.rejection import RejectionIIDVerifier
 
-    class PerNode(ChainTreeBuilder):  # a builder that redefines build(): it grows one tree at a time
+    from specdec.trees import OneTreeBuilder, build_tree
+
+    class PerNode(OneTreeBuilder, ChainTreeBuilder):  # a builder that writes build(): it grows one tree at a time
         def build(self, root_token, draft, sampling, rng):
-            return ChainTreeBuilder.build(self, root_token, draft, sampling, rng)
+            return build_tree(ChainTreeBuilder(depth=self.depth), root_token, draft, sampling, rng)
 
     from specdec.batch import speculative_stream_batch
 

@@ -17,6 +17,7 @@ from specdec.trees.rheo import RheoTreeBuilder
 from specdec.verify.fast import decide_tree_batch, decide_tree_walk
 from specdec.verify.match import MatchVerifier
 from specdec.verify.mixed import MixedVerifier
+from specdec.trees import build_trees
 
 
 def compiled(fn):
@@ -88,7 +89,7 @@ def test_verification_step_compiles_in_one_graph(verifier):
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
     draft.begin([0])
-    tree = RheoTreeBuilder(K=3, depth=3, N=8, M=10).build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+    tree = build_trees(RheoTreeBuilder(K=3, depth=3, N=8, M=10), 0, draft, SamplingConfig(), TorchRandom.seeded(0))
     p = torch.softmax(torch.randn(1, tree.node_slots, vocab, generator=torch.Generator().manual_seed(4)), -1)
     u = torch.rand(1, tree.node_slots, tree.max_children + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     rule = verifier.fused
@@ -106,7 +107,7 @@ def test_verification_walk_compiles_in_one_graph(sampling):
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=vocab)
     draft.begin([0])
-    tree = RheoTreeBuilder(K=3, depth=3, N=8, M=10).build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+    tree = build_trees(RheoTreeBuilder(K=3, depth=3, N=8, M=10), 0, draft, SamplingConfig(), TorchRandom.seeded(0))
     logits = torch.randn(1, tree.node_slots, vocab, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     u = torch.rand(1, tree.node_slots, tree.max_children + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     rule = MixedVerifier().fused
@@ -199,7 +200,7 @@ def test_compiled_levels_and_layout_build_the_uncompiled_tree(method, proposal):
         trees = []
         for compiler in (StepCompiler("aot_eager"), _Uncompiled()):
             draft.begin([1, 2])
-            trees.append(builder.build_batch(2, draft, sampling, TorchRandom.seeded(5), compiler=compiler))
+            trees.append(build_trees(builder, 2, draft, sampling, TorchRandom.seeded(5), compiler=compiler))
         for name, value in _tree_fields(trees[0]).items():
             assert torch.equal(value, _tree_fields(trees[1])[name]), name
         assert trees[0].tree(0).num_nodes == 10

@@ -17,7 +17,7 @@ from specdec.registry import register, unregister
 from specdec.testing import markov_pair
 from specdec.tree import NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees import ChainTreeBuilder, EagleTreeBuilder, StaticTreeBuilder, normalised_law
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 
 V = 4
 
@@ -44,7 +44,7 @@ def test_a_tree_alone_gets_its_builders_own_verifier(options, verifier):
 
 
 @attrs.frozen
-class OneDraw(TreeBuilder):
+class OneDraw(OneTreeBuilder):
     """A builder declaring no default verifier: one sampled child of the root."""
 
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.SAMPLED})

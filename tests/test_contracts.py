@@ -15,7 +15,7 @@ from specdec.drafts.base import DraftModel, OneRowDraft
 from specdec.sampling import SamplingConfig
 from specdec.targets.base import OneRowTarget, TargetModel
 from specdec.testing.markov import markov_pair
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder, TreeBuilder
 
 V = 8
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -36,7 +36,8 @@ def test_the_batch_contracts_are_small():
     assert {"prefill", "score_tree", "accept"} <= set(public(OneRowTarget))
     assert not {"begin", "root_logits", "root_distribution", "expand"} & set(public(DraftModel))
     assert not {"prefill", "score_tree", "accept", "reserve"} & set(public(TargetModel))
-    assert "feed_build" in public(TreeBuilder) and "build_batch" in public(TreeBuilder)
+    assert "feed_build" in public(TreeBuilder) and not {"build", "build_batch"} & set(public(TreeBuilder))
+    assert "build" in public(OneTreeBuilder)
 
 
 def _legacy_classes():

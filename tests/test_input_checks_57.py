@@ -28,6 +28,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.feed import DraftSpec, TreeFeed
 from specdec.trees.static import StaticTreeBuilder
+from specdec.trees import build_tree
 
 V = 32
 TABLE = torch.randn(V, V, generator=torch.Generator().manual_seed(57))
@@ -89,7 +90,7 @@ def two_row_tree() -> TreeBatch:
     trees = []
     for b, root in enumerate([3, 5]):
         draft.begin([root])
-        trees.append(builder.build(root, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(b)))
+        trees.append(build_tree(builder, root, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(b)))
     return TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
 
 

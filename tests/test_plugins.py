@@ -217,7 +217,7 @@ from specdec.trees.base import TreeBuilder
 @register("tree", "{name}")
 class Half(TreeBuilder):
     produces = frozenset({{NodeKind.SAMPLED}})
-""", "is abstract (it cannot be instantiated): it does not implement build, max_depth, max_nodes"),
+""", "is abstract (it cannot be instantiated): it does not implement feed_build, max_depth, max_nodes"),
     "builder of no kind": ("""
 from specdec.trees.chain import ChainTreeBuilder
 
@@ -226,10 +226,10 @@ class NoKind(ChainTreeBuilder):
     produces = frozenset()
 """, "declares no produces"),
     "batch form without build_batch": ("""
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 
 @register("tree", "{name}")
-class Claims(TreeBuilder):
+class Claims(OneTreeBuilder):
     produces = frozenset({{NodeKind.SAMPLED}})
     batch_form = True
     max_nodes = 2
@@ -237,7 +237,7 @@ class Claims(TreeBuilder):
 
     def build(self, root_token, draft, sampling, rng):
         raise NotImplementedError
-""", "declares batch_form = True but overrides neither feed_build nor build_batch"),
+""", "declares batch_form = True but writes no feed_build of its own"),
     "unregistered default verifier": ("""
 from specdec.trees.chain import ChainTreeBuilder
 

@@ -1,7 +1,7 @@
 """Per-tree authoring turned into the batch contract the engine speaks.
 
 A researcher writes a tree builder the way the papers describe one: a host
-:meth:`~specdec.trees.base.TreeBuilder.build` that grows ONE tree, asking a one-row
+:meth:`~specdec.trees.base.OneTreeBuilder.build` that grows ONE tree, asking a one-row
 :class:`~specdec.drafts.base.DraftModel` for laws (:meth:`~specdec.drafts.base.DraftModel.root_distribution`,
 :meth:`~specdec.drafts.base.DraftModel.expand`) and drawing from one random source. The
 engine only ever speaks the batch form: a *build* (:mod:`specdec.trees.feed`) that yields
@@ -55,7 +55,7 @@ __all__ = ["DraftRowCopies", "FeatureDraftRowCopies", "HostBuild", "OneRowOf", "
 
 
 class HostBuild(Protocol):
-    """A per-tree build (:meth:`TreeBuilder.build <specdec.trees.base.TreeBuilder.build>`, bound to its builder)."""
+    """A per-tree build (:meth:`OneTreeBuilder.build <specdec.trees.base.OneTreeBuilder.build>`, bound to its builder)."""
 
     __qualname__: str
 

@@ -35,7 +35,7 @@ from specdec.rng import RandomSource, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing.statistical import chi_square_test
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 from specdec.verify.base import Verifier
 
 __all__ = [
@@ -172,8 +172,8 @@ def demo_tree(
 
 
 @attrs.frozen
-class DemoTreeBuilder(TreeBuilder):
-    """:func:`demo_tree` as a :class:`~specdec.trees.base.TreeBuilder`, so the
+class DemoTreeBuilder(OneTreeBuilder):
+    """:func:`demo_tree` as a :class:`~specdec.trees.base.OneTreeBuilder`, so the
     demo verifies its trees with the generation loop's step (:func:`specdec.engine.loop.decode_rows`, one step per tree)."""
 
     recipe: str

@@ -4,7 +4,7 @@ One speculative *step* (:func:`specdec.engine.step.step_rows`), for ``B`` rows (
 generation is a batch of one):
 
     roots [B] (each row's last committed token)
-      -> builder.build_batch(roots, draft, sampling, rng)  # tree batch on the draft's device
+      -> build_trees(builder, roots, draft, sampling, rng)  # tree batch on the draft's device
       -> target.score_batch(tree) -> logits [B, n, V]      # one target forward
       -> the dispatched verification                       # tensor rule, fused kernel or walk
       -> one host read                                     # accepted paths + bonus tokens

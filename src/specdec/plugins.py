@@ -83,7 +83,7 @@ from specdec.errors import InvalidConfigError, PluginError, RegistryConflictErro
 from specdec.methods import Method, compose
 from specdec.registry import ROLES, Override
 from specdec.targets.base import OneRowTarget, TargetModel
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder, TreeBuilder
 from specdec.verify.base import Verifier
 
 __all__ = [
@@ -173,7 +173,7 @@ def load_plugin(module: str) -> Plugin:
             named with what is missing): a verifier class that is abstract or
             declares no ``supported_kinds``; a tree builder class that is
             abstract, declares no ``produces``, declares ``batch_form`` without
-            its own ``feed_build`` (or ``build_batch``), or names a ``default_verifier`` that is not
+            its own ``feed_build`` (a per-tree builder's runs its host ``build`` row by row), or names a ``default_verifier`` that is not
             registered or cannot verify its trees; a draft class declaring
             ``supports_rows`` or a target class declaring ``supports_batch``
             without the methods of that mode; a method whose tree and verifier
@@ -443,8 +443,8 @@ def _tree_problems(cls: type[TreeBuilder]) -> list[str]:
     out = []
     if not cls.produces:
         out.append("declares no produces (the child kinds it emits: NodeKind.SAMPLED, NodeKind.DETERMINISTIC)")
-    if cls.batch_form and cls.feed_build is TreeBuilder.feed_build and cls.build_batch is TreeBuilder.build_batch:
-        out.append("declares batch_form = True but overrides neither feed_build nor build_batch (the default "
+    if cls.batch_form and cls.feed_build is OneTreeBuilder.feed_build:
+        out.append("declares batch_form = True but writes no feed_build of its own (a per-tree builder's "
                    "feed_build runs the host build row by row: specdec.adapters.host_feed)")
     builders: list[tuple[str, Any]] = []
     for options in cls.example_options:

@@ -19,6 +19,8 @@ from specdec.drafts.eagle import (
 from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.registry import get
 from specdec.train.trainer import eagle3_ttt_forward, new_head
+from specdec.trees import build_tree
+from specdec.trees.dynamic import dynamic_reference
 
 V = 61
 
@@ -340,9 +342,9 @@ def test_eagle3_trees_proposed_in_the_draft_vocabulary_equal_the_full_vocabulary
     for seed in range(3):
         d = _draft(target, 3)
         d.begin(PROMPT[: 3 + seed])
-        fast = builder.build(PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        fast = build_tree(builder, PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         d.begin(PROMPT[: 3 + seed])
-        ref = builder.build_reference(PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        ref = dynamic_reference(builder, PROMPT[2 + seed], d, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         for name in ("tokens", "parents", "kinds", "draw_order", "law_index"):
             assert torch.equal(getattr(fast, name), getattr(ref, name)), name
         assert torch.allclose(fast.weights, ref.weights, rtol=1e-6, atol=0)

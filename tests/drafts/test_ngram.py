@@ -38,6 +38,7 @@ from specdec.tree import DraftTree
 from specdec.verify.base import NodeOutcome
 from specdec.verify.rejection import RejectionIIDVerifier
 from specdec.verify.residual import rejection_accept_prob
+from specdec.trees import build_tree
 
 T1 = SamplingConfig(temperature=1.0)
 WARPED = SamplingConfig(temperature=0.7, top_k=2, top_p=0.9)
@@ -183,7 +184,7 @@ def run_steps(builder, verifier, draft, sampling, rng, step_path: bool) -> tuple
     out: list[int] = []
     root = PROMPT[-1]
     while len(out) < NUM_TOKENS:  # the per-node form: host trees, the verifier's walk
-        tree = builder.build(root, draft, sampling, rng)
+        tree = build_tree(builder, root, draft, sampling, rng)
         result = verifier.verify(tree, process_logits(target.score_tree(tree), sampling), rng)
         target.accept(result.accepted_nodes, result.bonus_token)
         draft.commit(result.tokens)

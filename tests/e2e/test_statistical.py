@@ -127,6 +127,7 @@ import attrs  # noqa: E402
 
 from specdec.rng import RandomSource  # noqa: E402
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw  # noqa: E402
+from specdec.trees import OneTreeBuilder, build_tree  # noqa: E402
 from specdec.trees.chain import ChainTreeBuilder  # noqa: E402
 from specdec.verify.base import NodeOutcome, Verifier  # noqa: E402
 
@@ -152,13 +153,13 @@ class RatioOnTopKVerifier(Verifier):
 
 
 @attrs.frozen
-class MisreportedLawChain(ChainTreeBuilder):
+class MisreportedLawChain(OneTreeBuilder, ChainTreeBuilder):
     """BROKEN: draws each draft from ``q`` but records a sharpened law
     (``q**(1/0.6)`` renormalised), as when the draft samples at one temperature
     and reports another."""
 
     def build(self, root_token, draft, sampling, rng) -> DraftTree:
-        tree = super().build(root_token, draft, sampling, rng)
+        tree = build_tree(ChainTreeBuilder(depth=self.depth), root_token, draft, sampling, rng)
         laws = []
         for law in tree.laws:
             sharp = law.probs ** (1 / 0.6)

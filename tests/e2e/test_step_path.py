@@ -13,6 +13,7 @@ from specdec.models import CallableLM
 from specdec.engine import StepOptions
 from specdec.testing import ProposalLM
 from specdec.testing.counter import StepCounter
+from specdec.trees import build_trees
 
 V = 5
 DEAD = 4  # a token the target never emits; after it the target bans everything
@@ -185,8 +186,8 @@ def test_validate_mode_catches_a_malformed_tree_batch():
 
     @attrs.frozen
     class WrongDepths(EagleTreeBuilder):
-        def build_batch(self, *args, **kwargs):
-            tree = super().build_batch(*args, **kwargs)
+        def feed_build(self, *args, **kwargs):
+            tree = yield from super().feed_build(*args, **kwargs)
             return attrs.evolve(tree, depths=tree.depths * 0)
 
     gen = specdec.SpeculativeGenerator(target=uniform_draft, draft=uniform_draft, method="eagle2", K=2, depth=2, N=3)
@@ -238,7 +239,7 @@ def test_a_reduced_proposal_vocabulary_proposes_only_its_tokens():
     for method in ("eagle2", "rheo"):
         gen = specdec.SpeculativeGenerator(target=target, draft=draft, method=method, K=2, depth=2, N=4)
         draft.begin([0, 1])
-        batch = gen.builder.build_batch(1, draft, specdec.SamplingConfig(), specdec.TorchRandom.seeded(0))
+        batch = build_trees(gen.builder, 1, draft, specdec.SamplingConfig(), specdec.TorchRandom.seeded(0))
         tree = batch.tree(0)
         assert set(tree.tokens[1:].tolist()) <= {0, 2, 3}
         ref = specdec.autoregressive_generate(target, [0, 1], 6, specdec.SamplingConfig(temperature=0.0))

@@ -28,6 +28,7 @@ from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import EagleTreeBuilder
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
+from specdec.trees import build_tree
 
 VOCAB = 7
 BUILDERS = {
@@ -53,7 +54,7 @@ def _batch(name: str, rows: int = 3):
     for b, row_name in enumerate(names):
         draft = _draft(b)
         draft.begin([b % VOCAB])
-        trees.append(BUILDERS[row_name].build(b % VOCAB, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(10 + b)))
+        trees.append(build_tree(BUILDERS[row_name], b % VOCAB, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(10 + b)))
     builders = [BUILDERS[x] for x in names]
     batch = TreeBatch.from_trees(trees, max_children=max(x.max_nodes for x in builders),
                                  max_depth=max(x.max_depth for x in builders))

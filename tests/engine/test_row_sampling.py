@@ -24,6 +24,7 @@ from specdec.registry import get, list_registered
 from specdec.rng import RowStreams, TorchRandom
 from specdec.testing import exact_law
 from specdec.tree_batch import TreeBatch
+from specdec.trees import build_tree, build_trees
 
 V = 6
 PROMPTS = [[1, 2], [3], [4, 5, 0], [2], [5, 1, 1, 3], [0], [3, 4], [1]]
@@ -133,7 +134,7 @@ def test_the_grouped_build_is_each_groups_own_build(method):
         alone = _lm(DRAFT)
         ix = index.tolist()
         alone.begin_rows([prompts[i] for i in ix], None)
-        own = gen.builder.build_batch(roots[index], alone, config, RowStreams([TorchRandom.seeded(seeds[i]) for i in ix]))
+        own = build_trees(gen.builder, roots[index], alone, config, RowStreams([TorchRandom.seeded(seeds[i]) for i in ix]))
         for j, b in enumerate(ix):
             n = int(own.num_nodes[j])
             assert int(merged.num_nodes[b]) == n
@@ -147,9 +148,9 @@ def test_the_grouped_build_is_each_groups_own_build(method):
 def test_scatter_rows_pads_like_from_trees_and_select_rows_inverts_it():
     builder = get("tree", "static")(expansion=(2, 1))
     chain = get("tree", "chain")(depth=1)
-    a = TreeBatch.from_trees([builder.build(1, _begun(1), CONFIGS[1], TorchRandom.seeded(1))])
-    c = TreeBatch.from_trees([chain.build(2, _begun(2), CONFIGS[0], TorchRandom.seeded(2)),
-                              chain.build(3, _begun(3), CONFIGS[0], TorchRandom.seeded(3))])
+    a = TreeBatch.from_trees([build_tree(builder, 1, _begun(1), CONFIGS[1], TorchRandom.seeded(1))])
+    c = TreeBatch.from_trees([build_tree(chain, 2, _begun(2), CONFIGS[0], TorchRandom.seeded(2)),
+                              build_tree(chain, 3, _begun(3), CONFIGS[0], TorchRandom.seeded(3))])
     merged = TreeBatch.scatter_rows([(torch.tensor([1]), a), (torch.tensor([0, 2]), c)], 3)
     merged.validate()
     ref = TreeBatch.from_trees([c.tree(0), a.tree(0), c.tree(1)], node_slots=merged.node_slots)

@@ -25,6 +25,7 @@ from specdec.sampling import SamplingConfig
 from specdec.tree_batch import TreeBatch
 from specdec.trees.static import StaticTreeBuilder
 from tests.engine._serving_cases import TARGET, WalkingWOR, build
+from specdec.trees import build_tree
 
 T0, T1 = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
 
@@ -94,7 +95,7 @@ def test_logits_that_require_grad_are_verified_as_their_values(verifier):
     for b, root in enumerate([3, 9]):
         draft = CallableLM(lambda ps: table[[p[-1] for p in ps]], vocab_size=V)
         draft.begin([root])
-        trees.append(builder.build(root, draft, config, TorchRandom.seeded(b)))
+        trees.append(build_tree(builder, root, draft, config, TorchRandom.seeded(b)))
     batch = TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
     logits = (table[batch.tokens] * 1.3).requires_grad_(True)
     got = verify_for_engine(batch, logits, verifier, config, _streams([1, 2]))

@@ -8,7 +8,7 @@ import attrs
 
 from specdec.testing.cases import draw_children
 from specdec.tree import NodeKind, SampleMode, SparseLaw, TreeAssembler
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 from specdec.verify.base import NodeOutcome, Verifier
 
 
@@ -32,7 +32,7 @@ class DeepBonusFromP(Verifier):
 
 
 @attrs.frozen
-class TopTwoRecordsFullLaw(TreeBuilder):
+class TopTwoRecordsFullLaw(OneTreeBuilder):
     """LOSSY: a chain that draws each child from the draft law's top two tokens (renormalised)
     but records the full law in the tree."""
 

@@ -12,6 +12,7 @@ from specdec.testing import SHAPES, ExactLaws, Mix, ShapeBuilder, compare_laws, 
 from specdec.tree import SampleMode
 
 from .mutants import DeepBonusFromP
+from specdec.trees import build_tree
 
 T1 = specdec.SamplingConfig(temperature=1.0)
 WARPED = specdec.SamplingConfig(temperature=0.8, top_k=2, top_p=0.9)
@@ -26,7 +27,7 @@ def literal_law(builder, verifier, target, draft, sampling, context, num_tokens)
         while len(out) < num_tokens:
             target.prefill(ctx)
             draft.begin(ctx)
-            tree = builder.build(ctx[-1], draft, sampling, rng)
+            tree = build_tree(builder, ctx[-1], draft, sampling, rng)
             result = verifier.verify(tree, process_logits(target.score_tree(tree), sampling), rng)
             out += result.tokens
             ctx += result.tokens

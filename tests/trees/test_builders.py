@@ -24,6 +24,8 @@ from specdec.trees import (
 )
 from specdec.trees._common import check_paths, draw_children, top_tokens
 from specdec.trees.static import expansion_to_paths
+from specdec.trees import build_tree, build_trees
+from specdec.trees.dynamic import dynamic_reference
 
 T1 = SamplingConfig(temperature=1.0)
 GREEDY = SamplingConfig(temperature=0.0)
@@ -72,7 +74,7 @@ def random_draft(vocab: int, seed: int, scale: float = 2.0) -> RecordingLM:
 
 def build(builder, draft, sampling=T1, seed=0, prompt=(0,)):
     draft.begin(list(prompt))
-    return builder.build(prompt[-1], draft, sampling, TorchRandom.seeded(seed))
+    return build_tree(builder, prompt[-1], draft, sampling, TorchRandom.seeded(seed))
 
 
 def path_tokens(tree, node):
@@ -397,7 +399,7 @@ def test_rheo_geometric_proxy_weighs_the_ith_draw_c_r_times_one_minus_c_to_the_i
             kids = tree.sampled_children(0)
             assert [float(tree.weights[c]) for c in kids] == pytest.approx(expected)
             draft.begin([0])
-            fast = builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
+            fast = build_trees(builder, 0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
             assert fast.tokens.tolist() == tree.tokens.tolist() and fast.weights.tolist() == tree.weights.tolist()
     single = build(RheoTreeBuilder(K=3, m=1, depth=1, N=10, M=4, proxy="geometric"), draft, seed=0)
     scaled = build(RheoTreeBuilder(K=3, m=1, depth=1, N=10, M=4), draft, seed=0)
@@ -496,7 +498,7 @@ def test_rheo_calibrated_proxy_reads_the_table_at_the_displaced_weight_and_agree
         # rows 0, 1, then the last row again
         assert [float(tree.weights[c]) for c in kids] == pytest.approx([0.6, 0.5, 0.5])
         draft.begin([0])
-        fast = builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
+        fast = build_trees(builder, 0, draft, SamplingConfig(), TorchRandom.seeded(seed)).tree(0)
         assert fast.tokens.tolist() == tree.tokens.tolist()
         assert fast.weights.tolist() == pytest.approx(tree.weights.tolist())
 
@@ -520,7 +522,7 @@ def test_rheo_calibrated_proxy_without_a_table_fails_at_t_above_0_only():
     with pytest.raises(InvalidConfigError, match="calibration table"):
         build(builder, draft)
     with pytest.raises(InvalidConfigError, match="calibration table"):
-        builder.build_batch(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        build_trees(builder, 0, draft, SamplingConfig(), TorchRandom.seeded(0))
     greedy = build(builder, draft, sampling=SamplingConfig(temperature=0.0))  # T = 0: EAGLE-2's tree, no proxy
     assert greedy.num_nodes == 4
 
@@ -626,9 +628,9 @@ def test_sampled_dynamic_takes_the_default_policy_s_sparse_draft_per_temperature
 
     def trees(builder, sampling, seed):
         draft.begin([0])
-        fast = builder.build(0, draft, sampling, TorchRandom.seeded(seed))
+        fast = build_tree(builder, 0, draft, sampling, TorchRandom.seeded(seed))
         draft.begin([0])
-        return fast, builder.build_reference(0, draft, sampling, TorchRandom.seeded(seed))
+        return fast, dynamic_reference(builder, 0, draft, sampling, TorchRandom.seeded(seed))
 
     differ = 0
     for seed in range(3):

@@ -24,6 +24,7 @@ from specdec.tree_batch import PAD
 from specdec.trees.chain import ChainTreeBuilder, chain_build
 from specdec.trees.feed import DraftSpec, TreeFeed, drive
 from specdec.trees.static import static_build, static_layout
+from specdec.trees import OneTreeBuilder, build_tree, build_trees
 
 T1 = SamplingConfig(temperature=1.0)
 T0 = SamplingConfig(temperature=0.0)
@@ -64,7 +65,7 @@ def test_the_schedule_without_a_committed_context_is_refused_not_run_at_a_fixed_
     draft.begin([0, 1])
     builder = ChainTreeBuilder(depth=2, schedule="heuristic")
     with pytest.raises(InvalidConfigError, match="reads each row's committed context from the draft"):
-        builder.build_batch(torch.tensor([1]), draft, T1, TorchRandom.seeded(0))
+        build_trees(builder, torch.tensor([1]), draft, T1, TorchRandom.seeded(0))
     with pytest.raises(InvalidConfigError, match="a fed build \\(TreeFeed\\) has no draft"):
         TreeFeed(builder, torch.tensor([1]), T1, TorchRandom.seeded(0), DraftSpec(5))
 
@@ -111,9 +112,9 @@ def test_a_broken_stop_is_caught():
     keeping the recorded law) proposes from a law other than the one recorded: the law breaks."""
 
     @attrs.frozen
-    class StopsOnTheNextDraw(ChainTreeBuilder):
+    class StopsOnTheNextDraw(OneTreeBuilder, ChainTreeBuilder):
         def build(self, root_token, draft, sampling, rng):
-            tree = ChainTreeBuilder(depth=2).build(root_token, draft, sampling, rng)
+            tree = build_tree(ChainTreeBuilder(depth=2), root_token, draft, sampling, rng)
             if tree.num_nodes < 3 or int(tree.tokens[2]) != 0:
                 return tree
             asm = TreeAssembler(root_token, tree.vocab_size)
@@ -159,7 +160,7 @@ def test_a_batch_of_chains_is_ragged_where_rows_stop():
     draft = CallableLM(logits, vocab_size=V)
     draft.begin_rows([[0, 1], [2, 3]])
     builder = ChainTreeBuilder(depth=4, confidence=0.4)
-    batch = builder.build_batch(torch.tensor([1, 3]), draft, T1, RowStreams([TorchRandom.seeded(0), TorchRandom.seeded(1)]))
+    batch = build_trees(builder, torch.tensor([1, 3]), draft, T1, RowStreams([TorchRandom.seeded(0), TorchRandom.seeded(1)]))
     assert batch.num_nodes.tolist() == [5, 2]
     assert batch.kinds[1, 2:].tolist() == [PAD] * 3 and int(batch.kinds[1, 1]) == int(NodeKind.SAMPLED)
     assert batch.tokens[1, 2:].tolist() == [3, 3, 3]  # padding carries the root's token
@@ -183,12 +184,12 @@ def test_the_schedule_follows_transformers_rule():
 
     def step(accept_all: bool) -> None:
         root = draft.committed_tokens[-1]
-        tree = builder.build_batch(torch.tensor([root]), draft, T1, TorchRandom.seeded(len(seen)))
+        tree = build_trees(builder, torch.tensor([root]), draft, T1, TorchRandom.seeded(len(seen)))
         d = int(tree.num_nodes[0]) - 1
         seen.append(d)
         # the same step as the constant chain of the picked length
         draft.begin(list(draft.committed_tokens))
-        same = ChainTreeBuilder(depth=d).build_batch(torch.tensor([root]), draft, T1, TorchRandom.seeded(len(seen) - 1))
+        same = build_trees(ChainTreeBuilder(depth=d), torch.tensor([root]), draft, T1, TorchRandom.seeded(len(seen) - 1))
         assert torch.equal(same.tokens, tree.tokens)
         chain = tree.tokens[0, 1:d + 1].tolist()
         emitted = chain + [0] if accept_all else chain[:d // 2] + [0]
@@ -232,7 +233,7 @@ def test_a_stopped_chain_is_scored_as_the_levels_drawn_not_as_its_longest_length
     """The target scores every slot of a batch: a chain that stops at level 1 of 20 has 2 slots, not 21."""
     draft = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 8), vocab_size=8)  # q = 1/8 < 0.4: stops at once
     draft.begin_rows([[0, 1], [2, 3]])
-    batch = ChainTreeBuilder(depth=20, confidence=0.4).build_batch(
+    batch = build_trees(ChainTreeBuilder(depth=20, confidence=0.4),
         torch.tensor([1, 3]), draft, T1, RowStreams([TorchRandom.seeded(0), TorchRandom.seeded(1)]))
     assert batch.node_slots == 2 and batch.num_nodes.tolist() == [2, 2] and batch.max_depth == 1
     batch.validate()

@@ -27,6 +27,7 @@ from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import EagleTreeBuilder
 from specdec.trees.feed import DraftSpec, TreeFeed
 from specdec.trees.static import StaticTreeBuilder
+from specdec.trees import OneTreeBuilder, build_tree, build_trees
 
 V = 7
 _g = torch.Generator().manual_seed(5)
@@ -90,7 +91,7 @@ def _both(name: str, i: int, sampling: SamplingConfig, off_by_one: bool = False,
     roots = torch.tensor([p[-1] for p in PROMPTS])
     draft = lm()
     draft.begin_rows(PROMPTS)
-    want = builder.build_batch(roots, draft, sampling, RowStreams([TorchRandom.seeded(3), TorchRandom.seeded(4)]))
+    want = build_trees(builder, roots, draft, sampling, RowStreams([TorchRandom.seeded(3), TorchRandom.seeded(4)]))
     feed = TreeFeed(builder, roots, sampling, RowStreams([TorchRandom.seeded(3), TorchRandom.seeded(4)]), DraftSpec(V))
     runner = Runner(PROMPTS, off_by_one)
     levels = []
@@ -156,13 +157,13 @@ def test_bad_input_is_refused_naming_the_level_and_changes_nothing():
 def test_a_builder_with_only_a_host_build_is_fed_row_by_row():
     """A builder that redefines build() (per-tree authoring) runs through the feed (specdec.adapters):
     the same tree as its build() with the same draws, one request per draft call."""
-    class HostChain(ChainTreeBuilder):
+    class HostChain(OneTreeBuilder, ChainTreeBuilder):
         def build(self, root_token, draft, sampling, rng):
-            return super().build(root_token, draft, sampling, rng)
+            return build_tree(ChainTreeBuilder(depth=self.depth), root_token, draft, sampling, rng)
 
     draft = CallableLM(lambda prefixes: torch.stack([T1[p[-1]] for p in prefixes]), V)
     draft.begin([1])
-    expected = HostChain(depth=2).build(1, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(0))
+    expected = build_tree(HostChain(depth=2), 1, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(0))
     feed, levels = _feed(HostChain(depth=2)), []
     while feed.request is not None:
         r = feed.request

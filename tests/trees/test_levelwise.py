@@ -1,7 +1,7 @@
 """The tensor (level-wise) builders against their per-node references.
 
 For the same draws (a source whose batched draw is the row-by-row default),
-``build`` (tensor ops, :mod:`specdec.trees.levelwise`) and ``build_reference``
+``build_tree`` (tensor ops, :mod:`specdec.trees.levelwise`) and ``dynamic_reference``
 (per-node objects, :func:`specdec.trees.dynamic.grow_dynamic_tree`) must give
 the identical tree: tokens, parents, kinds, draw order, weights and laws, for
 random draft laws with exact ties and with pruning and beam competition that
@@ -26,6 +26,10 @@ from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder
 from specdec.trees.levelwise import eagle_level, rheo_level
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
+from specdec.trees import build_tree, build_trees
+from specdec.trees.chain import chain_reference
+from specdec.trees.dynamic import dynamic_reference
+from specdec.trees.static import static_reference
 
 
 class RowByRow(TorchRandom):
@@ -124,9 +128,9 @@ def test_tensor_builder_equals_reference(cls, options, sampling):
         draft = tied_draft(vocab, seed)
         prompt = [seed % vocab, (seed * 3 + 1) % vocab]
         draft.begin(prompt)
-        fast = builder.build(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        fast = build_tree(builder, prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         draft.begin(prompt)
-        ref = builder.build_reference(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        ref = dynamic_reference(builder, prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         assert_same_tree(fast, ref)
         pruned += fast.num_draft_nodes == builder.N
     if builder.max_created > builder.N:
@@ -139,10 +143,10 @@ def test_builder_hooks_overridden_fall_back_to_the_per_node_form():
             return (-node.score, node.token, node.index)
 
     draft = tied_draft(5, 0)
-    assert Mutant(K=2, depth=2, N=3)._level_fn_if_exact(SamplingConfig()) is None
-    assert EagleTreeBuilder(K=2, depth=2, N=3)._level_fn_if_exact(SamplingConfig()) is not None
+    assert not Mutant.batch_form and not Mutant(K=2, depth=2, N=3).grows_batches(SamplingConfig())
+    assert EagleTreeBuilder(K=2, depth=2, N=3).grows_batches(SamplingConfig())
     draft.begin([0, 1])
-    batch = Mutant(K=2, depth=2, N=3).build_batch(1, draft, SamplingConfig(), TorchRandom.seeded(0))
+    batch = build_trees(Mutant(K=2, depth=2, N=3), 1, draft, SamplingConfig(), TorchRandom.seeded(0))
     assert isinstance(batch, TreeBatch)
 
 
@@ -301,11 +305,12 @@ def test_static_tensor_builder_equals_reference(name, options, sampling):
         draft = tied_draft(vocab, seed)
         prompt = [seed % vocab, (seed * 3 + 1) % vocab]
         draft.begin(prompt)
-        batch = builder.build_batch(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        batch = build_trees(builder, prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         assert batch.host_trees is None  # grown as tensors, not stacked from a host tree
         fast = batch.tree(0)
         draft.begin(prompt)
-        ref = builder.build_reference(prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
+        reference = chain_reference if name == "chain" else static_reference
+        ref = reference(builder, prompt[-1], draft, sampling, RowByRow(torch.Generator().manual_seed(seed)))
         assert_same_tree(fast, ref)
         batch.validate()
         shrunk += fast.num_nodes < builder.max_nodes
@@ -329,8 +334,8 @@ def test_eagle_rank_law_untempered_builds_by_the_untempered_law(options):
                                   (default, warped, True)]:
             draft.begin(prompt)
             rng = RowByRow(torch.Generator().manual_seed(seed))
-            trees.append(b.build(prompt[-1], draft, sampling, rng) if fast
-                         else b.build_reference(prompt[-1], draft, sampling, rng))
+            trees.append(build_tree(b, prompt[-1], draft, sampling, rng) if fast
+                         else dynamic_reference(b, prompt[-1], draft, sampling, rng))
         assert_same_tree(trees[0], trees[2])
         assert_same_tree(trees[1], trees[2])
         differs += not (torch.equal(trees[0].tokens, trees[3].tokens) and torch.equal(trees[0].weights, trees[3].weights))
@@ -361,7 +366,7 @@ def test_rheo_rank_law_untempered_ranks_by_the_untempered_law_and_draws_by_the_s
         for fast in (True, False):
             draft.begin(prompt)
             rng = RowByRow(torch.Generator().manual_seed(seed))
-            tree = (builder.build if fast else builder.build_reference)(prompt[-1], draft, warped, rng)
+            tree = (build_tree if fast else dynamic_reference)(builder, prompt[-1], draft, warped, rng)
             det = list(tree.deterministic_children(0))
             sampled = list(tree.sampled_children(0))
             if float(rest.sum()) == 0.0:

@@ -15,6 +15,7 @@ from specdec.sampling import SamplingConfig
 from specdec.testing import markov_pair
 from specdec.testing.markov import MarkovLM
 from specdec.tree import DraftTree
+from specdec.trees import build_tree
 
 V = 5
 PROMPT = [0, 1]
@@ -87,7 +88,7 @@ def node_id_violations(tree: DraftTree, expanded: set[tuple[int, ...]]) -> list[
 def build(name: str, options: dict, draft: PathDraft, temperature: float, seed: int) -> DraftTree:
     builder = specdec.get("tree", name)(**options)
     draft.begin(PROMPT)
-    return builder.build(PROMPT[-1], draft, SamplingConfig(temperature=temperature), TorchRandom.seeded(seed))
+    return build_tree(builder, PROMPT[-1], draft, SamplingConfig(temperature=temperature), TorchRandom.seeded(seed))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])

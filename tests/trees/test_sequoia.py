@@ -19,6 +19,7 @@ from specdec.tune import profile_acceptance
 from specdec.trees.sequoia import DEFAULT_ACCEPTANCE, measure_draft_level_time
 from specdec.trees.static import StaticTreeBuilder
 from specdec.verify.rejection import RejectionWORVerifier
+from specdec.trees import build_tree
 
 T1 = SamplingConfig(temperature=1.0)
 
@@ -102,7 +103,7 @@ def test_builder_draws_without_replacement_along_the_dp_shape():
     assert len(builder.paths) == 12 and builder.max_nodes == 13 and builder.max_depth <= 3
     draft = CallableLM(lambda prefixes: torch.randn(len(prefixes), 30, generator=torch.Generator().manual_seed(1)), 30)
     draft.begin([0])
-    tree = builder.build(0, draft, T1, TorchRandom.seeded(0))
+    tree = build_tree(builder, 0, draft, T1, TorchRandom.seeded(0))
     assert tree.num_nodes == 13
     for node in range(tree.num_nodes):
         kids = tree.sampled_children(node)
@@ -229,7 +230,7 @@ def exact_positional_acceptance(p, q, k_max):
     def program(rng):
         draft.begin([0])
         target.prefill([0])
-        tree = builder.build(0, draft, T1, rng)
+        tree = build_tree(builder, 0, draft, T1, rng)
         result = verifier.verify(tree, process_logits(target.score_tree(tree), T1), rng)
         return int(tree.draw_order[result.accepted_nodes[0]]) if result.accepted_nodes else -1
 

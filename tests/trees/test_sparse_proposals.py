@@ -24,6 +24,7 @@ from specdec.sampling import SamplingConfig, process_logits
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.sequoia import SequoiaTreeBuilder
 from specdec.trees.static import StaticTreeBuilder, truncate_proposal
+from specdec.trees import build_trees
 
 F64 = torch.float64
 
@@ -54,7 +55,7 @@ def test_trees_record_sparse_laws_of_their_top_k(builder):
     draft = _draft(vocab)
     for seed in range(5):
         draft.begin([seed, seed + 1])
-        batch = builder.build_batch(seed + 1, draft, sampling, TorchRandom.seeded(seed))
+        batch = build_trees(builder, seed + 1, draft, sampling, TorchRandom.seeded(seed))
         assert batch.law_probs.shape[-1] == 4 and batch.law_ids.shape[-1] == 4
         tree = batch.tree(0)
         for node in range(tree.num_nodes):

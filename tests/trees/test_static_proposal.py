@@ -18,6 +18,7 @@ from specdec.models import CallableLM
 from specdec.registry import get
 from specdec.rng import TorchRandom
 from specdec.testing import ProposalLM
+from specdec.trees import build_trees
 
 V = 8
 KEEP = torch.tensor([0, 2, 3, 5, 6])
@@ -63,7 +64,7 @@ def test_the_tree_is_the_full_width_tree_with_laws_over_the_proposal_columns(nam
         for cls in (Full, Reduced):
             draft = cls(_logits, vocab_size=V)
             draft.begin([seed % V, (3 * seed + 2) % V])
-            trees.append(builder.build_batch((3 * seed + 2) % V, draft, sampling, TorchRandom.seeded(seed)))
+            trees.append(build_trees(builder, (3 * seed + 2) % V, draft, sampling, TorchRandom.seeded(seed)))
         full, reduced = trees
         assert full.law_ids.shape[-1] == V and reduced.law_ids.shape[-1] == len(KEEP)
         assert not bool(reduced.draft_bad.any())

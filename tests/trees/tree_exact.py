@@ -26,6 +26,7 @@ from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing import ExactLaws, MarkovLM, exact_law
 from specdec.trees.base import TreeBuilder
 from specdec.verify.base import Verifier
+from specdec.trees import build_tree
 
 PROMPT = (0, 1)
 
@@ -95,7 +96,7 @@ class Harness(ExactLaws):
         """One speculative step from ``context`` through the real lifecycle."""
         self.target.prefill(context)
         self.draft.begin(context)
-        tree = self.builder.build(context[-1], self.draft, self.sampling, rng)
+        tree = build_tree(self.builder, context[-1], self.draft, self.sampling, rng)
         if self.on_tree is not None:
             self.on_tree(tree)
         p = process_logits(self.target.score_tree(tree), self.sampling)

@@ -20,6 +20,7 @@ import specdec.verify.fast as fast
 from specdec.verify.fast import decide_from_scores, step_scores, target_weights
 
 from test_verify_fast import TableRandom, random_draft
+from specdec.trees import build_tree
 
 NAN, INF = float("nan"), float("inf")
 BAD_ROWS = torch.tensor(
@@ -77,7 +78,7 @@ def _agreement(builder, verifier_name, config, compiled: bool, temperature_given
     for seed in range(runs):
         draft = random_draft(vocab, seed % 7)
         draft.begin([seed % vocab])
-        tree = builder.build(seed % vocab, draft, config, TorchRandom.seeded(seed))
+        tree = build_tree(builder, seed % vocab, draft, config, TorchRandom.seeded(seed))
         batch = TreeBatch.from_trees([tree], max_children=builder.max_nodes, max_depth=builder.max_depth)
         g = torch.Generator().manual_seed(2000 + seed)
         logits = torch.randn(tree.num_nodes, vocab, generator=g, dtype=torch.float64) * 2
@@ -120,7 +121,7 @@ def test_the_workspace_gives_the_same_decisions_as_new_tensors(temperature, monk
     for seed, (rows, dtype) in enumerate([(1, torch.float64), (3, torch.float32), (2, torch.float64), (3, torch.float32)]):
         draft = random_draft(vocab, seed)
         draft.begin([seed])
-        tree = builder.build(seed, draft, SamplingConfig(temperature=temperature), TorchRandom.seeded(seed))
+        tree = build_tree(builder, seed, draft, SamplingConfig(temperature=temperature), TorchRandom.seeded(seed))
         batch = TreeBatch.from_trees([tree] * rows, max_children=builder.max_nodes, max_depth=builder.max_depth)
         g = torch.Generator().manual_seed(seed)
         logits = (torch.randn(rows, tree.num_nodes, vocab, generator=g, dtype=torch.float64) * 2).to(dtype)
@@ -167,7 +168,7 @@ def test_greedy_rows_in_the_workspace_decide_as_process_logits_rows(monkeypatch)
     greedy = SamplingConfig(temperature=0.0)
     draft = random_draft(6, 3)
     draft.begin([3])
-    tree = builder.build(3, draft, greedy, TorchRandom.seeded(3))
+    tree = build_tree(builder, 3, draft, greedy, TorchRandom.seeded(3))
     batch = TreeBatch.from_trees([tree] * 2, max_children=builder.max_nodes, max_depth=builder.max_depth)
     g = torch.Generator().manual_seed(5)
     u = torch.rand(2, tree.num_nodes, batch.max_children + 1, generator=g, dtype=torch.float64)

@@ -49,6 +49,7 @@ from specdec.verify.traversal import (
     block_update,
     sequence_weight,
 )
+from specdec.trees import build_tree
 
 F64 = torch.float64
 IID, WOR = SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT
@@ -431,7 +432,7 @@ def test_the_counterexamples_really_prune_by_a_token_tried_later() -> None:
 
         def shapes(rng: RandomSource, case=case, draft=draft):
             draft.begin([3, 3])
-            tree = case["builder"].build(3, draft, T1, rng)
+            tree = build_tree(case["builder"], 3, draft, T1, rng)
             root_kids = {(int(tree.tokens[c]), int(tree.kinds[c])) for c in tree.children(0)}
             grand = [int(tree.tokens[g]) for c in tree.deterministic_children(0) for g in tree.sampled_children(c)]
             sampled_root = [int(tree.tokens[c]) for c in tree.sampled_children(0)]

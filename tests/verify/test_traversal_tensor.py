@@ -41,6 +41,7 @@ from specdec.verify.traversal import TraversalVerifier
 from specdec.verify.traversal_tensor import decide_traversal_batch, decide_traversal_from_logits
 
 from test_verify_fast import TableRandom, random_draft
+from specdec.trees import build_tree
 
 F64 = torch.float64
 BUDGET = 4
@@ -58,7 +59,7 @@ def _trees(kind: str, seed: int, rows: int):
     for j in range(rows):
         draft = random_draft(V, (seed + j) % 7)
         draft.begin([(seed + j) % V])
-        trees.append(BUILDERS[kind]().build((seed + j) % V, draft, SamplingConfig(), TorchRandom.seeded(100 * seed + j)))
+        trees.append(build_tree(BUILDERS[kind](), (seed + j) % V, draft, SamplingConfig(), TorchRandom.seeded(100 * seed + j)))
     return trees, TreeBatch.from_trees(trees)
 
 
@@ -201,7 +202,7 @@ def test_exact_with_zero_weight_nodes_whose_rows_are_not_laws(kind):
     def program(rng):
         draft = random_draft(v, 3)
         draft.begin([root])
-        tree = SMALL[kind]().build(root, draft, SamplingConfig(), rng)
+        tree = build_tree(SMALL[kind](), root, draft, SamplingConfig(), rng)
         p = T[tree.tokens].clone()
         for i in range(1, tree.num_nodes):
             if float(T[int(tree.tokens[int(tree.parents[i])]), int(tree.tokens[i])]) == 0.0:

@@ -33,6 +33,7 @@ from specdec.verify.fast_block import chain_slots, decide_block_batch
 from specdec.verify.traversal import TraversalVerifier
 
 from test_verify_fast import TableRandom, random_draft
+from specdec.trees import build_tree
 
 F64 = torch.float64
 BUDGET = 4
@@ -43,7 +44,7 @@ def _chains(seed: int, depths: list[int], vocab: int = 6):
     for j, depth in enumerate(depths):
         draft = random_draft(vocab, (seed + j) % 7)
         draft.begin([(seed + j) % vocab])
-        trees.append(ChainTreeBuilder(depth=depth).build((seed + j) % vocab, draft, SamplingConfig(),
+        trees.append(build_tree(ChainTreeBuilder(depth=depth), (seed + j) % vocab, draft, SamplingConfig(),
                                                          TorchRandom.seeded(100 * seed + j)))
     batch = TreeBatch.from_trees(trees, max_children=1, max_depth=max(depths))
     return trees, batch

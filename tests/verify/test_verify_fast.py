@@ -23,6 +23,7 @@ from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.static import StaticTreeBuilder
 from specdec.sampling import row_is_bad
 from specdec.verify.fast import verify_tree_batch
+from specdec.trees import build_tree
 
 
 class TableRandom(RandomSource):
@@ -72,7 +73,7 @@ def test_tensor_verification_equals_the_walk(name, builder, verifier_name):
     for seed in range(60):
         draft = random_draft(vocab, seed % 7)
         draft.begin([seed % vocab])
-        tree = builder.build(seed % vocab, draft, SamplingConfig(), TorchRandom.seeded(seed))
+        tree = build_tree(builder, seed % vocab, draft, SamplingConfig(), TorchRandom.seeded(seed))
         batch = TreeBatch.from_trees([tree], max_children=builder.max_nodes, max_depth=builder.max_depth)
         g = torch.Generator().manual_seed(1000 + seed)
         # p close to q on some rows so that children are accepted often
@@ -100,7 +101,7 @@ def test_a_broken_residual_is_caught_by_the_comparison():
     for seed in range(60):
         draft = random_draft(6, seed % 7)
         draft.begin([0])
-        tree = builder.build(0, draft, SamplingConfig(), TorchRandom.seeded(seed))
+        tree = build_tree(builder, 0, draft, SamplingConfig(), TorchRandom.seeded(seed))
         batch = TreeBatch.from_trees([tree], max_children=builder.max_nodes, max_depth=builder.max_depth)
         g = torch.Generator().manual_seed(seed)
         p = torch.softmax(torch.randn(tree.num_nodes, 6, generator=g, dtype=torch.float64) * 2, -1)
@@ -134,7 +135,7 @@ def test_batch_support_check_agrees_with_the_host_check(verifier_name):
     for builder in builders:
         draft = random_draft(6, 0)
         draft.begin([0])
-        tree = builder.build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        tree = build_tree(builder, 0, draft, SamplingConfig(), TorchRandom.seeded(0))
         outcomes = []
         for check in (verifier.check_tree, verifier.check_batch):
             try:

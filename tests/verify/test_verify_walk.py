@@ -24,6 +24,7 @@ from specdec.tree_batch import TreeBatch
 from specdec.verify.fast import decide_from_logits, decide_tree_walk
 
 from test_verify_fast import CASES, TableRandom, random_draft
+from specdec.trees import build_tree
 
 CONFIGS = [
     SamplingConfig(temperature=0.0),
@@ -41,7 +42,7 @@ def _batch(builder, seeds, vocab: int = 6, dtype=torch.float64):
     for seed in seeds:
         draft = random_draft(vocab, seed % 7)
         draft.begin([seed % vocab])
-        trees.append(builder.build(seed % vocab, draft, SamplingConfig(), TorchRandom.seeded(seed)))
+        trees.append(build_tree(builder, seed % vocab, draft, SamplingConfig(), TorchRandom.seeded(seed)))
     batch = TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
     g = torch.Generator().manual_seed(3000 + seeds[0])
     logits = (torch.randn(len(seeds), batch.node_slots, vocab, generator=g, dtype=torch.float64) * 2).to(dtype)

@@ -38,7 +38,7 @@ from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import RowSampling
 from specdec.tree_batch import TreeBatch
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import TreeBuilder, build_trees
 from specdec.trees.feed import DraftSpec, drive, group_build, group_sources
 from specdec.verify.fast import TreeDecision
 
@@ -63,7 +63,7 @@ def build_groups(
     """
     index = [rows_ix.to(roots.device) for _, rows_ix in rows.groups]
     if draft is None:
-        parts = [(ix, builder.build_batch(roots.index_select(0, ix), None, cfg, rng))
+        parts = [(ix, build_trees(builder, roots.index_select(0, ix), None, cfg, rng))
                  for ix, (cfg, _), rng in zip(index, rows.groups, rngs)]
         return TreeBatch.scatter_rows(parts, rows.rows)
     groups = [(cfg, ix) for ix, (cfg, _) in zip(index, rows.groups)]

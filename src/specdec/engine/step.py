@@ -4,7 +4,7 @@
 calls it); every loop (single, streamed and batched generation, the profiles, the bench, the
 CLI demo) runs it through :func:`specdec.engine.loop.decode_rows`. For ``B`` rows (``B = 1`` is a batch of one):
 
-    roots [B] -> builder.build_batch(...)      # TreeBatch on the draft's device
+    roots [B] -> build_trees(builder, ...)     # TreeBatch on the draft's device
               -> target.score_batch(tree)       # logits [B, n, V], one forward
               -> logits processor per row       # each node in its own context (optional)
               -> the dispatched verification    # tensor rule, fused kernel or walk (dispatch.py)
@@ -38,7 +38,7 @@ from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, check_distribution, process_logits, process_logits_rows, row_is_bad
 from specdec.targets.base import TargetModel
 from specdec.tree_batch import TreeBatch
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import TreeBuilder, build_trees
 from specdec.verify.base import Verifier, VerifyResult
 from specdec.verify.fast import TreeDecision, decide_from_logits
 from specdec.verify.optimum import NodeOptimum, tree_node_optimum
@@ -321,7 +321,7 @@ def step_rows(
     if isinstance(sampling, RowSampling):  # several configurations: one build per group, one draft call per level
         tree = build_groups(builder, roots, roles.draft, sampling, group_sources(rng, sampling.group_rows()))
     else:
-        tree = builder.build_batch(roots, roles.draft, sampling, rng, compiler=inputs.compiler)
+        tree = build_trees(builder, roots, roles.draft, sampling, rng, compiler=inputs.compiler)
     timer.mark()
     with model_call():
         logits = roles.target.score_batch(tree)  # [B, n, V]

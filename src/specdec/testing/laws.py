@@ -53,7 +53,7 @@ from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing.enumerate import exact_law
 from specdec.testing.markov import MarkovLM
 from specdec.tree import DraftTree
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import TreeBuilder, build_tree
 from specdec.verify.base import Verifier
 
 __all__ = ["ExactLaws", "LawGap", "compare_laws", "sparse_markov_pair", "tree_key"]
@@ -149,7 +149,7 @@ class ExactLaws:
     """Exact laws of speculative generation with ``builder`` and ``verifier`` on Markov models.
 
     Args:
-        builder: the tree builder (its :meth:`~specdec.trees.base.TreeBuilder.build`).
+        builder: the tree builder (its trees by :func:`~specdec.trees.base.build_tree`).
         verifier: the verifier (its :meth:`~specdec.verify.base.Verifier.verify`).
         target: the target, a :class:`~specdec.testing.MarkovLM` (its exact law is known).
         draft: the draft: a :class:`~specdec.testing.MarkovLM`, or any
@@ -202,7 +202,7 @@ class ExactLaws:
         def build(rng: RandomSource) -> Hashable:
             self.branches += 1
             self.draft.begin(ctx)
-            tree = self.builder.build(ctx[-1], self.draft, self.sampling, rng)
+            tree = build_tree(self.builder, ctx[-1], self.draft, self.sampling, rng)
             if self.on_tree is not None:
                 self.on_tree(tree)
             key = tree_key(tree)

@@ -17,7 +17,7 @@ Example:
     >>> target, draft = markov_pair(3, seed=0, order=2)
     >>> builder = ShapeBuilder((Mix(2, SampleMode.IID, 0), Mix(1, SampleMode.IID, 0)))
     >>> draft.begin([0, 1])
-    >>> tree = builder.build(1, draft, specdec.SamplingConfig(temperature=1.0), specdec.TorchRandom.seeded(0))
+    >>> tree = specdec.trees.build_tree(builder, 1, draft, specdec.SamplingConfig(temperature=1.0), specdec.TorchRandom.seeded(0))
     >>> tree.num_nodes
     5
 """
@@ -35,7 +35,7 @@ from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
 from specdec.testing.cases import Mix, draw_children, top_tokens
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 from specdec.verify.base import Verifier
 
 __all__ = ["SHAPES", "Shape", "ShapeBuilder", "shape_supported"]
@@ -44,7 +44,7 @@ IID, WOR = SampleMode.IID, SampleMode.WITHOUT_REPLACEMENT
 
 
 @attrs.frozen
-class ShapeBuilder(TreeBuilder):
+class ShapeBuilder(OneTreeBuilder):
     """A tree builder of a fixed shape (one :class:`Mix` per level), drafting from any draft model.
 
     Args:

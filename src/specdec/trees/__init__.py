@@ -14,11 +14,14 @@ dynamic
 
 :func:`normalised_law` (a draft law in float64, divided by its sum: the law a
 builder draws its sampled children from and records) is public for builders
-written outside specdec.
+written outside specdec. A builder is written either as the batch contract,
+:class:`TreeBuilder` (one build, :meth:`TreeBuilder.feed_build`, over ``B`` rows), or one
+tree at a time, :class:`OneTreeBuilder` (a host ``build``); :func:`build_trees` and
+:func:`build_tree` drive either with a draft.
 """
 
 from specdec.trees._common import normalised_law
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder, TreeBuilder, build_tree, build_trees
 from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
 from specdec.trees.rheo import RheoTreeBuilder
@@ -37,12 +40,15 @@ __all__ = [
     "ChainTreeBuilder",
     "DynamicTreeBuilder",
     "EagleTreeBuilder",
+    "OneTreeBuilder",
     "RheoTreeBuilder",
     "SampledDynamicTreeBuilder",
     "SequoiaChoice",
     "SequoiaTreeBuilder",
     "StaticTreeBuilder",
     "TreeBuilder",
+    "build_tree",
+    "build_trees",
     "choose_size",
     "grow_dynamic_tree",
     "measure_draft_level_time",

@@ -56,11 +56,11 @@ from specdec.sampling import SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees._common import MAX_TREE_NODES, check_int, draw_children, draw_rows, normalised_law
-from specdec.trees.feed import Build, DraftSpec, drive
+from specdec.trees.feed import Build, DraftSpec
 from specdec.trees.static import ShapedTreeBuilder, check_top_k, truncate_proposal
 from specdec.methods import Method, register_method
 
-__all__ = ["ChainTreeBuilder", "SCHEDULES", "chain_build"]
+__all__ = ["ChainTreeBuilder", "SCHEDULES", "chain_build", "chain_reference"]
 
 SCHEDULES: tuple[str, ...] = ("constant", "heuristic")
 """``schedule`` values of :class:`ChainTreeBuilder` (transformers' ``num_assistant_tokens_schedule`` names)."""
@@ -97,6 +97,8 @@ class _Schedule:
     contexts: list[tuple[int, ...]] = attrs.field(factory=list)
     built: list[int] = attrs.field(factory=list)
     lengths: list[int] = attrs.field(factory=list)
+    pending: list[int] | None = None
+    """This step's lengths, read by ``before_build`` for the next ``feed_build``."""
 
 
 def _committed(draft: DraftModel, rows: int) -> list[tuple[int, ...]]:
@@ -157,13 +159,14 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         >>> from specdec.models import CallableLM
         >>> from specdec.rng import TorchRandom
         >>> from specdec.sampling import SamplingConfig
+        >>> from specdec.trees import build_tree
         >>> draft = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 5), vocab_size=5)
         >>> draft.begin([0, 1])
-        >>> tree = ChainTreeBuilder(depth=3).build(1, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> tree = build_tree(ChainTreeBuilder(depth=3), 1, draft, SamplingConfig(), TorchRandom.seeded(0))
         >>> tree.num_draft_nodes, int(tree.depths.max())
         (3, 3)
         >>> flat = ChainTreeBuilder(depth=3, confidence=0.5)  # every draft token has q = 0.2 < 0.5
-        >>> flat.build(1, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(0)).num_draft_nodes
+        >>> build_tree(flat, 1, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(0)).num_draft_nodes
         1
     """
 
@@ -214,39 +217,42 @@ class ChainTreeBuilder(ShapedTreeBuilder):
     def law_top_k(self) -> int:
         return self.proposal_top_k
 
-    def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
-                   compiler: Any = None) -> Build:
-        """The caller-driven build: :func:`~specdec.trees.static.static_build` of the chain at a
-        constant length without a confidence stop (the trees of every earlier release), else
-        :func:`chain_build` (``compiler`` is not used).
+    def before_build(self, draft: DraftModel, rows: int) -> None:
+        """The heuristic schedule: this step's chain length of each row, from its committed context
+        read from the draft (module docstring); nothing otherwise.
 
         Raises:
-            InvalidConfigError: ``schedule="heuristic"`` (it needs the draft's committed context,
-                which a fed build has not got).
+            InvalidConfigError: the draft does not expose its committed context.
         """
-        if self.schedule != "constant":
+        if self.schedule == "heuristic":
+            self._memory.pending = self._next_lengths(_committed(draft, rows))
+
+    def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: Any = None) -> Build:
+        """The build: :func:`~specdec.trees.static.static_build` of the chain at a constant length
+        without a confidence stop (the trees of every earlier release), else :func:`chain_build`,
+        with the heuristic schedule at the lengths :meth:`before_build` read (``compiler`` is not used).
+
+        Raises:
+            InvalidConfigError: ``schedule="heuristic"`` in a build no draft was read for
+                (:class:`~specdec.trees.feed.TreeFeed`: a serving engine's runner has no draft).
+        """
+        if not self.adaptive:
+            return super().feed_build(roots, spec, sampling, rng, compiler=compiler)
+        rows = torch.as_tensor(roots).numel()
+        if self.schedule == "constant":
+            return chain_build(roots, spec, sampling, rng, [self.depth] * rows, self.confidence, self.proposal_top_k)
+        lengths, self._memory.pending = self._memory.pending, None
+        if lengths is None or len(lengths) != rows:
             raise InvalidConfigError(
                 "schedule='heuristic' learns each step's outcome from the draft's committed context: a fed build "
                 "(TreeFeed) has no draft to read it from; use schedule='constant' with a confidence stop"
             )
-        if not self.adaptive:
-            return super().feed_build(roots, spec, sampling, rng, compiler=compiler)
-        rows = torch.as_tensor(roots).numel()
-        return chain_build(roots, spec, sampling, rng, [self.depth] * rows, self.confidence, self.proposal_top_k)
+        return self._scheduled(chain_build(roots, spec, sampling, rng, lengths, self.confidence, self.proposal_top_k))
 
-    def _grow(self, root_token: Any, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
-        """The step path (``build_batch``, ``build``): the static chain at a constant length without a
-        stop; else :func:`chain_build`, with the heuristic schedule at each row's length from its last
-        outcome (module docstring)."""
-        if not self.adaptive:
-            return super()._grow(root_token, draft, sampling, rng)
-        rows = torch.as_tensor(root_token).numel()
-        if self.schedule == "constant":
-            return drive(chain_build(root_token, DraftSpec.of(draft), sampling, rng, [self.depth] * rows,
-                                     self.confidence, self.proposal_top_k), draft)
-        lengths = self._next_lengths(_committed(draft, rows))
-        tree = drive(chain_build(root_token, DraftSpec.of(draft), sampling, rng, lengths, self.confidence,
-                                 self.proposal_top_k), draft)
+    def _scheduled(self, build: Build) -> Build:
+        """``build``, remembering each row's chain length for the schedule's next step."""
+        tree = yield from build
         self._memory.built = [int(n) - 1 for n in tree.num_nodes.tolist()]  # one [B] read per step: the outcome's key
         return tree
 
@@ -268,36 +274,41 @@ class ChainTreeBuilder(ShapedTreeBuilder):
         memory.contexts, memory.lengths = contexts, lengths
         return lengths
 
-    def build_reference(
-        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
-    ) -> DraftTree:
-        """The per-node reference: one draw per level from the full draft law (constant length,
-        with the confidence stop when set)."""
-        if self.schedule != "constant":
-            raise InvalidConfigError("build_reference is the constant-length chain; the schedule needs build()")
-        asm = TreeAssembler(root_token, draft.vocab_size)
-        q = normalised_law(draft.root_distribution(sampling))
-        conf_config = construction_config(sampling)
-        conf = normalised_law(draft.root_distribution(conf_config)) if self.confidence > 0 else None
-        node, token = 0, root_token
-        for level in range(self.depth):
-            if level > 0:
-                # the node just added gets draft id `level` (root 0, then 1, 2, ...)
-                q = normalised_law(draft.expand([level - 1], [token], sampling))[0]
-                if self.confidence > 0:
-                    conf = normalised_law(draft.expand([level - 1], [token], conf_config))[0]
-            if self.proposal_top_k:  # the top-k truncated law (truncate_proposal), as the tensor build draws it
-                cols, probs = truncate_proposal(q.unsqueeze(0), self.proposal_top_k)
-                keep = cols[0] >= 0
-                law = SparseLaw(cols[0][keep], probs[0][keep], SampleMode.IID)
-            else:
-                law = SparseLaw.from_dense(q, SampleMode.IID)
-            (index,) = draw_children(law.probs, 1, SampleMode.IID, rng)
-            token = int(law.indices[index])
-            node = asm.add_sampled(node, token, law, weight=float(law.probs[index]))
-            if conf is not None and float(conf[token]) < self.confidence:
-                break
-        return asm.build()
+
+def chain_reference(builder: ChainTreeBuilder, root_token: int, draft: OneRowDraft, sampling: SamplingConfig,
+                    rng: RandomSource) -> DraftTree:
+    """The per-node reference of ``builder``'s build (constant length): one draw per level from the
+    full draft law (its top ``proposal_top_k``), with the confidence stop when set; the tests compare
+    it with the tensor build (:func:`chain_build`).
+
+    Raises:
+        InvalidConfigError: ``schedule="heuristic"`` (the schedule needs the draft's committed context).
+    """
+    if builder.schedule != "constant":
+        raise InvalidConfigError("chain_reference is the constant-length chain; the schedule needs build_trees()")
+    asm = TreeAssembler(root_token, draft.vocab_size)
+    q = normalised_law(draft.root_distribution(sampling))
+    conf_config = construction_config(sampling)
+    conf = normalised_law(draft.root_distribution(conf_config)) if builder.confidence > 0 else None
+    node, token = 0, root_token
+    for level in range(builder.depth):
+        if level > 0:
+            # the node just added gets draft id `level` (root 0, then 1, 2, ...)
+            q = normalised_law(draft.expand([level - 1], [token], sampling))[0]
+            if builder.confidence > 0:
+                conf = normalised_law(draft.expand([level - 1], [token], conf_config))[0]
+        if builder.proposal_top_k:  # the top-k truncated law (truncate_proposal), as the tensor build draws it
+            cols, probs = truncate_proposal(q.unsqueeze(0), builder.proposal_top_k)
+            keep = cols[0] >= 0
+            law = SparseLaw(cols[0][keep], probs[0][keep], SampleMode.IID)
+        else:
+            law = SparseLaw.from_dense(q, SampleMode.IID)
+        (index,) = draw_children(law.probs, 1, SampleMode.IID, rng)
+        token = int(law.indices[index])
+        node = asm.add_sampled(node, token, law, weight=float(law.probs[index]))
+        if conf is not None and float(conf[token]) < builder.confidence:
+            break
+    return asm.build()
 
 
 def chain_build(

@@ -32,16 +32,15 @@ import attrs
 import torch
 
 from specdec.adapters import host_feed
-from specdec.drafts.base import DraftModel, OneRowDraft
+from specdec.drafts.base import OneRowDraft
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
 from specdec.rng import RandomSource
 from specdec.sampling import UNTEMPERED, SamplingConfig, construction_config
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees._common import MAX_TREE_NODES, check_int, log_weights, normalised_law, top_tokens
-from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
-from specdec.trees.feed import Build, DraftSpec, drive
+from specdec.trees.feed import Build, DraftSpec
 from specdec.trees.levelwise import LevelCompiler, LevelFn, eagle_level, levelwise_build
 from specdec.methods import Method, register_method
 
@@ -51,6 +50,8 @@ __all__ = [
     "ProposeFn",
     "DynamicTreeBuilder",
     "EagleTreeBuilder",
+    "DynamicLaws",
+    "dynamic_reference",
     "grow_dynamic_tree",
     "rank_key",
     "keep_best",
@@ -359,96 +360,100 @@ class DynamicTreeBuilder(TreeBuilder):
         elif any(hook in cls.__dict__ for hook in ("propose", "proposer", "rank_key", "keep")):
             cls.batch_form = False
 
-    def _level_fn_if_exact(self, sampling: SamplingConfig) -> "LevelFn | None":
-        """:meth:`level_fn` when the class has its tensor form (:attr:`batch_form`), else None."""
-        return self.level_fn(sampling) if self.batch_form else None
-
-    def grows_batches(self, sampling: SamplingConfig) -> bool:
-        """True when the tensor level function runs (:meth:`_level_fn_if_exact`)."""
-        return self._level_fn_if_exact(sampling) is not None
-
     def draws_per_node(self, sampling: SamplingConfig) -> int:
         """Batched draws the level function makes per expanded node under ``sampling``."""
         return 0
 
-    def build_batch(
-        self,
-        root_token: int | torch.Tensor,
-        draft: DraftModel | None,
-        sampling: SamplingConfig,
-        rng: RandomSource,
-        *,
-        compiler: LevelCompiler | None = None,
-    ) -> TreeBatch:
-        """The step path: grow the tree with tensor ops (:meth:`feed_build`, driven by ``draft``),
-        on the draft's device, with no host read; the same tree as :meth:`build_reference`.
+    def construction(self, sampling: SamplingConfig) -> SamplingConfig:
+        """:attr:`DynamicLaws.construction` under ``sampling`` (for callers outside a build: a build
+        derives its :class:`DynamicLaws` once)."""
+        return DynamicLaws.of(self, sampling).construction
 
-        ``compiler`` (a :class:`~specdec.engine.compiler.StepCompiler`), if given, compiles
-        each level's work between draft forwards and the final rerank and layout
-        as whole graphs; the level's draws then come from a uniform table drawn
-        per level (the same law, another use of the stream)."""
-        draft = self._require_draft(draft)
-        return drive(self.feed_build(root_token, DraftSpec.of(draft), sampling, rng, compiler=compiler), draft)
+    def draw_config(self, sampling: SamplingConfig) -> SamplingConfig | None:
+        """:attr:`DynamicLaws.draw` under ``sampling`` (idem)."""
+        return DynamicLaws.of(self, sampling).draw
 
     def feed_build(self, roots: int | torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
                    compiler: LevelCompiler | None = None) -> Build:
-        """The caller-driven build (:func:`~specdec.trees.levelwise.levelwise_build`): the root's
-        draft logits, then one request per level for the beam's ``B`` nodes of every tree.
+        """The build (:func:`~specdec.trees.levelwise.levelwise_build`, tensor ops, no host read):
+        the root's draft logits, then one request per level for the beam's ``B`` nodes of every tree.
 
-        A subclass without a tensor level function under ``sampling`` (one that redefines a
-        per-node hook) runs :meth:`build_reference` per row (:func:`specdec.adapters.host_feed`).
+        ``compiler`` (a :class:`~specdec.engine.compiler.StepCompiler`), if given, compiles each
+        level's work between draft forwards and the final rerank and layout as whole graphs; the
+        level's draws then come from a uniform table drawn per level (the same law, another use of
+        the stream). A subclass without a tensor form (:attr:`batch_form` False: it redefines a
+        per-node hook) grows :func:`dynamic_reference` per row (:func:`specdec.adapters.host_feed`).
         """
-        level = self._level_fn_if_exact(sampling)
-        if level is None:  # the per-node form, row by row (specdec.adapters)
-            if not isinstance(roots, torch.Tensor):
-                roots = torch.tensor([int(roots)], dtype=torch.int64)
-            return host_feed(self.build_reference, roots.reshape(-1), spec, sampling, rng)
+        laws = DynamicLaws.of(self, sampling)  # the sampling's processings, derived once per build
+        if not self.batch_form:  # the per-node form, row by row (specdec.adapters)
+            def per_node(root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
+                return dynamic_reference(self, root_token, draft, sampling, rng, laws)
+
+            per_node.__qualname__ = f"{type(self).__qualname__} (per node)"
+            return host_feed(per_node, torch.as_tensor(roots, dtype=torch.int64).reshape(-1), spec, sampling, rng)
+        level = self.level_fn(sampling)
+        assert level is not None, f"{type(self).__name__} declares a tensor form (level_fn) that returned None"
         return levelwise_build(
-            roots, spec, self.construction(sampling), rng, level,
+            roots, spec, laws.construction, rng, level,
             children=self.children_per_node, beam_width=int(self.B), depth=self.depth, num_keep=self.N,  # type: ignore[arg-type]
-            draws_per_node=self.draws_per_node(sampling),
+            draws_per_node=laws.draws_per_node,
             compiler=compiler, compile_key=(self, sampling),
-            draw_sampling=self.draw_config(sampling),
+            draw_sampling=laws.draw,
         )
 
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
-        return self.build_batch(root_token, draft, sampling, rng).tree(0)
 
-    def construction(self, sampling: SamplingConfig) -> SamplingConfig:
-        """The processing of the draft law this builder ranks and draws by under ``sampling``
-        (:func:`~specdec.sampling.construction_config`, or the untempered law with ``rank_law="untempered"``)."""
-        return UNTEMPERED if self.rank_law == "untempered" else construction_config(sampling)
+@attrs.frozen
+class DynamicLaws:
+    """The processings of the draft law a dynamic builder uses under one sampling configuration,
+    derived once per build.
 
-    def draw_config(self, sampling: SamplingConfig) -> SamplingConfig | None:
-        """The processing of the law the builder draws its sampled children by, when
-        it is not :meth:`construction`'s (``rank_law="untempered"`` at ``T > 0`` in a
-        builder that draws, unless the two processings are the same); else None."""
-        if self.draws_per_node(sampling) == 0:
-            return None
-        draw = construction_config(sampling)
-        return None if draw == self.construction(sampling) else draw
+    Attributes:
+        construction: the law the builder ranks and draws by (:func:`~specdec.sampling.construction_config`,
+            or the untempered law with ``rank_law="untempered"``).
+        draws_per_node: the level function's batched draws per expanded node.
+        draw: the processing of the law the sampled children are drawn by, when it is not
+            ``construction``'s (``rank_law="untempered"`` at ``T > 0`` in a builder that draws,
+            unless the two processings are the same); else None.
+    """
 
-    def build_reference(
-        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
-    ) -> DraftTree:
-        """The per-node reference: grow the tree from the draft law processed by
-        :func:`~specdec.sampling.construction_config` (the target's processing
-        at ``T > 0``; the draft's untempered law at ``T = 0``) with
-        :func:`grow_dynamic_tree`."""
-        return grow_dynamic_tree(
-            root_token,
-            draft,
-            self.construction(sampling),
-            rng,
-            self.proposer(sampling),
-            beam_width=int(self.B),  # type: ignore[arg-type]
-            depth=self.depth,
-            num_keep=self.N,
-            key=self.rank_key,
-            keep=self.keep,
-            draw_sampling=self.draw_config(sampling),
-        )
+    construction: SamplingConfig
+    draws_per_node: int
+    draw: SamplingConfig | None
+
+    @classmethod
+    def of(cls, builder: DynamicTreeBuilder, sampling: SamplingConfig) -> DynamicLaws:
+        target = construction_config(sampling)
+        construction = UNTEMPERED if builder.rank_law == "untempered" else target
+        draws = builder.draws_per_node(sampling)
+        return cls(construction, draws, None if draws == 0 or target == construction else target)
+
+
+def dynamic_reference(builder: DynamicTreeBuilder, root_token: int, draft: OneRowDraft, sampling: SamplingConfig,
+                      rng: RandomSource, laws: DynamicLaws | None = None) -> DraftTree:
+    """The per-node reference of ``builder``'s build: :func:`grow_dynamic_tree` with its per-node
+    hooks (:meth:`~DynamicTreeBuilder.proposer`, :meth:`~DynamicTreeBuilder.rank_key`,
+    :meth:`~DynamicTreeBuilder.keep`) from the draft law processed by
+    :func:`~specdec.sampling.construction_config` (the target's processing at ``T > 0``; the
+    draft's untempered law at ``T = 0``). The tests compare it with the tensor build; a builder
+    without a tensor form builds by it.
+
+    Args:
+        laws: the processings under ``sampling`` (:class:`DynamicLaws`; derived when not given).
+    """
+    laws = DynamicLaws.of(builder, sampling) if laws is None else laws
+    return grow_dynamic_tree(
+        root_token,
+        draft,
+        laws.construction,
+        rng,
+        builder.proposer(sampling),
+        beam_width=int(builder.B),  # type: ignore[arg-type]
+        depth=builder.depth,
+        num_keep=builder.N,
+        key=builder.rank_key,
+        keep=builder.keep,
+        draw_sampling=laws.draw,
+    )
 
 
 def eagle_proposal(q: torch.Tensor, K: int) -> list[list[ChildProposal]]:
@@ -486,8 +491,9 @@ class EagleTreeBuilder(DynamicTreeBuilder):
         >>> from specdec.rng import TorchRandom
         >>> from specdec.sampling import SamplingConfig
         >>> draft = CallableLM(lambda p: torch.log(torch.tensor([[0.5, 0.3, 0.2]] * len(p))), vocab_size=3)
+        >>> from specdec.trees import build_tree
         >>> draft.begin([0])
-        >>> tree = EagleTreeBuilder(K=2, depth=2, N=4).build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> tree = build_tree(EagleTreeBuilder(K=2, depth=2, N=4), 0, draft, SamplingConfig(), TorchRandom.seeded(0))
         >>> tree.tokens.tolist(), tree.parents.tolist()
         ([0, 0, 1, 0, 1], [-1, 0, 0, 1, 1])
     """

@@ -9,7 +9,7 @@ returns the :class:`~specdec.tree_batch.TreeBatch` (:meth:`TreeBuilder.feed_buil
 - :func:`drive`: specdec's own drafts (:class:`~specdec.drafts.base.DraftModel`, HF LMs,
   EAGLE heads, callables, n-grams) answer through
   :meth:`~specdec.drafts.base.DraftModel.request_logits`; this is what
-  :meth:`TreeBuilder.build_batch <specdec.trees.base.TreeBuilder.build_batch>` runs, so
+  :func:`~specdec.trees.base.build_trees` runs, so
   the engine's step takes this path;
 - :class:`TreeFeed`: a serving engine's own draft runner, tensors in and out, each answer
   checked before the build goes on (docs/serving.md).

@@ -366,8 +366,9 @@ class RheoTreeBuilder(DynamicTreeBuilder):
         >>> from specdec.rng import TorchRandom
         >>> from specdec.sampling import SamplingConfig
         >>> draft = CallableLM(lambda p: torch.log(torch.tensor([[0.5, 0.3, 0.2]] * len(p))), vocab_size=3)
+        >>> from specdec.trees import build_tree
         >>> draft.begin([0])
-        >>> tree = RheoTreeBuilder(K=2, depth=1, N=2, M=3).build(0, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> tree = build_tree(RheoTreeBuilder(K=2, depth=1, N=2, M=3), 0, draft, SamplingConfig(), TorchRandom.seeded(0))
         >>> [NodeKind(k).name for k in tree.kinds.tolist()]
         ['ROOT', 'SAMPLED', 'DETERMINISTIC']
         >>> tree.laws[0].indices.tolist(), [round(x, 3) for x in tree.laws[0].probs.tolist()]

@@ -6,19 +6,20 @@ from typing import Any
 
 import torch
 
-from specdec.drafts.base import DraftModel
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
-from specdec.tree import DraftTree, NodeKind
+from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.trees.base import TreeBuilder
+from specdec.trees.feed import Build, DraftSpec
 
 __all__ = ["RootOnlyBuilder"]
 
 
 class RootOnlyBuilder(TreeBuilder):
     """The empty draft: a tree holding only the root (plain autoregressive decoding).
-    Its batch is made on the roots' device, with no host work."""
+    Its batch is made on the roots' device, with no host work and no draft call
+    (:func:`~specdec.trees.base.build_trees` takes ``draft=None`` for it)."""
 
     batch_form = True
 
@@ -36,19 +37,11 @@ class RootOnlyBuilder(TreeBuilder):
     def max_depth(self) -> int:
         return 0
 
-    def build(self, root_token: int, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        return DraftTree(
-            tokens=[root_token], parents=[-1], kinds=[int(NodeKind.ROOT)], draw_order=[0],
-            weights=[1.0], law_index=[-1], laws=(), vocab_size=self._vocab_size,
-        )
-
-    def build_batch(
-        self, root_token: int | torch.Tensor, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource,
-        *, compiler: Any = None,
-    ) -> TreeBatch:
-        """``B`` root-only trees (``roots [B]``): the batch ``TreeBatch.from_trees`` of :meth:`build`'s
-        trees gives (``max_children`` 1, ``max_depth`` 0)."""
-        roots = torch.as_tensor(root_token, dtype=torch.int64).reshape(-1)
+    def feed_build(self, roots: torch.Tensor, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: Any = None) -> Build:
+        """``B`` root-only trees (``roots [B]``), asking for nothing: the batch ``TreeBatch.from_trees``
+        of single roots gives (``max_children`` 1, ``max_depth`` 0)."""
+        roots = torch.as_tensor(roots, dtype=torch.int64).reshape(-1)
         B, dev = roots.shape[0], roots.device
         zeros = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # [B, 1]
         return TreeBatch(
@@ -60,3 +53,4 @@ class RootOnlyBuilder(TreeBuilder):
             law_wor=torch.zeros(B, 1, dtype=torch.bool, device=dev), ancestors=torch.ones(B, 1, 1, dtype=torch.bool, device=dev),
             vocab_size=self._vocab_size, max_children=1, max_depth=0, max_sampled=0,
         )
+        yield  # a build (a generator) that asks for no draft call

@@ -67,9 +67,10 @@ class SampledDynamicTreeBuilder(DynamicTreeBuilder):
         >>> from specdec.rng import TorchRandom
         >>> from specdec.sampling import SamplingConfig
         >>> draft = CallableLM(lambda p: torch.log(torch.tensor([[0.5, 0.3, 0.2]] * len(p))), vocab_size=3)
+        >>> from specdec.trees import build_tree
         >>> draft.begin([0])
-        >>> tree = SampledDynamicTreeBuilder(K=2, depth=1, N=2, M=3).build(0, draft, SamplingConfig(),
-        ...                                                                TorchRandom.seeded(0))
+        >>> tree = build_tree(SampledDynamicTreeBuilder(K=2, depth=1, N=2, M=3), 0, draft, SamplingConfig(),
+        ...                   TorchRandom.seeded(0))
         >>> [NodeKind(k).name for k in tree.kinds.tolist()]
         ['ROOT', 'SAMPLED', 'SAMPLED']
         >>> [round(float(w), 3) for w in tree.weights[1:]]  # displaced: q at ranks 0 and 1, whichever tokens

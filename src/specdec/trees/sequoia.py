@@ -33,7 +33,7 @@ import attrs
 import torch
 
 from specdec.draft_request import DraftRequest
-from specdec.drafts.base import DraftModel, OneRowDraft, laws_and_flags
+from specdec.drafts.base import DraftModel, laws_and_flags
 from specdec.errors import ContextOverflowError, InvalidConfigError, MeasurementError, SpecDecError
 from specdec.registry import register
 from specdec.rng import RandomSource
@@ -42,7 +42,7 @@ from specdec.targets.base import TargetModel
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.tree_batch import TreeBatch
 from specdec.trees._common import check_int, check_paths
-from specdec.trees.static import ShapedTreeBuilder, build_static_tree, check_top_k
+from specdec.trees.static import ShapedTreeBuilder, check_top_k
 from specdec.methods import Method, register_method
 
 __all__ = [
@@ -504,13 +504,6 @@ class SequoiaTreeBuilder(ShapedTreeBuilder):
 
     def law_top_k(self) -> int:
         return self.proposal_top_k
-
-    def build_reference(
-        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
-    ) -> DraftTree:
-        """The per-node reference, :func:`~specdec.trees.static.build_static_tree`."""
-        return build_static_tree(self.paths, SampleMode.WITHOUT_REPLACEMENT, root_token, draft, sampling, rng,
-                                 proposal_top_k=self.proposal_top_k)
 
 
 # the method(s) this builder serves (docs/methods.md)

@@ -30,7 +30,6 @@ import attrs
 import torch
 
 from specdec.draft_request import DraftRequest
-from specdec.adapters import host_feed
 from specdec.drafts.base import DraftModel, OneRowDraft, laws_and_flags
 from specdec.errors import InvalidConfigError
 from specdec.registry import register
@@ -43,7 +42,7 @@ from specdec.trees.base import TreeBuilder
 from specdec.trees.feed import Build, DraftSpec, drive
 from specdec.methods import Method, register_method
 
-__all__ = ["StaticTreeBuilder", "ShapedTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "static_build", "truncate_proposal", "MAX_STATIC_NODES"]
+__all__ = ["StaticTreeBuilder", "ShapedTreeBuilder", "StaticLayout", "expansion_to_paths", "build_static_tree", "grow_static", "static_build", "static_reference", "truncate_proposal", "MAX_STATIC_NODES"]
 
 MAX_STATIC_NODES = 1 << 16
 """Largest static shape accepted (draft nodes); larger shapes raise InvalidConfigError."""
@@ -424,11 +423,9 @@ def static_build(
 
 
 class ShapedTreeBuilder(TreeBuilder):
-    """A builder whose trees have a fixed shape (chain, static, Sequoia): the
-    step path grows it with :func:`grow_static`; :meth:`build` is that tree
-    seen as a :class:`~specdec.tree.DraftTree`. Subclasses give
-    :meth:`shape` (and :attr:`construction`); a subclass that redefines
-    :meth:`build` (the tests' mutants) has its trees stacked instead."""
+    """A builder whose trees have a fixed shape (chain, static, Sequoia), grown by
+    :func:`static_build` (tensor ops, no host read). Subclasses give :meth:`shape` (and
+    :attr:`construction`)."""
 
     batch_form = True
 
@@ -447,61 +444,28 @@ class ShapedTreeBuilder(TreeBuilder):
         several = len(parents) != len(set(parents))
         return frozenset({mode}) if several else frozenset()
 
-    _host_build: ClassVar[bool] = False
-    """The class redefines :meth:`build`: its trees are built on the host and stacked."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass that redefines :meth:`build` or :meth:`build_batch` (the tests' mutants)
-        declares no batch form (:attr:`~specdec.trees.base.TreeBuilder.batch_form`); one that
-        redefines :meth:`build` has its host trees stacked by :meth:`build_batch`."""
-        super().__init_subclass__(**kwargs)
-        if "build" in cls.__dict__:
-            cls._host_build = True
-        if "build" in cls.__dict__ or "build_batch" in cls.__dict__:
-            cls.batch_form = False
-
-    def grows_batches(self, sampling: SamplingConfig) -> bool:
-        """:attr:`batch_form`: True, unless a subclass redefines :meth:`build` or :meth:`build_batch`."""
-        return self.batch_form
-
-    def build_batch(
-        self, root_token: Any, draft: DraftModel | None, sampling: SamplingConfig, rng: RandomSource, *,
-        compiler: Any = None,
-    ) -> TreeBatch:
-        """The step path: :func:`grow_static` (tensor ops, no host read; ``compiler`` is not used)."""
-        if self._host_build:
-            return TreeBuilder.build_batch(self, root_token, draft, sampling, rng)
-        return self._grow(root_token, self._require_draft(draft), sampling, rng)
-
-    def build(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> DraftTree:
-        """:meth:`build_batch`'s tree as a validated :class:`~specdec.tree.DraftTree`."""
-        return self._grow(root_token, draft, sampling, rng).tree(0)
-
-    def _grow(self, root_token: int, draft: DraftModel, sampling: SamplingConfig, rng: RandomSource) -> TreeBatch:
-        return drive(self._shaped_build(root_token, DraftSpec.of(draft), sampling, rng), draft)
-
-    def _shaped_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource) -> Build:
-        """:func:`static_build` of :meth:`shape` (what :meth:`build` and :meth:`feed_build` grow)."""
+    def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
+                   compiler: Any = None) -> Build:
+        """The build (:func:`static_build` of :meth:`shape`): the root's draft logits, then one
+        request per level for that level's expanded nodes (``compiler`` is not used)."""
         paths, mode = self.shape()
         return static_build(static_layout(paths), mode, roots, spec, sampling, rng, construction=self.construction,
                             proposal_top_k=self.law_top_k())
-
-    def feed_build(self, roots: Any, spec: DraftSpec, sampling: SamplingConfig, rng: RandomSource, *,
-                   compiler: Any = None) -> Build:
-        """The caller-driven build (:func:`static_build`): the root's draft logits, then one
-        request per level for that level's expanded nodes (``compiler`` is not used).
-
-        A subclass that redefines :meth:`build` runs it per row (:func:`specdec.adapters.host_feed`).
-        """
-        if self._host_build:  # its per-tree build, row by row (specdec.adapters)
-            return host_feed(self.build, roots, spec, sampling, rng)
-        return self._shaped_build(roots, spec, sampling, rng)
 
     def law_top_k(self) -> int:
         """``k > 0``: each node's children are drawn from, and record, its law truncated to its
         top ``k`` (:func:`truncate_proposal`; sparse laws, docs/trees.md "Sparse proposals");
         0 (the default): the full law."""
         return 0
+
+
+def static_reference(builder: ShapedTreeBuilder, root_token: int, draft: OneRowDraft, sampling: SamplingConfig,
+                     rng: RandomSource) -> DraftTree:
+    """The per-node reference of a static or Sequoia builder's build (:func:`build_static_tree` of
+    its :meth:`~ShapedTreeBuilder.shape`); the tests compare it with the tensor build
+    (:func:`static_build`). The chain's is :func:`specdec.trees.chain.chain_reference`."""
+    paths, mode = builder.shape()
+    return build_static_tree(paths, mode, root_token, draft, sampling, rng, proposal_top_k=builder.law_top_k())
 
 
 def check_top_k(_inst: object, _attr: object, value: object) -> None:
@@ -536,10 +500,11 @@ class StaticTreeBuilder(ShapedTreeBuilder):
         >>> from specdec.models import CallableLM
         >>> from specdec.rng import TorchRandom
         >>> from specdec.sampling import SamplingConfig
+        >>> from specdec.trees import build_tree
         >>> draft = CallableLM(lambda prefixes: torch.zeros(len(prefixes), 5), vocab_size=5)
         >>> draft.begin([0, 1])
         >>> builder = StaticTreeBuilder(expansion=[(0,), (1,), (0, 0)], mode="wor")
-        >>> tree = builder.build(1, draft, SamplingConfig(), TorchRandom.seeded(0))
+        >>> tree = build_tree(builder, 1, draft, SamplingConfig(), TorchRandom.seeded(0))
         >>> tree.parents.tolist()
         [-1, 0, 0, 1]
     """
@@ -578,13 +543,6 @@ class StaticTreeBuilder(ShapedTreeBuilder):
 
     def law_top_k(self) -> int:
         return self.proposal_top_k
-
-    def build_reference(
-        self, root_token: int, draft: OneRowDraft, sampling: SamplingConfig, rng: RandomSource
-    ) -> DraftTree:
-        """The per-node reference, :func:`build_static_tree`."""
-        return build_static_tree(self.paths, self.mode, root_token, draft, sampling, rng,
-                                 proposal_top_k=self.proposal_top_k)
 
 
 # the method(s) this builder serves (docs/methods.md); the defaults typed as Method.defaults (its ``dict``

@@ -12,7 +12,7 @@ import torch
 from specdec.registry import register
 from specdec.tree import NodeKind, SampleMode, SparseLaw, TreeAssembler
 from specdec.trees import normalised_law
-from specdec.trees.base import TreeBuilder
+from specdec.trees.base import OneTreeBuilder
 
 
 def nucleus(q, top_p):
@@ -37,7 +37,7 @@ def _check(instance, attribute, value):
 
 @register("tree", "outside-nucleus")
 @attrs.frozen
-class NucleusBuilder(TreeBuilder):
+class NucleusBuilder(OneTreeBuilder):
     """width[d] children per node of depth d, drawn i.i.d. from the draft's top-p nucleus."""
 
     width: tuple = attrs.field(default=(2, 1), converter=tuple, validator=_check)
