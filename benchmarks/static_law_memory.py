@@ -3,7 +3,9 @@
 1. Memory (hardware-free): a SpecInfer tree (``static``, expansion ``(4, 2, 2, 1)``: 45 nodes)
    over ``V = 128,256`` (Llama-3's vocabulary), one row, drafted from random logits: the bytes of
    the tree batch's laws (``law_ids`` int64 + ``law_probs`` float64) with the full law and with
-   ``proposal_top_k = k``.
+   ``proposal_top_k = k``; and the laws the serving path records by default (issue 58: the tree
+   drafted through :func:`specdec.engine.serving.engine_feed` from the builder with its full-law
+   default, ``proposal_top_k = 0``, so ``SERVING_LAW_TOP_K``).
 2. Acceptance (hardware-free): on SmolLM2-135M-Instruct with the shipped draft LM (full
    vocabulary, V = 49,152), at every position of a few ShareGPT prompts, the best one-draft
    acceptance ``sum_x min(p(x), q(x))`` (speculative sampling's) with the draft's law ``q`` and
@@ -11,6 +13,8 @@
    proposal gives up per drafted token.
 
     python benchmarks/static_law_memory.py --markdown benchmarks/results/static_law_memory.md
+    python benchmarks/static_law_memory.py --no-acceptance --markdown benchmarks/results/static_law_memory_issue58.md \
+        --json benchmarks/results/static_law_memory_issue58.json
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import json
 
 import torch
 
+from specdec.engine.serving import SERVING_LAW_TOP_K, engine_feed
 from specdec.models import CallableLM
-from specdec.rng import TorchRandom
+from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
+from specdec.tree_batch import TreeBatch
+from specdec.trees.feed import DraftSpec
 from specdec.trees.static import StaticTreeBuilder, truncate_proposal
+from specdec.trees import build_trees
 
 KS = (64, 256, 1024)
 
@@ -36,7 +44,23 @@ def law_bytes(vocab: int, k: int, seed: int = 0) -> tuple[int, int, int]:
     draft = CallableLM(lambda ps: table[[p[-1] % 16 for p in ps]], vocab_size=vocab)
     draft.begin([1, 2])
     builder = StaticTreeBuilder(expansion=(4, 2, 2, 1), proposal_top_k=k)
-    batch = builder.build_batch(2, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(seed))
+    batch = build_trees(builder, 2, draft, SamplingConfig(temperature=1.0), TorchRandom.seeded(seed))
+    return _sizes(batch)
+
+
+def serving_law_bytes(vocab: int, seed: int = 0) -> tuple[int, int, int, int]:
+    """(law bytes, whole tree batch bytes, nodes, law width) of the same tree drafted through the
+    serving feed with its default laws (the builder's own option left at the full law)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(16, vocab, generator=g) * 3
+    feed = engine_feed(StaticTreeBuilder(expansion=(4, 2, 2, 1)), torch.tensor([2]), SamplingConfig(temperature=1.0),
+                       RowStreams([TorchRandom.seeded(seed)]), DraftSpec(vocab))
+    while (request := feed.request) is not None:
+        feed.give(request.level, table[torch.tensor([2]) % 16] if request.level == 0 else table[request.tokens % 16])
+    return (*_sizes(feed.tree), int(feed.tree.law_ids.shape[-1]))
+
+
+def _sizes(batch: TreeBatch) -> tuple[int, int, int]:
     laws = batch.law_ids.numel() * batch.law_ids.element_size() + batch.law_probs.numel() * batch.law_probs.element_size()
     total = sum(t.numel() * t.element_size() for t in (batch.tokens, batch.parents, batch.depths, batch.kinds,
                                                          batch.draw_order, batch.weights, batch.law_ids,
@@ -103,6 +127,10 @@ def main() -> None:
         base = laws if k == 0 else base
         rows.append({"proposal_top_k": k, "nodes": n, "law_bytes": laws, "batch_bytes": total,
                      "vs_full": laws / base if base else 1.0})
+    laws, total, n, width = serving_law_bytes(args.vocab)
+    rows.append({"proposal_top_k": f"serving default (engine_feed, {width})", "nodes": n, "law_bytes": laws,
+                 "batch_bytes": total, "vs_full": laws / base if base else 1.0})
+    assert width == min(SERVING_LAW_TOP_K, args.vocab)
     acc = {} if args.no_acceptance else acceptance(args.prompts, (1.0, 0.6))
     lines = [f"SpecInfer tree, expansion (4, 2, 2, 1), V = {args.vocab:,}, one row: law memory per step", "",
              "| proposal_top_k | nodes | laws (law_ids + law_probs) | whole tree batch | laws vs full |",
@@ -122,8 +150,8 @@ def main() -> None:
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as fh:
-            fh.write(text + "\nCommand: `python benchmarks/static_law_memory.py --markdown "
-                     "benchmarks/results/static_law_memory.md`\n")
+            fh.write(text + "\nCommand: `python benchmarks/static_law_memory.py "
+                     + ("--no-acceptance " if args.no_acceptance else "") + f"--markdown {args.markdown}`\n")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"memory": rows, "acceptance": acc}, fh, indent=1)
