@@ -7,7 +7,10 @@ without generating code."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +208,43 @@ def test_bad_arguments_are_refused_by_name():
         fixed_step(builder, verifier, SamplingConfig(), batch=1, vocab=V, rows="some")
     with pytest.raises(InvalidConfigError, match="tensor rule"):
         fixed_step(builder, registry.get("verifier", "traversal")(), SamplingConfig(), batch=1, vocab=V)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_same_graphs():
+    """The default backend (inductor: C++ code on a CPU, 30-100 s here) compiles every function with
+    fullgraph; the decisions are the eager step's, the laws' float32 bits within rounding (inductor
+    sums the softmax in another order)."""
+    sampling = SamplingConfig(temperature=1.0)
+    eager = _eager_steps("sd", sampling)
+    torch._dynamo.reset()
+    _, compiled = _fixed_steps("sd", sampling, lambda plan: plan.compiled("inductor"))
+    for outcome, (tree, got, _) in zip(eager, compiled, strict=True):
+        for name in FIELDS:
+            a, b = getattr(tree, name), getattr(outcome.tree, name)
+            assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b, rtol=0, atol=1e-6), name
+        for name in DECISION:
+            assert torch.equal(getattr(got, name), getattr(outcome.decision, name)), name
+
+
+def _gpu_check():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_for_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_cuda_graph_section_runs_its_cpu_branches(tmp_path):
+    """benchmarks/gpu_check.py's CUDA-graph section: without CUDA it records why and does nothing;
+    ``--graph-dry-run`` runs its static-buffer replay on the CPU and finds every output equal."""
+    gpu_check = _gpu_check()
+    skip = ["--skip", "correctness", "timing", "kv", "step", "multi_gpu", "batch", "bench"]
+    assert gpu_check.main(["--device", "cpu", *skip, "--out", str(tmp_path / "a")]) == 0
+    report = json.loads((tmp_path / "a" / "gpu_check.json").read_text())
+    assert "no CUDA device" in report["cuda_graph"]["skipped"] or torch.cuda.is_available()
+    assert gpu_check.main(["--device", "cpu", *skip, "--graph-dry-run", "--graph-vocab", "48", "--graph-batch", "2",
+                           "--graph-replays", "1", "--reps", "1", "--out", str(tmp_path / "b")]) == 0
+    rows = json.loads((tmp_path / "b" / "gpu_check.json").read_text())["cuda_graph"]["rows"]
+    assert [r["method"] for r in rows] == ["rheo", "sd"]
+    assert all(r["mismatches"] == 0 and r["tensors_compared"] > 0 for r in rows), rows
