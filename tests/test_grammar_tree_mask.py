@@ -167,6 +167,10 @@ def test_both_paths_equal_the_row_by_row_masks_on_random_trees(case, pad):
         got_per_node = per_node.tree_allowed(generated, tokens, parents)
         assert torch.equal(got_native, expected), (case, trial, generated, tokens, parents)
         assert torch.equal(got_per_node, expected), (case, trial, generated, tokens, parents)
+        dtype = (torch.float32, torch.float64, torch.bfloat16)[trial % 3]  # xgrammar's kernel, torch's unpacking
+        scores = native.process_tree(torch.zeros(len(tokens), vocab, dtype=dtype), torch.tensor([0] + generated),
+                                     torch.tensor(tokens), torch.tensor(parents))
+        assert torch.equal(scores.isfinite(), expected), (case, trial, dtype)
         # what the trees covered
         stops = set(grammar.tokenizer_info.stop_token_ids)
         empty = ~expected.any(1)
@@ -220,26 +224,33 @@ def _tree_batch(rng: random.Random, vocab: int) -> TreeBatch:
     return TreeBatch.from_trees(trees)
 
 
-def test_tree_batches_through_process_batch_row_equal_the_per_depth_route():
-    """``process_batch_row`` on real tree batches: the whole-tree path, the per-node fallback and
+@pytest.mark.parametrize("dtype,pad", [(torch.float32, 0), (torch.float64, 0), (torch.float32, 2), (torch.bfloat16, 2)])
+def test_tree_batches_through_process_batch_row_equal_the_per_depth_route(dtype, pad):
+    """``process_batch_row`` on real tree batches: the whole-tree path (xgrammar's kernel for
+    float32 / bfloat16 rows, the bits unpacked in torch for float64), the per-node fallback and
     the per-depth route (the processor hidden behind a plain callable: one call per depth, as
-    before issue 58) give bit-identical logits."""
+    before issue 58) give bit-identical logits; a padded LM head's columns are banned."""
     grammar = compile_grammar("braces")
-    rng = random.Random(58)
+    vocab = 8 + pad
+    rng = random.Random(58 + pad)
     gen = torch.Generator().manual_seed(58)
     for _ in range(6):
-        tree = _tree_batch(rng, 8)
+        tree = _tree_batch(rng, vocab)
         prefix = grammatical_prefix(grammar, rng, rng.choice([1, 2, 4]))
         context = torch.tensor([0] + prefix)  # [L]: the prompt, then the generated tokens; the root's token last
-        logits = torch.randn(tree.batch_size, tree.tokens.shape[1], 8, generator=gen)  # [B, n, V]
-        native = GrammarProcessor(grammar, prompt_length=1)
-        per_node = GrammarProcessor(grammar, prompt_length=1, tree_mask="per_node")
-        per_depth = GrammarProcessor(grammar, prompt_length=1)
+        logits = torch.randn(tree.batch_size, tree.tokens.shape[1], vocab, generator=gen).to(dtype)  # [B, n, V]
+        native = GrammarProcessor(grammar, prompt_length=1, vocab_size=vocab)
+        per_node = GrammarProcessor(grammar, prompt_length=1, vocab_size=vocab, tree_mask="per_node")
+        per_depth = GrammarProcessor(grammar, prompt_length=1, vocab_size=vocab)
         for b in range(tree.batch_size):
             assert torch.equal(node_parents(tree.depths[b], tree.ancestors[b]), tree.parents[b])  # padding: -1
+            before = logits[b].clone()
             want = process_batch_row(lambda ids, s: per_depth(ids, s), logits[b], context, tree, b)
             assert torch.equal(process_batch_row(native, logits[b], context, tree, b), want)
             assert torch.equal(process_batch_row(per_node, logits[b], context, tree, b), want)
+            assert torch.equal(logits[b], before)  # the caller's logits are untouched
+            if pad:
+                assert want[:, 8:].isneginf().all()
         assert native.whole_tree_calls == tree.batch_size and native.node_fills == 0
         assert per_depth.whole_tree_calls == 0
 
@@ -308,3 +319,17 @@ def test_a_tree_processor_is_called_once_and_its_shape_checked():
     ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     with pytest.raises(InvalidConfigError, match=r"process_tree returned \(2, 4\) for scores of shape \(3, 4\)"):
         process_tree_logits(_WrongRows(), torch.zeros(3, 4), torch.tensor([0, 3]), tokens, depths, ancestors, 2)
+
+
+def test_a_stop_token_in_a_words_sign_bit():
+    """Stop id 31: the after-the-end rows set bit 31 of word 0, the int32 sign bit."""
+    vocab = ["a", "b", "ab"] + [f"x{i}" for i in range(28)] + ["</s>"]
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[31])
+    grammar = xgr.GrammarCompiler(info).compile_grammar('root ::= ("ab" | "a" "b")+')
+    tokens, parents = [0, 2, 31, 31, 0, 31], [-1, 0, 1, 2, 1, 0]
+    expected = row_by_row(grammar, [], tokens, parents, 32)
+    assert expected[2].nonzero().flatten().tolist() == [31] and expected[3].nonzero().flatten().tolist() == [31]
+    processor = GrammarProcessor(grammar, prompt_length=1)
+    assert torch.equal(processor.tree_allowed([], tokens, parents), expected)
+    scores = processor.process_tree(torch.zeros(6, 32), torch.tensor([0]), torch.tensor(tokens), torch.tensor(parents))
+    assert torch.equal(scores.isfinite(), expected)

@@ -183,7 +183,8 @@ class GrammarProcessor:
         return out
 
     def tree_allowed(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """``[n, V]`` bool: row ``i`` is :meth:`allowed` after ``generated`` then node ``i``'s path.
+        """``[n, V]`` bool: row ``i`` is :meth:`allowed` after ``generated`` then node ``i``'s path
+        (by :attr:`tree_mask_path`).
 
         Args:
             generated: the generated tokens of the committed sequence (the root's context).
@@ -197,8 +198,14 @@ class GrammarProcessor:
         roots, children = _forest(parents, len(tokens))
         if not tokens:
             return torch.zeros(0, self.vocab_size, dtype=torch.bool)
-        if self.tree_mask_path == "traverse_draft_tree":
-            return self._tree_allowed_native(generated, tokens, parents, roots, children)
+        if self.tree_mask_path == "per_node":
+            return self._tree_allowed_per_node(generated, tokens, parents, roots, children)
+        allowed = _unpack_bitmask(self._tree_bitmask(generated, tokens, parents, roots, children), self.tokenizer_vocab)
+        return torch.nn.functional.pad(allowed, (0, self.vocab_size - self.tokenizer_vocab))  # padding columns banned
+
+    def _tree_allowed_per_node(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                               roots: list[int], children: list[list[int]]) -> torch.Tensor:
+        """:meth:`tree_allowed` by one :meth:`allowed` (a mask fill) per node."""
         root_row = self.allowed(generated)  # [V]: every node of depth 0 sees the committed context only
         rows = [root_row] * len(tokens)
         path: list[list[int]] = [[] for _ in tokens]
@@ -208,73 +215,72 @@ class GrammarProcessor:
                 rows[i] = self.allowed([*generated, *path[i]])
         return torch.stack(rows)  # [n, V]
 
-    def _tree_allowed_native(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                             roots: list[int], children: list[list[int]]) -> torch.Tensor:
-        """:meth:`tree_allowed` by one ``traverse_draft_tree`` call from the root's state."""
+    def _tree_bitmask(self, generated: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                      roots: list[int], children: list[list[int]]) -> torch.Tensor:
+        """``[n, words]`` int32: every node's allowed tokens as xgrammar's bitmask rows (bit ``j``
+        of word ``k``: token ``32 k + j``), from one ``traverse_draft_tree`` call."""
         n = len(tokens)
-        out = torch.zeros(n, self.vocab_size, dtype=torch.bool)  # [n, V]
+        bitmask = self._xgr.allocate_token_bitmask(n, self.tokenizer_vocab)  # [n, words] int32
+        bitmask.zero_()  # a row the traversal does not visit (below a refused or ended node) bans every token
         if not self._sync(generated):
-            return out  # the root's context is refused, so is every node's
+            return bitmask  # the root's context is refused: every node's is
         root_ended = bool(self.matcher.is_terminated())
-        # the tree in xgrammar's layout: slot 0 the root's state (its token already accepted), the
-        # nodes below in slots 1.., first child / next sibling; a token outside the tokenizer's
-        # vocabulary is refused (the matcher refuses it) with its subtree, so it gets no slot
+        # the tree in xgrammar's layout (first child / next sibling) over the node slots, the root
+        # swapped into slot 0 (its state: the committed context, its token already accepted); the
+        # children of every depth-0 node hang below it. A node is linked when its parent is and
+        # its token is in the tokenizer's vocabulary (the matcher refuses the others)
+        root = roots[0]
+        position = list(range(n))
+        position[0], position[root] = root, 0  # an involution: node i's row is at position[i]
+        first_child, next_sibling, last_child, draft = [-1] * n, [-1] * n, [-1] * n, [0] * n
+        linked = [parent < 0 for parent in parents]
         order = _parents_first(roots, children, depth_first=False)
-        slot = [-1] * n
-        slot_tokens, first_child, next_sibling, last_child = [0], [-1], [-1], [-1]
         for i in order:
-            parent = parents[i]
-            if parent < 0:
-                slot[i] = 0
+            parent, token = parents[i], int(tokens[i])
+            if parent < 0 or not linked[parent] or not 0 <= token < self.tokenizer_vocab:
                 continue
-            token = int(tokens[i])
-            if slot[parent] < 0 or not 0 <= token < self.tokenizer_vocab:
-                continue
-            s, up = len(slot_tokens), slot[parent]
-            slot[i] = s
-            slot_tokens.append(token)
-            first_child.append(-1)
-            next_sibling.append(-1)
-            last_child.append(-1)
+            linked[i] = True
+            at, up = position[i], 0 if parents[parent] < 0 else position[parent]
+            draft[at] = token
             if first_child[up] < 0:
-                first_child[up] = s
+                first_child[up] = at
             else:
-                next_sibling[last_child[up]] = s
-            last_child[up] = s
-        bitmask = self._xgr.allocate_token_bitmask(len(slot_tokens), self.tokenizer_vocab)  # [m, words] int32
-        bitmask.zero_()  # rows the traversal does not visit (below a refused or ended node) ban every token
+                next_sibling[last_child[up]] = at
+            last_child[up] = at
         if not root_ended:
             done = self.matcher.traverse_draft_tree(torch.tensor(first_child, dtype=torch.int64),
                                                     torch.tensor(next_sibling, dtype=torch.int64),
-                                                    torch.tensor(slot_tokens, dtype=torch.int64), bitmask)
+                                                    torch.tensor(draft, dtype=torch.int64), bitmask)
             if not done:  # pragma: no cover - no time limit is given, so the traversal always completes
                 raise RuntimeError("xgrammar's traverse_draft_tree did not complete")
             self.whole_tree_calls += 1
-        banned = torch.zeros(len(slot_tokens), self.tokenizer_vocab)  # [m, V_tok]
-        self._xgr.apply_token_bitmask_inplace(banned, bitmask)
-        native = banned == 0  # [m, V_tok] bool
+        if root != 0:
+            bitmask = bitmask[torch.tensor(position)]  # by node
+        others = [i for i in roots if i != root]
+        if others:
+            bitmask[others] = bitmask[root].clone()  # every depth-0 node sees the committed context only
         # after the grammar has ended xgrammar's rows are empty; the per-node rule allows the stop
         # tokens there: a node has ended when its token is a stop token its parent's row allows
         stops = set(self.stop_ids)
-        ended = [False] * n
+        ended = [root_ended if parent < 0 else False for parent in parents]
         for i in order:
-            parent = parents[i]
-            if parent < 0:
-                ended[i] = root_ended
-            elif int(tokens[i]) in stops and slot[parent] >= 0:
-                ended[i] = ended[parent] or bool(native[slot[parent], int(tokens[i])])
-        index = torch.tensor(slot, dtype=torch.int64)  # [n], -1: no slot
-        out[:, : self.tokenizer_vocab] = native[index.clamp(min=0)] & (index >= 0).unsqueeze(1)
+            parent, token = parents[i], int(tokens[i])
+            if parent >= 0 and token in stops and linked[i]:
+                ended[i] = ended[parent] or bool((int(bitmask[parent, token // 32]) >> (token % 32)) & 1)
         if any(ended):
-            stop_row = torch.zeros(self.vocab_size, dtype=torch.bool)
-            stop_row[self.stop_ids] = True
-            out[torch.tensor(ended)] = stop_row
-        return out
+            stop_words = torch.zeros(bitmask.shape[1], dtype=torch.int64)
+            for token in self.stop_ids:
+                stop_words[token // 32] |= 1 << (token % 32)
+            stop_words = torch.where(stop_words >= 1 << 31, stop_words - (1 << 32), stop_words)  # bit 31: the sign
+            bitmask[torch.tensor(ended)] = stop_words.to(torch.int32)
+        return bitmask
 
     def process_tree(self, scores: torch.Tensor, context: torch.Tensor, tokens: torch.Tensor,
                      parents: torch.Tensor) -> torch.Tensor:
         """A whole tree's ``scores [n, V]`` with ``-inf`` where the grammar bans a token after each
-        node's context (:class:`specdec.processors.TreeLogitsProcessor`; one host read).
+        node's context (:class:`specdec.processors.TreeLogitsProcessor`; one host read). On the
+        ``traverse_draft_tree`` path ``scores`` is masked in place (xgrammar's own kernel for
+        float32 / float16 / bfloat16 CPU scores) and returned.
 
         Args:
             scores: ``[n, V]`` node rows.
@@ -291,8 +297,22 @@ class GrammarProcessor:
                 f"GrammarProcessor: a committed context of length {length} is shorter than the prompt ({self.prompt_length})"
             )
         host = torch.cat([context.view(-1), tokens.view(-1), parents.view(-1)]).tolist()  # one host read
-        keep = self.tree_allowed(host[self.prompt_length : length], host[length : length + n], host[length + n :])
-        return scores.masked_fill(~keep.to(scores.device), float("-inf"))
+        generated, node_tokens, node_parents = host[self.prompt_length : length], host[length : length + n], host[length + n :]
+        if self.tree_mask_path == "per_node" or n == 0:
+            keep = self.tree_allowed(generated, node_tokens, node_parents)  # [n, V]
+            return scores.masked_fill(~keep.to(scores.device), float("-inf"))
+        roots, children = _forest(node_parents, n)
+        bitmask = self._tree_bitmask(generated, node_tokens, node_parents, roots, children)  # [n, words]
+        tv = self.tokenizer_vocab
+        if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            live = bitmask.any(1)  # [n]: rows that allow a token; the others (refused nodes) are filled at once
+            scores[~live] = float("-inf")
+            self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=tv, indices=live.nonzero().flatten().tolist())
+        else:  # xgrammar's CPU kernel takes these dtypes only; on a device the bits are unpacked there
+            keep = _unpack_bitmask(bitmask.to(scores.device), tv)  # [n, V_tok]
+            scores[:, :tv] = scores[:, :tv].masked_fill(~keep, float("-inf"))
+        scores[:, tv:] = float("-inf")  # a padded LM head's padding columns
+        return scores
 
     def _check_width(self, scores: torch.Tensor) -> None:
         if scores.shape[-1] != self.vocab_size:
@@ -345,6 +365,16 @@ def _forest(parents: Sequence[int], n: int) -> tuple[list[int], list[list[int]]]
     if reached != n:
         raise MalformedTreeError(f"parents has a cycle: {n - reached} of {n} nodes are not below a node of depth 0")
     return roots, children
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def _unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """``[m, width]`` bool from xgrammar's ``[m, words]`` int32 bitmask: token ``32 k + j`` is bit
+    ``j`` of word ``k``, set when the token is allowed."""
+    bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1  # [m, words, 32]
+    return bits.view(bitmask.shape[0], -1)[:, :width].bool()
 
 
 def _parents_first(roots: list[int], children: list[list[int]], *, depth_first: bool) -> list[int]:
