@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -148,9 +147,7 @@ def test_fixed_step_compiles_fullgraph_and_equals_the_eager_step(method, tempera
     eager = _eager_steps(method, sampling)
     plan, plain = _fixed_steps(method, sampling, FixedStep.eager)
     _same_steps(eager, plain, plan)
-    start = time.perf_counter()
     plan, compiled = _fixed_steps(method, sampling, _compiled)
-    assert time.perf_counter() - start < 60
     _same_steps(eager, compiled, plan)
 
 
@@ -248,3 +245,40 @@ def test_gpu_check_cuda_graph_section_runs_its_cpu_branches(tmp_path):
     rows = json.loads((tmp_path / "b" / "gpu_check.json").read_text())["cuda_graph"]["rows"]
     assert [r["method"] for r in rows] == ["rheo", "sd"]
     assert all(r["mismatches"] == 0 and r["tensors_compared"] > 0 for r in rows), rows
+
+
+def test_a_rheo_that_ranks_and_draws_by_two_laws_compiles_and_equals_the_eager_step():
+    """``rank_law="untempered"`` at T = 0.7: each level processes the draft's logits twice (the ranking
+    and the drawing law), both inside the level's graph."""
+    METHODS["rheo-untempered"] = ("rheo", {"K": 3, "depth": 3, "N": 7, "M": 6, "rank_law": "untempered"}, "mixed",
+                                  False)
+    try:
+        sampling = SamplingConfig(temperature=0.7)
+        eager = _eager_steps("rheo-untempered", sampling)
+        plan, compiled = _fixed_steps("rheo-untempered", sampling, _compiled)
+        _same_steps(eager, compiled, plan)
+        assert len(plan._configs) == 2
+    finally:
+        del METHODS["rheo-untempered"]
+
+
+def test_run_fixed_step_refuses_inputs_off_the_budget_by_name():
+    _, _, builder, verifier, target_table, draft_table, _ = _roles("eagle2")
+    plan = fixed_step(builder, verifier, SamplingConfig(), batch=2, vocab=V)
+    roots, lens = torch.tensor([2, 5]), torch.tensor([2, 3])
+
+    def draft(request):
+        return draft_table[request.tokens if request.tokens is not None else roots]
+
+    def run(draft_forward=draft, target_forward=lambda tree: target_table[tree.tokens], roots=roots, lens=lens):
+        return run_fixed_step(plan, plan.eager(), draft_forward, target_forward, _sources(), roots, lens)
+
+    run()  # the budget's shapes pass
+    with pytest.raises(InvalidConfigError, match="roots must be a \\[2\\] tensor"):
+        run(roots=torch.tensor([2, 5, 7]))
+    with pytest.raises(InvalidConfigError, match="prefix_lens"):
+        run(lens=[2, 3])
+    with pytest.raises(InvalidConfigError, match="draft_forward returned logits of shape \\(2, 19\\)"):
+        run(draft_forward=lambda request: draft(request)[..., :-1])
+    with pytest.raises(InvalidConfigError, match="target_forward"):
+        run(target_forward=lambda tree: target_table[tree.tokens][:, :-1])

@@ -85,9 +85,8 @@ class FixedLevel(NamedTuple):
     Attributes:
         step: the level-wise builders' :class:`~specdec.trees.levelwise.LevelStep` (None for the chain).
         bad: ``[B]`` (level 1) or ``[B, R]`` bool: the expanded rows whose draft law was not a law.
-        tokens: ``[B, k]`` int64 the next request's nodes' tokens (None after the last level).
-        live: ``[B, k]`` bool: those nodes are real (None after the last level).
-        parents: ``[B, k]`` int64 their parents' draft ids (None after the last level).
+        tokens, live, parents: ``[B, k]`` the next request's nodes: their tokens, whether they are real
+            nodes, their parents' draft ids (None after the last level).
         chain: the chain's level (``[B]`` token, ``[B]`` float64 weight, ``[B, V]`` float64 law,
             ``[B]`` bool drawn); None for the level-wise builders.
     """
@@ -144,6 +143,7 @@ class FixedStep:
     proposal_ids: torch.Tensor | None = None
     _level: LevelFn | None = None
     _configs: tuple[SamplingConfig, ...] = ()
+    _constants: dict[torch.device, dict[str, torch.Tensor]] = attrs.field(factory=dict, init=False, repr=False)
 
     @property
     def chain(self) -> bool:
@@ -165,7 +165,9 @@ class FixedStep:
         target id, ``-1`` -> ``-1``; the level-wise builders with a proposal vocabulary) and the
         shape's index tensors."""
         dev = torch.device(device)
-        out: dict[str, torch.Tensor] = {}
+        if dev in self._constants:
+            return self._constants[dev]
+        out = self._constants[dev] = {}
         if self.proposal_ids is not None:
             ids = self.proposal_ids.to(dev)
             out["vocab_map"] = torch.cat([ids, torch.full((1,), -1, dtype=ids.dtype, device=dev)])
@@ -307,24 +309,16 @@ class FixedFns:
 
 
 def _level_fn(step: FixedStep, d: int) -> Callable[..., FixedLevel]:
-    def level(logits: torch.Tensor, u: torch.Tensor, root: torch.Tensor, live: torch.Tensor,
-              parent_score: torch.Tensor, constants: dict[str, torch.Tensor]) -> FixedLevel:
-        return step.level(d, logits, u, root, live, parent_score, constants)
-
-    return level
+    """Level ``d``'s function: ``fn(logits, u, root, live, parent_score, constants)``."""
+    return lambda *args: step.level(d, *args)
 
 
 def _compiled(fn: Callable[..., Any], backend: str, name: str) -> Any:
     """``torch.compile(fullgraph=True)`` of ``fn`` under a code object of its own (dynamo caches
     graphs per code object: each level, the finish and the verification keep their own)."""
     if isinstance(fn, types.MethodType):
-        bound: Any = fn.__self__
-        inner = fn.__func__
-
-        def call(*args: Any) -> Any:
-            return inner(bound, *args)
-
-        fn = call
+        bound, inner = fn.__self__, fn.__func__
+        fn = lambda *args: inner(bound, *args)  # noqa: E731 (a function of its own, renamed below)
     code = fn.__code__.replace(co_name=name)
     own = types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
     return torch.compile(own, fullgraph=True, backend=backend)
@@ -386,21 +380,17 @@ def fixed_step(
     """The fixed-shape functions of a step of ``batch`` rows (module docstring).
 
     Args:
-        builder: the chain at a constant length (``sd``) or a level-wise builder (``eagle2``,
-            ``eagle3``, ``rheo``).
+        builder: the chain at a constant length (``sd``) or a level-wise builder (``eagle2/3``, ``rheo``).
         verifier: a verifier with a tensor rule (:attr:`~specdec.verify.base.Verifier.fused`).
         sampling: every row's configuration.
-        batch: ``B``.
-        vocab: ``V``, the target's vocabulary.
-        proposal_ids: ``[Vd]`` ascending target ids of the draft's proposal vocabulary (EAGLE-3),
-            or None.
+        batch, vocab: ``B``; ``V``, the target's vocabulary.
+        proposal_ids: ``[Vd]`` ascending target ids of the draft's proposal vocabulary (EAGLE-3), or None.
         rows: ``"all"`` (every node at once: the GPU's form, the default) or ``"path"`` (the walk).
 
     Raises:
-        InvalidConfigError: naming what has no fixed shape: a chain with a confidence stop, a
-            schedule or ``proposal_top_k``, or with a proposal vocabulary; a builder without a
-            level-wise tensor form; a verifier without a tensor rule; a bad ``batch``, ``vocab``
-            or ``rows``.
+        InvalidConfigError: naming what has no fixed shape (a chain with a confidence stop, a schedule,
+            ``proposal_top_k`` or a proposal vocabulary; a builder without a level-wise tensor form; a
+            verifier without a tensor rule), or a bad ``batch``, ``vocab`` or ``rows``.
     """
     for name, value in (("batch", batch), ("vocab", vocab)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -462,16 +452,20 @@ def run_fixed_step(
     roots: torch.Tensor,
     prefix_lens: torch.Tensor,
 ) -> tuple[TreeBatch, FixedVerify]:
-    """One step driven by the engine's side (docs/cuda_graphs.md, "Capture and replay"): per
-    level the draft forward (the engine's), the level's table drawn from ``rng`` and the
-    level's function; the finish; the target forward (the engine's); the verification table
-    and the verification. No host read here; the caller reads ``packed`` once.
+    """One step driven by the engine's side (docs/cuda_graphs.md): per level the draft forward (the
+    engine's), the level's table drawn from ``rng`` and the level's function; the finish; the target
+    forward (the engine's); the verification's table and the verification. No host read; the caller
+    reads ``packed`` once. ``rng`` draws what the eager step draws, in its order (a
+    :class:`~specdec.rng.RowStreams` for ``B > 1``): each level's table, then the verification's.
 
-    ``rng`` draws what the eager step draws, in its order (a :class:`~specdec.rng.RowStreams`
-    of one source per row for ``B > 1``): each level's ``[B * R, draws]`` table, then the
-    verification's ``[B, n, C + 1]``.
+    Raises:
+        InvalidConfigError: ``roots``, ``prefix_lens`` or a forward's logits off the budget's shapes.
     """
     b = step.budget
+    for name, x in (("roots", roots), ("prefix_lens", prefix_lens)):
+        if not isinstance(x, torch.Tensor) or x.shape != (b.batch,):
+            raise InvalidConfigError(f"run_fixed_step: {name} must be a [{b.batch}] tensor (the budget's rows), got "
+                                     f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     root, live, parent_score = step.start(roots)
     dev = root.device
     constants = step.constants(dev)
@@ -481,7 +475,7 @@ def run_fixed_step(
     earlier: list[torch.Tensor] = []
     first_id = 1
     for d in range(1, b.depth + 1):
-        logits = draft_forward(request)
+        logits = _shaped(draft_forward(request), request.expected_shape, "draft_forward")
         rows, draws = step.table_shape(d)
         u = rng.uniforms((rows, draws), device=dev) if draws else torch.empty(rows, 0, dtype=torch.float64, device=dev)
         out = fns.levels[d - 1](logits, u, root, live, parent_score, constants)
@@ -493,6 +487,14 @@ def run_fixed_step(
             first_id += out.parents.shape[1]
             live, parent_score = step.carry(out)
     tree = step.tree(fns.finish(levels, root, constants))
-    logits = target_forward(tree)
+    logits = _shaped(target_forward(tree), (b.batch, b.nodes, b.vocab), "target_forward")
     u = rng.verify_uniforms(step.verify_table_shape, device=logits.device)
     return tree, fns.verify(tree, logits, u, prefix_lens)
+
+
+def _shaped(logits: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
+    """``logits`` if it has ``shape`` (a fixed-shape function cannot take another)."""
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != tuple(shape):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise InvalidConfigError(f"run_fixed_step: {name} returned logits of shape {got}; the budget's is {tuple(shape)}")
+    return logits
