@@ -245,7 +245,9 @@ def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     vocab = logits.shape[-1]
-    if 0 < config.top_k < vocab and logits.device.type == "cpu" and logits.numel() > 0:  # the lane argument is the CPU kernel's
+    # the candidates (the lane argument is the CPU kernel's); at T = 1 top-k alone is one compare either way
+    if (0 < config.top_k < vocab and logits.device.type == "cpu" and logits.numel() > 0
+            and (config.temperature != 1.0 or config.top_p < 1.0)):
         narrowed = _top_k_top_p_scores(logits.reshape(-1, vocab), config)
         if narrowed is not None:
             return narrowed.reshape(logits.shape)
@@ -258,11 +260,11 @@ def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     if config.top_p < 1.0:
         flat = scores.reshape(-1, vocab)
         if config.top_k <= 0 and flat.device.type == "cpu" and vocab > _TOP_P_CANDIDATES:
-            keep = _top_p_keep_by_values(flat, config.top_p)  # no top-k: no row is narrow enough to skip the sort
+            remove = _top_p_remove_by_values(flat, config.top_p)  # no top-k: no row is narrow enough to skip the sort
         else:
-            keep = top_p_keep(flat, config.top_p)
-        keep = keep.reshape(scores.shape)
-        scores = scores.masked_fill_(~keep, float("-inf")) if fresh else scores.masked_fill(~keep, float("-inf"))
+            remove = ~top_p_keep(flat, config.top_p)
+        remove = remove.reshape(scores.shape)
+        scores = scores.masked_fill_(remove, float("-inf")) if fresh else scores.masked_fill(remove, float("-inf"))
     return scores
 
 
@@ -296,37 +298,114 @@ def _tail_softmax(tail: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def _top_k_top_p_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor | None:
     """:func:`warped_scores` of ``[R, V]`` CPU logits with top-k on, from each
-    row's ``top_k + 64`` largest logits alone; None when a row has more than
-    that many tokens tied into the top-k set (the caller takes the full path).
+    row's ``top_k + 64`` largest logits; None when top-p is on and a row has
+    more than that many tokens tied into the top-k set (the caller takes the
+    full path).
 
     The logits are scored (temperature) and top-k-ed on those candidates:
     ``logits / T`` is monotone, so the candidates are the largest scores, and
     when the smallest candidate scores below the k-th, every token the top-k
-    warper keeps is a candidate. Top-p then sorts the kept candidates: the
-    ascending sort of the full row is its ``-inf`` entries followed by them, so
-    their softmax and cumulative sum are the full row's (:func:`_tail_softmax`).
-    One host read (is every row's top-k set among its candidates?).
+    warper keeps is a candidate. Without top-p no host read decides that: the
+    tokens tied with the k-th beyond the candidates are those whose logit is
+    at least the smallest logit scoring the k-th score
+    (:func:`_top_k_beyond_candidates`). With top-p the kept candidates
+    are sorted: the ascending sort of the full row is its ``-inf`` entries
+    followed by them, so their softmax and cumulative sum are the full row's
+    (:func:`_tail_softmax`); one host read (is every row's top-k set among its
+    candidates?), as that layout needs every kept token.
     """
     rows, vocab = logits.shape
     c = min(vocab, config.top_k + _TOP_K_MARGIN)
     values, index = torch.topk(logits, c, dim=-1)  # [R, C] descending, ids [R, C]
     scores = temperature_scores(values, config.temperature)  # [R, C]; the row's max is its first candidate
     kth = scores[:, config.top_k - 1:config.top_k]  # [R, 1] the k-th largest score
+    if config.top_p >= 1.0:
+        return _top_k_beyond_candidates(logits, values, index, scores, config)
     if c < vocab:
         last = scores[:, -1:]  # [R, 1]
         complete = (last < kth) | (last == float("-inf"))  # [R, 1]; NaN rows: False (full path flags them)
         if not bool(complete.all()):
             return None
     scores = scores.masked_fill(scores < kth, float("-inf"))  # [R, C] top-k (ties with the k-th kept)
-    if config.top_p < 1.0:
-        # ascending by (score, token id), as the stable full sort orders them
-        ids, perm = torch.sort(index, dim=-1)  # [R, C]
-        ordered, order = torch.sort(scores.gather(-1, perm), dim=-1, stable=True)  # [R, C] ascending
-        cumulative = _tail_softmax(ordered, vocab).cumsum_(dim=-1)  # [R, C]
-        remove = cumulative <= (1 - config.top_p)  # [R, C] in sorted order
-        remove[:, -1] = False
-        scores = scores.scatter(-1, perm.gather(-1, order), ordered.masked_fill(remove, float("-inf")))
+    # ascending by (score, token id), as the stable full sort orders them
+    ids, perm = torch.sort(index, dim=-1)  # [R, C]
+    ordered, order = torch.sort(scores.gather(-1, perm), dim=-1, stable=True)  # [R, C] ascending
+    cumulative = _tail_softmax(ordered, vocab).cumsum_(dim=-1)  # [R, C]
+    remove = cumulative <= (1 - config.top_p)  # [R, C] in sorted order
+    remove[:, -1] = False
+    scores = scores.scatter(-1, perm.gather(-1, order), ordered.masked_fill(remove, float("-inf")))
     return torch.full_like(logits, float("-inf"), dtype=scores.dtype).scatter_(-1, index, scores)
+
+
+_SEARCH_STEPS = torch.arange(1, 64, dtype=torch.int64)
+"""``[63]``: the probes of a round of :func:`_smallest_logit_scoring`, in 64ths of the bracket."""
+
+
+def _float32_order(x: torch.Tensor) -> torch.Tensor:
+    """``[...]`` int64: float32 ``x``'s rank among float32 values (monotone; ``-0.0`` just below ``0.0``)."""
+    bits = x.contiguous().view(torch.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+
+
+def _float32_of_order(order: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_float32_order` (int64 ranks of float32 values)."""
+    bits = order.int()
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).view(torch.float32)
+
+
+def _smallest_logit_scoring(kth: torch.Tensor, shift: torch.Tensor, temperature: float,
+                            above: torch.Tensor) -> torch.Tensor:
+    """``[R, 1]`` float32: the smallest float32 logit ``l`` whose score ``(l - shift) / T``
+    (:func:`temperature_scores`' arithmetic) is at least ``kth``, for rows whose logit
+    ``above`` scores at least ``kth`` and ``-inf`` scores below it (finite ``kth``).
+
+    The score is monotone in the logit, so a search over the float32 values between ``-inf``
+    and ``above`` (their ranks, :func:`_float32_order`) finds it: each round scores 63 evenly
+    spaced values and keeps the 64th of the bracket where the score reaches ``kth``; six
+    rounds narrow 2**32 ranks to one (no host read, a fixed count)."""
+    lo = _float32_order(torch.full_like(kth, float("-inf")))  # [R, 1] scores below kth
+    width = _float32_order(above) - lo  # [R, 1] >= 1: ``lo + width`` scores at least kth
+    for _ in range(6):  # width <= ceil(width / 64) per round: 2**32 -> 1
+        probe = _float32_of_order((width * _SEARCH_STEPS).bitwise_right_shift_(6).add_(lo))  # [R, 63]
+        below = ((probe - shift) / temperature < kth).sum(dim=-1, keepdim=True)  # [R, 1] a prefix (monotone)
+        step = width * below  # [R, 1]
+        lo, width = lo + (step >> 6), ((step + width) >> 6) - (step >> 6)
+    return _float32_of_order(lo + width)
+
+
+def _top_k_beyond_candidates(logits: torch.Tensor, values: torch.Tensor, index: torch.Tensor,
+                             scores: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Top-k alone (no top-p) of ``[R, V]`` CPU logits from their ``C`` largest, ``values``
+    ``[R, C]`` descending (ids ``index``, scores ``scores``), with no host read: the same
+    scores as the full pass (temperature, then ``scores < kth`` dropped), bit for bit but
+    for the sign of a zero score tied with the k-th (equal values, the same softmax), also
+    for a row with more tokens tied with the k-th than candidates.
+
+    A token outside the candidates scores at most the smallest candidate, so it is kept
+    only when it ties with the k-th score: its logit is at least the smallest logit that
+    scores ``kth`` (:func:`_smallest_logit_scoring`; at ``T = 1``, ``kth`` itself). Those
+    tokens get ``kth``; the candidates their own scores. A row whose k-th score is NaN
+    (a NaN logit, or ``+inf`` logits, at ``T != 1``) keeps every score, as the full pass
+    does: NaN everywhere, or at the ``+inf`` logits (``-inf`` elsewhere)."""
+    temperature, k = config.temperature, config.top_k
+    kth = scores[:, k - 1:k]  # [R, 1] the k-th largest score
+    if temperature == 1.0:
+        return logits.masked_fill(logits < kth, float("-inf"))  # the full pass itself: no division to spare
+    if logits.dtype != torch.float32:  # float64: no 32-bit search; the full pass, read-free as well
+        full = temperature_scores(logits, temperature)
+        return full.masked_fill_(full < kth, float("-inf"))
+    top = values[:, :1]  # [R, 1] the row's max (topk puts NaN first, as amax returns it)
+    shift = torch.where(~torch.isfinite(top / temperature), top, torch.zeros_like(top))  # temperature_scores'
+    finite = torch.isfinite(kth)  # [R, 1]
+    zero = kth.new_zeros(())
+    limit = _smallest_logit_scoring(torch.where(finite, kth, zero), shift, temperature,
+                                    torch.where(finite, values[:, k - 1:k], zero))  # [R, 1]
+    # a NaN k-th score: the shift is NaN (a NaN logit, or an all -inf row: NaN everywhere) or +inf
+    # (NaN at the +inf logits, -inf elsewhere); a -inf one drops nothing the fill does not
+    inf = torch.full_like(kth, float("inf"))
+    limit = torch.where(finite, limit, torch.where(shift == float("inf"), inf, -inf))
+    out = torch.where(logits < limit, float("-inf"), kth)  # [R, V] kth at the ties beyond the candidates
+    return out.scatter_(-1, index, scores.masked_fill(scores < kth, float("-inf")))
 
 
 def temperature_scores(logits: torch.Tensor, temperature: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -425,14 +504,24 @@ def _sorted_values(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _top_p_keep_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The top-p keep mask of CPU rows from their sorted values alone.
+    """The top-p keep mask of CPU rows from their sorted values alone: ``~``
+    :func:`_top_p_remove_by_values`."""
+    return _top_p_remove_by_values(scores, top_p).logical_not_()
+
+
+def _top_p_remove_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``[R, V]`` bool: the entries top-p removes from CPU rows ``scores``, from their
+    sorted values alone (no index sort, no host read).
 
     The sorted values do not depend on how ties are ordered, so NumPy's
     values-only sort (several times faster on CPU than an index sort) gives
     the layout whose softmax and cumulative sum decide how many entries are
     removed (a prefix: the sums only grow). The removed entries are those
     below the smallest kept value, then the lowest ids among the tokens equal
-    to it: what the stable sort removes.
+    to it: what the stable sort removes. That rank among the tied is taken
+    for every row (no host read asks whether a row needs it). A row whose
+    softmax is NaN (a NaN or ``+inf`` score, or every score ``-inf``) keeps
+    every entry, as the full sort's comparisons with NaN do.
     """
     rows, vocab = scores.shape
     ordered = _sorted_values(scores)  # [R, V] ascending
@@ -442,11 +531,12 @@ def _top_p_keep_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     cut = ordered.gather(-1, removed)  # [R, 1] the smallest kept value
     below = torch.searchsorted(ordered, cut)  # [R, 1] entries < cut (the first index of cut)
     tied_removed = removed - below  # [R, 1] tokens equal to cut that are removed
-    keep = scores >= cut
-    if bool((tied_removed > 0).any()):
-        tie = scores == cut
-        keep &= ~(tie & (tie.cumsum(dim=-1) <= tied_removed))  # rank among the tied, by id
-    return keep
+    bad = torch.isnan(cumulative[:, -1:])  # [R, 1] NaN softmax: nothing removed
+    cut = cut.masked_fill_(bad, float("-inf"))
+    tied_removed = tied_removed.masked_fill_(bad, 0).int()
+    tie = scores == cut  # [R, V]
+    kept_ties = tie.logical_and_(tie.cumsum(dim=-1, dtype=torch.int32) > tied_removed)  # [R, V] rank by id
+    return (scores <= cut).logical_xor_(kept_ties)  # below cut, or tied and among the lowest ids (NaN: never)
 
 
 def _top_p_keep_narrowed(scores: torch.Tensor, top_p: float, k: int) -> torch.Tensor:

@@ -37,3 +37,70 @@ def test_a_mixed_sampling_batch_stays_within_the_budget(models, method, kernel):
         pytest.importorskip("triton", reason="Triton is not installed: pip install 'specdec-trees[kernels]'")
     per_step, counter = mixed_syncs_per_step(models, method, kernel)
     assert per_step <= BUDGET, counter.report()
+
+
+@pytest.fixture(scope="module")
+def wide_models():
+    return make_wide_models()
+
+
+def make_wide_models():
+    """The models of ``tests/kernels/test_sync_budget.py`` with V = 2048: wide enough for the CPU's
+    top-k candidates (top-k 40 < V) and the values-only top-p sort (V > 1024) of specdec.sampling."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.drafts.eagle import make_draft
+    from specdec.targets.hf import HFTarget
+    from specdec.train.models import new_head
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=2048, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).eval()
+    head = new_head(model, 3, seed=3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    draft = make_draft(head)
+    return HFTarget(model, capture_layers=draft.target_layers), draft
+
+
+def _numpy_site() -> str:
+    """``specdec/sampling.py:LINE`` of the values-only sort's ``.numpy()`` (a view of a CPU tensor)."""
+    import inspect
+
+    from specdec import sampling
+
+    lines, start = inspect.getsourcelines(sampling._sorted_values)
+    return f"specdec/sampling.py:{start + next(i for i, line in enumerate(lines) if '.numpy()' in line)}"
+
+
+def test_the_cpu_sampling_shortcuts_read_the_host_only_for_the_values_sort(wide_models, monkeypatch):
+    """At V = 2048 Rheo's draft processes the mixed batch's rows per configuration: the top-k row
+    (T = 0.7, top-k 40) by the CPU's candidates, the top-p row (top-p 0.9) by the values-only sort
+    (issue 56). Neither asks the host whether a row's ties fit (the ``bool`` reads they made before);
+    the one event left in specdec.sampling is the sort's ``.numpy()`` view of a CPU tensor, once per
+    top-p row set, and the rest of the step stays within :data:`BUDGET`."""
+    from specdec import sampling
+
+    calls = {"_top_k_top_p_scores": 0, "_top_p_remove_by_values": 0}
+    for name in calls:
+        original = getattr(sampling, name)
+
+        def spy(*args, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(sampling, name, spy)
+    target, draft = wide_models
+    gen = specdec.SpeculativeGenerator(target=target, draft=draft, method="rheo", **TREE)
+    gen.generate_batch(PROMPTS, 4, MIXED, seeds=[0, 1, 2, 3])  # warm-up
+    calls.update(dict.fromkeys(calls, 0))
+    with StepCounter() as counter:
+        out = gen.generate_batch(PROMPTS, 12, MIXED, seeds=[0, 1, 2, 3])
+    assert min(calls.values()) > 0, calls  # both shortcuts ran
+    reads = {site: n for (kind, site), n in counter.sync_sites["step"].items()
+             if kind == "read" and site.startswith("specdec/sampling.py")}
+    assert reads == {_numpy_site(): calls["_top_p_remove_by_values"]}, counter.report()
+    assert (counter.syncs - sum(reads.values())) / out.steps <= BUDGET, counter.report()
