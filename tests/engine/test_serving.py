@@ -5,6 +5,7 @@
   (enumeration over the row's builder and verifier draws, the other rows fixed), for
   SpecInfer-style trees without replacement (rule 4) and for chains (block, rule 8).
   Power: processing every row with row 0's configuration fails it.
+- A grammar mask (``allowed``) gives each row its configuration's law of the masked target, exactly.
 - On the tensor path every row of the batch emits, bit for bit, what it emits verified alone
   with the same source; a row with bad logits is flagged and emits nothing while the others
   are unchanged.
@@ -57,7 +58,7 @@ def _logits(batch: TreeBatch) -> torch.Tensor:
     return TARGET[batch.tokens]  # [B, n, V]: each node's row is the target's after its token
 
 
-def _row_law(case: str, row: int, configs, process_as=None) -> dict[tuple[int, int], float]:
+def _row_law(case: str, row: int, configs, process_as=None, ban=None) -> dict[tuple[int, int], float]:
     """Exact law of row ``row``'s first two tokens: its builder and verifier draws enumerated, the
     other rows built and verified from fixed seeds; one emitted token is completed with the
     target's conditional under the row's configuration."""
@@ -74,12 +75,22 @@ def _row_law(case: str, row: int, configs, process_as=None) -> dict[tuple[int, i
         trees[row] = build_tree(builder, roots[row], draft, configs[row], rng)
         batch = TreeBatch.from_trees(trees, max_children=builder.max_nodes, max_depth=builder.max_depth)
         sources = [rng if b == row else TorchRandom.seeded(200 + b) for b in range(len(configs))]
+        allowed = None
+        if ban is not None:  # a grammar that never allows token ``ban``
+            allowed = torch.ones(batch.batch_size, batch.node_slots, V, dtype=torch.bool)
+            allowed[..., ban] = False
         out = verify_for_engine(batch, _logits(batch), verifier, process_as or configs, RowStreams(sources),
-                                check_trees=False)
+                                check_trees=False, allowed=allowed)
         k = int(out.num_emitted[row])
         return tuple(out.tokens[row, :k].tolist())
 
-    return first_two(exact_law(program), TARGET, configs[row])
+    return first_two(exact_law(program), TARGET if ban is None else _banned(ban), configs[row])
+
+
+def _banned(token: int) -> torch.Tensor:
+    table = TARGET.clone()
+    table[:, token] = float("-inf")
+    return table
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -87,6 +98,16 @@ def test_every_row_is_exact_for_its_own_sampling(case):
     for row in range(len(CONFIGS)):
         got = _row_law(case, row, CONFIGS)
         assert gap(got, target_law(TARGET, row % V, CONFIGS[row])) < 1e-9, (case, row, CONFIGS[row])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_grammar_mask_gives_each_row_its_masked_target_law(case):
+    """``allowed`` (a grammar that never allows token 2): each row's law is its configuration's law of
+    the masked target (issue 58); power: the unmasked target's law is far from it."""
+    for row in (6,):  # T = 1.2, top-k 2, top-p 0.8 (the fastest to enumerate)
+        got = _row_law(case, row, CONFIGS, ban=2)
+        assert gap(got, target_law(_banned(2), row % V, CONFIGS[row])) < 1e-9, (case, row)
+        assert gap(got, target_law(TARGET, row % V, CONFIGS[row])) > 0.05
 
 
 def test_processing_every_row_with_one_configuration_is_caught():
