@@ -364,8 +364,8 @@ def _warped_by_full_sort(logits: torch.Tensor, cfg) -> torch.Tensor:
 def test_top_k_candidates_path_equals_the_full_path(monkeypatch) -> None:
     """CPU rows with top-k on are warped from their top_k + 64 largest logits
     (temperature, top-k and top-p on those alone): the same scores, bit for
-    bit, as the passes over every entry with a full sort; rows whose top-k
-    ties overflow the candidates take the full path."""
+    bit, as the passes over every entry with a full sort; with top-p on, rows
+    whose top-k ties overflow the candidates take the full path."""
     import specdec.sampling as sampling
     from specdec.sampling import SamplingConfig, warped_scores
 
@@ -426,3 +426,130 @@ def test_temperature_one_takes_no_extra_pass_and_gives_the_same_bits():
         x[0, :50] = float("-inf")
         shifted = torch.softmax((x - x.amax(-1, keepdim=True)) / 1.0, dim=-1)
         assert torch.equal(process_logits(x, SamplingConfig(temperature=1.0)), shifted)
+
+
+def _assert_same_scores(got: torch.Tensor, want: torch.Tensor, what) -> None:
+    """Equal entries, NaN where NaN (bit for bit but for the sign of a zero)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), what
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), what
+
+
+def _hard_top_k_rows(V: int, k: int, temperature: float, g: torch.Generator) -> torch.Tensor:
+    """``[9, V]`` float32 logits whose top-k sets outrun ``k + 64`` candidates, or are odd."""
+    x = torch.randn(9, V, generator=g) * 3
+    kth = torch.topk(x[1], k).values[-1]
+    x[1, torch.randperm(V, generator=g)[:300]] = kth  # 300 ties with the k-th: more than the margin
+    # row 2: 300 ties with the k-th logit v, and v's float32 predecessor, which the temperature
+    # rounds onto the same score: kept, with a logit below every candidate
+    grid = 5.0 + torch.arange(4096) * 2 ** -21  # consecutive float32s
+    below = torch.nextafter(grid, torch.tensor(float("-inf")))
+    merged = torch.nonzero(grid / temperature == below / temperature).flatten()
+    v = float(grid[merged[0]]) if len(merged) else 5.0
+    x[2] = -20.0
+    x[2, : k - 1] = 9.0
+    spots = torch.randperm(V - k, generator=g)[:301] + k
+    x[2, spots[:300]] = v
+    x[2, spots[300]] = torch.nextafter(torch.tensor(v), torch.tensor(float("-inf")))
+    x[3, : V - 20] = float("-inf")  # fewer finite logits than top-k
+    x[4, 17] = float("nan")
+    x[5, :3] = float("inf")  # fewer +inf logits than k (k >= 5 below)
+    x[6, : k + 70] = float("inf")  # more +inf logits than the candidates
+    x[7] = float("-inf")
+    x[8] = 1e30 + (x[8] * 1e23)  # the row's max / T overflows at a tiny T: shifted scores
+    x[8, torch.randperm(V, generator=g)[:200]] = torch.topk(x[8], k).values[-1]
+    return x
+
+
+def test_top_k_alone_reads_nothing_and_equals_the_full_pass_beyond_the_candidates() -> None:
+    """Top-k without top-p on the CPU takes ``top_k + 64`` candidates and no host read (issue 56):
+    tokens tied with the k-th beyond the candidates (300 ties; distinct logits the temperature
+    rounds onto the k-th score; a shifted row at a tiny T) are kept, and NaN / +inf / -inf rows
+    get the full pass's scores, for every temperature, float32 and float64."""
+    from specdec.sampling import _top_k_top_p_scores, warped_scores
+    from specdec.testing.counter import StepCounter
+
+    g = torch.Generator().manual_seed(11)
+    merged_beyond = 0
+    for temperature in (0.7, 1.3, 37.0, 1e-3, 1e-37, 1.0):
+        for k in (5, 40):
+            cfg = SamplingConfig(temperature=temperature, top_k=k)
+            logits = _hard_top_k_rows(3000, k, temperature, g)
+            for dtype in (torch.float32, torch.float64):
+                x = logits.to(dtype)
+                with StepCounter() as counter:
+                    got = warped_scores(x, cfg)
+                    direct = _top_k_top_p_scores(x, cfg)
+                assert counter.syncs == 0, counter.report()
+                want = _warped_by_full_sort(x, cfg)
+                _assert_same_scores(got, want, (temperature, k, dtype))
+                _assert_same_scores(direct, want, (temperature, k, dtype, "candidates"))
+                if dtype == torch.float32:
+                    kept = want[2] > float("-inf")
+            candidates = torch.topk(logits[2], k + 64).indices
+            beyond = kept.clone()
+            beyond[candidates] = False
+            merged_beyond += bool((logits[2][beyond] < logits[2][candidates].min()).any())
+    assert merged_beyond > 0  # a logit below every candidate was kept: the search, not a tie of logits
+
+
+def test_the_smallest_logit_scoring_the_kth_is_the_boundary() -> None:
+    """:func:`specdec.sampling._smallest_logit_scoring` gives the float32 logit at which
+    ``(l - shift) / T`` reaches the k-th score: it scores at least ``kth``, the float below it less."""
+    from specdec.sampling import _smallest_logit_scoring
+
+    g = torch.Generator().manual_seed(5)
+    for temperature in (0.31, 1.0, 2.5, 1e3, 1e-30):
+        above = torch.randn(64, 1, generator=g) * torch.tensor([1e-3, 1.0, 1e4, 1e30]).repeat(16)[:, None]
+        shift = torch.where(torch.arange(64)[:, None] % 3 == 0, above.abs() + 1, torch.zeros_like(above))
+        score = (above - shift) / temperature
+        ok = torch.isfinite(score)
+        above, shift, kth = above[ok][:, None], shift[ok][:, None], score[ok][:, None]
+        limit = _smallest_logit_scoring(kth, shift, temperature, above)
+        below = torch.nextafter(limit, torch.tensor(float("-inf")))
+        assert bool(((limit - shift) / temperature >= kth).all()), temperature
+        assert bool(((below - shift) / temperature < kth).all()), temperature
+
+
+def _top_p_by_full_sort(logits: torch.Tensor, cfg) -> torch.Tensor:
+    from specdec.sampling import _top_p_keep_full, temperature_scores
+
+    scores = temperature_scores(logits, cfg.temperature)
+    return scores.masked_fill(~_top_p_keep_full(scores, cfg.top_p), float("-inf"))
+
+
+def test_values_sort_top_p_reads_only_its_view_and_cuts_inside_a_tie_group() -> None:
+    """Top-p without top-k on CPU rows wider than 1024 sorts values alone (NumPy): the one host
+    event is that ``.numpy()`` view; no read asks whether a row has ties at the cut (issue 56).
+    The kept set is the full stable sort's when the cut falls inside a tie group (the lowest ids
+    removed), with more ties than any margin, and for NaN / +inf / all -inf rows."""
+    from specdec.sampling import _top_p_keep_full, _top_p_remove_by_values, warped_scores
+    from specdec.testing.counter import StepCounter
+
+    g = torch.Generator().manual_seed(12)
+    V = 3000
+    x = torch.randn(7, V, generator=g) * 2
+    x[1] = 0.0
+    x[1, torch.randperm(V, generator=g)[:10]] = 8.0  # 2990 tokens tied at 0 hold ~6% of the mass
+    x[2] = (x[2] * 2).round() / 2  # many tie groups
+    x[3, 5] = float("nan")
+    x[4, 9] = float("inf")
+    x[5] = float("-inf")
+    x[6, : V // 2] = x[6, :1]  # a tie group of 1500
+    cut_inside = 0
+    for temperature in (1.0, 0.8):
+        for top_p in (0.3, 0.95, 0.999):
+            cfg = SamplingConfig(temperature=temperature, top_p=top_p)
+            for dtype in (torch.float32, torch.float64):
+                with StepCounter() as counter:
+                    got = warped_scores(x.to(dtype), cfg)
+                assert counter.syncs == 1, counter.report()
+                assert {kind for kind, _ in counter.sync_sites["step"]} == {"read"}
+                want = _top_p_by_full_sort(x.to(dtype), cfg)
+                _assert_same_scores(got, want, (temperature, top_p, dtype))
+                if temperature == 1.0:  # the scores are the logits: the mask itself
+                    assert torch.equal(_top_p_remove_by_values(x.to(dtype), top_p),
+                                       ~_top_p_keep_full(x.to(dtype), top_p))
+            zeros = want[1][x[1] == 0.0]
+            cut_inside += bool((zeros > float("-inf")).any() and (zeros == float("-inf")).any())
+    assert cut_inside > 0  # the cut fell inside the tie group at least once
