@@ -70,8 +70,8 @@ def test_the_default_call_reads_the_host_at_most_twice(method):
 
 
 # ------------------------------------------------------------ one bad row in a good batch
-def _good():
-    tree, _, verifier, configs, _ = build("static-wor/rejection-wor", "torch", 0)
+def _good(case="static-wor/rejection-wor"):
+    tree, _, verifier, configs, _ = build(case, "torch", 0)
     tree = attrs.evolve(tree, draft_bad=None)
     return tree, TARGET[tree.tokens].clone(), verifier, configs
 
@@ -104,9 +104,10 @@ def _break(kind: str, tree: TreeBatch, logits: torch.Tensor, row: int):
 CODES = {"unsupported": 1, "law-id": 2, "draft": 3, "target": 4, "grammar": 5}
 
 
+@pytest.mark.parametrize("case", ["static-wor/rejection-wor", "static-wor/walking-wor"])  # tensor path, walk
 @pytest.mark.parametrize("kind", sorted(CODES))
-def test_one_bad_row_is_flagged_with_its_code_and_the_others_are_untouched(kind):
-    clean, logits, verifier, configs = _good()
+def test_one_bad_row_is_flagged_with_its_code_and_the_others_are_untouched(kind, case):
+    clean, logits, verifier, configs = _good(case)
     B, row = clean.batch_size, 5
     tree, logits, allowed = _break(kind, clean, logits, row)
     seeds = list(range(40, 40 + B))

@@ -264,14 +264,20 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             refused.index_fill_(0, index, True)
         else:
             kept.append(index)
-    ok = [b for b in range(B) if refusals[b] is None]
+    excluded = [r is not None for r in refusals]
+    if verification.path == "walk" and check_trees and not own_check:  # the walk reads each row's host tree, which
+        flagged = ((checked.unsupported > 0) | checked.outside | checked.law_bad).tolist()  # a flagged row may not have
+        excluded = [e or bool(f) for e, f in zip(excluded, flagged)]  # (a read, as the walk's): it is not walked
+    ok = [b for b in range(B) if not excluded[b]]
+    walk_skips = any(e and r is None for e, r in zip(excluded, refusals))
     parts: list[tuple[torch.Tensor, TreeDecision]] = []
     if len(ok) == B:  # one pass over every row, each under its own configuration
         decision, _ = decide_rows(verification, rule_of, served, logits, rows, rng,
                                   StepInputs(row_rngs=row_rngs, options=_SERVE_OPTIONS, rows=ok), flag_bad=True)
         parts.append((torch.arange(B, device=tree.device), decision))
     elif ok:  # one pass over the rows not refused
-        index = torch.sort(torch.cat(kept)).values  # their row numbers, in row order, on the device
+        index = (torch.tensor(ok, dtype=torch.int64, device=tree.device) if walk_skips
+                 else torch.sort(torch.cat(kept)).values)  # their row numbers, in row order, on the device
         o_rng = rng.subset(ok) if isinstance(rng, RowStreams) else rng
         decision, _ = decide_rows(verification, rule_of, _rows_of(served, index, ok), logits.index_select(0, index),
                                   rows.keep(ok, index), o_rng,
@@ -284,8 +290,11 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
     visited_bad = decision.bad_visited.to(dev)
     grammar = torch.zeros_like(refused)
     if grammar_empty is not None and target_bad is not None:  # the cause at the path that met the bad node
-        path = tree.ancestors.gather(1, decision.stop.to(dev).clamp(0, tree.node_slots - 1).view(B, 1, 1)
-                                     .expand(B, 1, tree.node_slots)).squeeze(1)  # [B, n] the root .. stop
+        if verification.path == "walk":  # a flagged walk keeps no stop node: every node of the row
+            path = torch.arange(tree.node_slots, device=dev).view(1, -1) < tree.num_nodes.to(dev).view(B, 1)
+        else:
+            path = tree.ancestors.gather(1, decision.stop.to(dev).clamp(0, tree.node_slots - 1).view(B, 1, 1)
+                                         .expand(B, 1, tree.node_slots)).squeeze(1)  # [B, n] the root .. stop
         grammar = visited_bad & (path & grammar_empty).any(-1) & ~(path & target_bad).any(-1)
     flag = torch.where(refused | (checked.unsupported > 0), FLAG_REFUSED, torch.where(
         checked.outside, FLAG_TOKENS, torch.where(draft_bad | checked.law_bad, FLAG_DRAFT, torch.where(
