@@ -117,7 +117,8 @@ def tree_along_grammar(grammar, case: str, rng: random.Random, vocab: int, n: in
     """A tree whose nodes mostly follow the grammar (deep accepted paths, leaning to the stop
     token and closing brackets: the end), with a few refused tokens (their subtrees refused)."""
     stops = list(grammar.tokenizer_info.stop_token_ids)
-    tokens, parents, paths = [0], [-1], [[]]
+    tokens, parents = [0], [-1]
+    paths: list[list[int]] = [[]]
     for _ in range(1, n):
         parent = rng.randrange(len(tokens))
         token = rng.randrange(vocab)

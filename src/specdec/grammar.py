@@ -114,7 +114,8 @@ class GrammarProcessor:
         native = has_tree_traversal()
         if tree_mask == "traverse_draft_tree" and not native:
             raise InvalidConfigError(f"GrammarProcessor: tree_mask='traverse_draft_tree', but the installed xgrammar "
-                                     f"{_xgrammar_version()} has no GrammarMatcher.traverse_draft_tree (0.2 and later have it)")
+                                     f"{_xgrammar_version()} has no GrammarMatcher.traverse_draft_tree "
+                                     "(0.2 and later have it)")
         self.tree_mask_path = "traverse_draft_tree" if native and tree_mask != "per_node" else "per_node"
         if self.tree_mask_path == "traverse_draft_tree":
             _say_once(self.tree_mask_path, "one native call of xgrammar's GrammarMatcher.traverse_draft_tree per tree")
@@ -294,10 +295,12 @@ class GrammarProcessor:
             self.prompt_length = length
         if length < self.prompt_length:
             raise InvalidConfigError(
-                f"GrammarProcessor: a committed context of length {length} is shorter than the prompt ({self.prompt_length})"
+                f"GrammarProcessor: a committed context of length {length} is shorter than the prompt "
+                f"({self.prompt_length})"
             )
         host = torch.cat([context.view(-1), tokens.view(-1), parents.view(-1)]).tolist()  # one host read
-        generated, node_tokens, node_parents = host[self.prompt_length : length], host[length : length + n], host[length + n :]
+        generated, node_tokens = host[self.prompt_length : length], host[length : length + n]
+        node_parents = host[length + n :]
         if self.tree_mask_path == "per_node" or n == 0:
             keep = self.tree_allowed(generated, node_tokens, node_parents)  # [n, V]
             return scores.masked_fill(~keep.to(scores.device), float("-inf"))
@@ -307,7 +310,8 @@ class GrammarProcessor:
         if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float16, torch.bfloat16):
             live = bitmask.any(1)  # [n]: rows that allow a token; the others (refused nodes) are filled at once
             scores[~live] = float("-inf")
-            self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=tv, indices=live.nonzero().flatten().tolist())
+            rows = live.nonzero().flatten().tolist()
+            self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=tv, indices=rows)
         else:  # xgrammar's CPU kernel takes these dtypes only; on a device the bits are unpacked there
             keep = _unpack_bitmask(bitmask.to(scores.device), tv)  # [n, V_tok]
             scores[:, :tv] = scores[:, :tv].masked_fill(~keep, float("-inf"))
