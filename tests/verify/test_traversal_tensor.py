@@ -31,9 +31,10 @@ from specdec.engine.dispatch import choose_verification
 from specdec.errors import InvalidConfigError
 from specdec.registry import get
 from specdec.rng import TorchRandom
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing import MarkovLM, exact_law
 from specdec.testing.counter import StepCounter
+from specdec.tree import DraftTree, SampleMode, SparseLaw, TreeAssembler
 from specdec.tree_batch import TreeBatch
 from specdec.trees import ChainTreeBuilder, SequoiaTreeBuilder, StaticTreeBuilder
 from specdec.verify.fast_block import decide_block_batch
@@ -151,6 +152,112 @@ def attrs_evolve_order(tree: TreeBatch) -> TreeBatch:
     """The tree with its sampled siblings' draw order reversed (what an order-blind rule sees alike)."""
     reversed_order = torch.where(tree.parents >= 0, tree.max_children - 1 - tree.draw_order, tree.draw_order)
     return attrs.evolve(tree, draw_order=reversed_order)
+
+
+# ------------------------------------------------------------------ sparse laws, large vocabularies, sampling
+def _assembled(vocab: int, expansion, top_k: int, mode: SampleMode, seed: int) -> DraftTree:
+    """A static tree whose laws are random (their top ``top_k`` renormalised, or dense at 0:
+    ``top_k`` below ``vocab`` leaves mass off every support), children drawn from them."""
+    g = torch.Generator().manual_seed(seed)
+    asm = TreeAssembler(int(torch.randint(vocab, (), generator=g)), vocab)
+    frontier = [0]
+    for k in expansion:
+        new = []
+        for node in frontier:
+            q = torch.softmax(torch.randn(vocab, generator=g, dtype=F64) * 2, -1)
+            if top_k:
+                top = torch.topk(q, top_k)
+                law = SparseLaw(top.indices, top.values / top.values.sum(), mode)
+            else:
+                law = SparseLaw.from_dense(q, mode)
+            draws = torch.multinomial(law.probs, k, replacement=mode == SampleMode.IID, generator=g)
+            new += [asm.add_sampled(node, int(law.indices[i]), law, 1.0) for i in draws.tolist()]
+        frontier = new
+    return asm.build()
+
+
+def _logits_near(batch: TreeBatch, seed: int, equal: float = 0.0) -> torch.Tensor:
+    """float32 logits whose law is near each node's proposal law on half the rows (a fraction
+    ``equal`` of the rows: exactly that law, off its support nothing), random elsewhere."""
+    g = torch.Generator().manual_seed(2000 + seed)
+    B, n, V = batch.batch_size, batch.node_slots, batch.vocab_size
+    q = torch.zeros(B, n, V, dtype=F64).scatter_add_(2, batch.law_ids.clamp_min(0),
+                                                     batch.law_probs * (batch.law_ids >= 0))
+    has_law = q.sum(-1, keepdim=True) > 0
+    p = torch.softmax(torch.randn(B, n, V, generator=g, dtype=F64) * 2, -1)
+    roll = torch.rand(B, n, 1, generator=g)
+    p = torch.where(has_law & (roll < 0.5), 0.8 * q + 0.2 * p, p)
+    p = torch.where(has_law & (roll < equal), q, p)
+    return p.log().float()
+
+
+def _compare_logits(trees, logits: torch.Tensor, u: torch.Tensor, sampling: SamplingConfig) -> tuple[int, int]:
+    """(rows whose tensor-form decision differs from the walk's on process_logits' rows, rows that accepted)."""
+    walk = get("verifier", "traversal")()
+    got = decide_traversal_from_logits(TreeBatch.from_trees(trees), logits, u, sampling)
+    differ = accepted = 0
+    for b, tree in enumerate(trees):
+        p = process_logits(logits[b, : tree.num_nodes], sampling, check=False)
+        want = walk.verify(tree, p, TableRandom(u[b]))
+        differ += not _same(got, b, want)
+        accepted += want.num_accepted > 0
+    assert not bool(got.bad_visited.any())
+    return differ, accepted
+
+
+@pytest.mark.parametrize("mode", [SampleMode.WITHOUT_REPLACEMENT, SampleMode.IID])
+def test_sparse_laws_with_mass_off_their_supports_equal_the_walk(mode):
+    """Supports of different widths (padded law slots, mass off every support), ragged batches,
+    rows equal to the proposal law (a block update of mass 0) among them."""
+    differ = accepted = 0
+    for seed in range(12):
+        trees = [_assembled(16, (3, 2, 2), 3 + (seed + j) % 9, mode, 10 * seed + j) for j in range(3)]
+        batch = TreeBatch.from_trees(trees)
+        logits = _logits_near(batch, seed, equal=0.25)
+        u = torch.rand(3, batch.node_slots, batch.max_children + 1, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        d, a = _compare_logits(trees, logits, u, SamplingConfig(temperature=1.0))
+        differ, accepted = differ + d, accepted + a
+    assert differ == 0
+    assert accepted > 8
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.3, top_k=5),
+                                      SamplingConfig(temperature=0.9, top_p=0.8), SamplingConfig(temperature=0.0)],
+                         ids=["T0.7", "top-k", "top-p", "greedy"])
+def test_from_logits_equals_the_walk_on_the_processed_rows(sampling):
+    """The rows processed as process_logits does (temperature, top-k, top-p; one-hot at T = 0)."""
+    differ = 0
+    for seed in range(8):
+        trees = [_assembled(12, (3, 2), 0, SampleMode.WITHOUT_REPLACEMENT, 50 * seed + j) for j in range(2)]
+        batch = TreeBatch.from_trees(trees)
+        logits = _logits_near(batch, seed)
+        u = torch.rand(2, batch.node_slots, batch.max_children + 1, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        differ += _compare_logits(trees, logits, u, sampling)[0]
+    assert differ == 0
+
+
+def test_large_vocabularies_in_the_reused_buffers_equal_the_walk():
+    """Rows large enough for this thread's reused CPU buffers (specdec.verify.fast._WORKSPACE), dense and
+    top-64 laws, shapes alternating between calls (a buffer from an earlier call never leaks into a later one)."""
+    vocab = 1 << 16
+    differ = accepted = 0
+    for seed, (top_k, expansion) in enumerate([(0, (3, 2)), (64, (4, 2)), (0, (2, 2, 1)), (64, (3, 2)), (0, (3, 2))]):
+        tree = _assembled(vocab, expansion, top_k, SampleMode.WITHOUT_REPLACEMENT, seed)
+        logits = _logits_near(TreeBatch.from_trees([tree]), seed)
+        u = torch.rand(1, tree.num_nodes, 5, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        d, a = _compare_logits([tree], logits, u[..., : TreeBatch.from_trees([tree]).max_children + 1],
+                               SamplingConfig(temperature=1.0))
+        differ, accepted = differ + d, accepted + a
+    assert differ == 0
+    assert accepted > 0
+
+
+def test_a_residual_mass_without_its_clamp_is_caught_by_the_comparison(monkeypatch):
+    """Power: the residual's mass summed without ``[.]+`` departs from the walk on sparse laws."""
+    monkeypatch.setattr(traversal_tensor, "_residual_mass",
+                        lambda S, Q, c, scratch: torch.addcmul(S, Q, c.unsqueeze(-1), value=-1.0).sum(dim=-1))
+    with pytest.raises(AssertionError):
+        test_sparse_laws_with_mass_off_their_supports_equal_the_walk(SampleMode.WITHOUT_REPLACEMENT)
 
 
 # ------------------------------------------------------------------ bad rows

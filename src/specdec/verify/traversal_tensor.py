@@ -30,31 +30,41 @@ on the support of ``q'`` (``L`` entries). With ``a0`` the normalised row there a
 the law, after rejections it is ``[a0 - C q0]+`` up to its mass ``Z`` (``C`` a cumulative
 coefficient): a rejection at weight ``w`` adds ``Z / (m w)`` to ``C`` (``m`` the mass left
 in ``q'``), which is ``[w P - q']+`` up to a factor, so ``rho = w Z' / Z`` and the new weight
-``rho / (rho + 1 - w)``; each rejection costs one pass over the support. Without replacement
-a token leaves ``q'`` (its entry zeroed, ``m`` reduced) and its residual entry is frozen
-from then on. A node of weight 0 (a token the target gives probability 0, such as one a
-grammar refuses) is never accepted and its subtree is never entered: its row is not read,
-and a bad row there is not flagged.
+``rho / (rho + 1 - w)``; each rejection costs one pass over the support (its mass, one
+reduction), a child's weight only the entries at its token. Without replacement a token
+leaves ``q'`` (its entry zeroed, ``m`` reduced) and its residual entry is frozen from then
+on. A node of weight 0 (a token the target gives probability 0, such as one a grammar
+refuses) is never accepted and its subtree is never entered: its row is not read, and a
+bad row there is not flagged.
 
 Cost per step: one host read (the widths of the depths: how many nodes with children each
 depth has, and their most children, so that each depth's work covers those nodes only);
-per depth, its nodes' rows of ``p`` (from logits: processed only there, and at the stop
-node) and one pass over their laws' supports per child; the ``[B, n, n]`` ancestor tables
-for the path; one ``[B, V]`` bonus row.
+the rows of ``p`` of the nodes with children, processed once, all at once (from logits:
+only there, and at the stop node), each read once over the vocabulary (its mass in float64,
+the walk's normaliser) and once over its law's support; per depth, one pass over its nodes'
+supports per child, everything else ``[B, W]`` work (``W`` the depth's width); the
+``[B, n, n]`` ancestor tables for the path; one ``[B, V]`` bonus row, drawn by inverse CDF.
+On a CPU the large intermediates (``[B, M, V]`` and ``[B, M, L]``, ``M`` the nodes with
+children) live in this thread's reused buffers (:data:`specdec.verify.fast._WORKSPACE`,
+freed by :func:`~specdec.verify.fast.release_workspace`): a new tensor of that size faults
+its pages in at every step, which cost more than the work on it
+(``benchmarks/results/traversal_speed.md``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from specdec.rng_sources import inverse_cdf_rows
-from specdec.sampling import SamplingConfig, process_logits, row_is_bad
+from specdec.sampling import SamplingConfig, greedy_law, law_is_bad, row_is_bad, temperature_scores
 from specdec.tree import NodeKind
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.verify.decision import TreeDecision
+from specdec.verify.fast import _WORKSPACE, WORKSPACE_MAX_ENTRIES, WORKSPACE_MIN_ENTRIES, step_scores
 from specdec.verify.fast_block import stop_probabilities
 
 __all__ = ["decide_traversal_batch", "decide_traversal_from_logits", "traversal_weights"]
@@ -90,33 +100,70 @@ class TraversalState(NamedTuple):
     C: torch.Tensor  # the cumulative rejection coefficient
     Z: torch.Tensor  # the residual's mass in units of the normalised row (1 without rejections)
     C_after: torch.Tensor  # [B, n, C] the coefficient after each child's rejection
+    q_children: torch.Tensor  # [B, n, C] q0 at each child's token, in draw order (0 off the support)
 
 
-def _levels(tree: TreeBatch, parent_node: torch.Tensor, n_children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                             torch.Tensor, list[list[int]]]:
-    """The nodes with children, depth by depth: ``(order [B, n] their slots sorted by depth then slot,
-    start [B, D] where each depth begins in it, count [B, D], [[width, most children] per depth])``.
-    The widths are the step's one host read (so that each depth's work covers its own nodes only)."""
+class _Levels(NamedTuple):
+    """The nodes with children, depth by depth, side by side: depth ``d``'s at the columns
+    ``spans[i] = (first, end, most children)`` of ``idx``."""
+
+    idx: torch.Tensor  # [B, M] their node slots (a column past its depth's count in a tree: any slot, not ok)
+    ok: torch.Tensor  # [B, M] bool a node with children (not a filler column)
+    spans: list[tuple[int, int, int]]  # per depth that has such nodes
+
+
+def _levels(tree: TreeBatch, parent_node: torch.Tensor, n_children: torch.Tensor) -> _Levels:
+    """The nodes with children, depth by depth. The widths (how many such nodes each depth has in
+    the widest tree, and their most children) are the step's one host read, so that each depth's
+    work covers its own nodes only."""
     B, n = tree.tokens.shape
     D = max(tree.max_depth, 1)
-    nodes = torch.arange(n, device=tree.device)
+    dev = tree.device
+    nodes = torch.arange(n, device=dev)
     depth = tree.depths.clamp(0, D - 1)
     key = torch.where(parent_node, depth * n + nodes, D * n + nodes)
-    order = torch.argsort(key, dim=1)
-    count = torch.zeros(B, D, dtype=torch.int64, device=tree.device).scatter_add_(1, depth, parent_node.long())
-    most = torch.zeros(B, D, dtype=torch.int64, device=tree.device).scatter_reduce_(
+    order = torch.argsort(key, dim=1)  # [B, n] the nodes with children by depth, then slot
+    count = torch.zeros(B, D, dtype=torch.int64, device=dev).scatter_add_(1, depth, parent_node.long())
+    most = torch.zeros(B, D, dtype=torch.int64, device=dev).scatter_reduce_(
         1, depth, torch.where(parent_node, n_children, 0), "amax")
     start = count.cumsum(1) - count
     shape = torch.stack([count.amax(0), most.amax(0)], 1).tolist()  # the one host read: [D, 2]
-    return order, start, count, shape
+    idx, ok, spans, at = [], [], [], 0
+    for d, (W, K) in enumerate(shape):
+        if W == 0 or K == 0:
+            continue
+        j = torch.arange(W, device=dev).view(1, W)
+        ok.append(j < count[:, d : d + 1])
+        idx.append(order.gather(1, (start[:, d : d + 1] + j).clamp_max(n - 1)))
+        spans.append((at, at + W, K))
+        at += W
+    if not spans:
+        empty = torch.zeros(B, 0, dtype=torch.int64, device=dev)
+        return _Levels(empty, empty.bool(), [])
+    return _Levels(torch.cat(idx, 1), torch.cat(ok, 1), spans)
 
 
-def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def _buffer(slot: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised ``shape`` tensor: on a CPU, from ``slot`` of this thread's verification buffers
+    (:data:`specdec.verify.fast._WORKSPACE`, within its size bounds; a new large tensor's pages fault
+    in at every step, which on this project's CPU cost more than the work on them), else new."""
+    numel = math.prod(shape)
+    if device.type == "cpu" and WORKSPACE_MIN_ENTRIES <= numel <= WORKSPACE_MAX_ENTRIES:
+        return _WORKSPACE.take(slot, torch.empty(shape, dtype=dtype, device="meta"))
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor, slot: str | None = None) -> torch.Tensor:
     """``x[b, idx[b, j]]`` for ``x`` ``[B, n, ...]`` and ``idx`` ``[B, W]``: ``[B, W, ...]``, a copy (one
-    ``index_select`` of whole rows, faster than advanced indexing on a CPU)."""
+    ``index_select`` of whole rows, faster than advanced indexing on a CPU), into :func:`_buffer`
+    ``slot`` when given."""
     B, n = x.shape[:2]
     flat = (idx + torch.arange(B, device=idx.device).view(B, 1) * n).view(-1)
-    return x.reshape(B * n, *x.shape[2:]).index_select(0, flat).view(*idx.shape, *x.shape[2:])
+    rows = x.reshape(B * n, *x.shape[2:])
+    if slot is None:
+        return rows.index_select(0, flat).view(*idx.shape, *x.shape[2:])
+    out = _buffer(slot, (flat.numel(), *x.shape[2:]), x.dtype, x.device)
+    return torch.index_select(rows, 0, flat, out=out).view(*idx.shape, *x.shape[2:])
 
 
 def traversal_weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor]) -> TraversalState:
@@ -124,93 +171,113 @@ def traversal_weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.T
 
     Args:
         tree: ``B`` trees of sampled children.
-        rows_of: ``idx [B, W]`` node slots -> ``[B, W, V]`` the target's laws there, up to a positive
-            factor per row (finite); called once per depth, for the nodes with children at that depth.
+        rows_of: ``idx [B, M]`` node slots -> ``[B, M, V]`` the target's laws there, up to a positive
+            factor per row (finite; a row that is NaN only spoils its own node's subtree, see
+            :func:`decide_traversal_from_logits`); called once, for the nodes with children.
+    """
+    table, _, _ = _children(tree)
+    return _weights(tree, rows_of, table)
+
+
+def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], table: torch.Tensor) -> TraversalState:
+    """:func:`traversal_weights` with the children's table (:func:`_children`) given.
+
+    The module docstring's words, counted in units of each row as ``rows_of`` gives it (``s = p``
+    on the support, ``c = C total``, ``Y = Z total``) and normalised at the end. The rows are read
+    once, every node with children at once (``M`` of them); each depth's nodes then cost one pass
+    over their supports per draw position (:func:`_residual_mass`), the rest is ``[B, W]`` work.
     """
     B, n = tree.tokens.shape
-    C, D = tree.max_children, tree.max_depth
+    C = tree.max_children
     dev = tree.device
     tiny = torch.finfo(F64).tiny
-    table, child, cell = _children(tree)
     has = table >= 0  # [B, n, C]
     n_children = has.sum(-1)
     parent_node = n_children > 0
-    order, start, count, shape = _levels(tree, parent_node, n_children)
-    b_rows = torch.arange(B, device=dev).view(B, 1)
+    levels = _levels(tree, parent_node, n_children)
     w_in = torch.zeros(B, n + 1, dtype=F64, device=dev)  # column n: a discard column
     w_in[:, 0] = 1.0
-    w_final = torch.zeros(B, n + 1, dtype=F64, device=dev)
-    C_fin = torch.zeros(B, n + 1, dtype=F64, device=dev)
-    Z_fin = torch.ones(B, n + 1, dtype=F64, device=dev)
-    C_after = torch.zeros(B, n + 1, C, dtype=F64, device=dev)
-    for d in range(min(D, len(shape))):
-        W, K = shape[d]
-        if W == 0 or K == 0:
-            continue
-        j = torch.arange(W, device=dev).view(1, W)
-        ok = j < count[:, d : d + 1]  # [B, W]
-        idx = order.gather(1, (start[:, d : d + 1] + j).clamp_max(n - 1))  # [B, W] the depth's nodes with children
-        target = torch.where(ok, idx, n)  # where results go (n: discarded)
-        p = rows_of(idx)  # [B, W, V]
-        V = p.shape[-1]
-        ids = _take(tree.law_ids, idx)  # [B, W, L]
-        on = ids >= 0
-        cols = torch.where(on, ids, V)  # padding to the discard column V
-        total = p.sum(dim=-1, dtype=F64).clamp_min(tiny)  # [B, W]
-        a0 = p.gather(2, ids.clamp_min(0)).to(F64).div_(total.unsqueeze(-1)).masked_fill_(~on, 0.0)  # p normalised on q's support
-        off = (1.0 - a0.sum(dim=-1)).clamp_min(0.0)  # [B, W] p's mass off the support
-        q = _take(tree.law_probs, idx).to(F64)  # [B, W, L] q' (0 on padding; a copy), zeroed as tokens leave
-        column = torch.empty((B, W, V + 1), dtype=torch.int32, device=dev)  # token -> its column of the support
-        column.scatter_(2, cols, torch.arange(ids.shape[-1], dtype=torch.int32, device=dev).expand_as(ids))
-        kids = table[b_rows, idx][..., :K]  # [B, W, K]
-        kid_on = kids >= 0
-        tok = tree.tokens.gather(1, kids.clamp_min(0).view(B, W * K)).view(B, W, K)
-        hit = ids.gather(2, column.gather(2, tok).long().clamp(0, ids.shape[-1] - 1)) == tok  # on the support
-        pos = torch.where(hit, column.gather(2, tok).long(), 0).clamp(0, ids.shape[-1] - 1)  # [B, W, K] each child's column
-        a0_x, q0_x = a0.gather(2, pos), q.gather(2, pos)  # [B, W, K]
-        wor = tree.law_wor[b_rows, idx]  # [B, W]
-        w = torch.where(ok, w_in[b_rows, idx], 0.0)
-        coef = torch.zeros(B, W, dtype=F64, device=dev)
-        Z = a0.sum(dim=-1) + off
-        m = torch.ones(B, W, dtype=F64, device=dev)  # q''s divisor: 1 until a token leaves
-        mass = q.sum(dim=-1)
-        gone_a0 = torch.zeros(B, W, dtype=F64, device=dev)  # sum of a0 over the tokens that left q'
-        gone_kept = torch.zeros(B, W, dtype=F64, device=dev)  # their residual entries, frozen when they left
-        child_w = torch.zeros(B, W, K, dtype=F64, device=dev)
-        after = torch.zeros(B, W, K, dtype=F64, device=dev)
-        for k in range(K):
-            trying = ok & kid_on[..., k]
-            P_x = torch.clamp_min(a0_x[..., k] - coef * q0_x[..., k], 0.0) / Z.clamp_min(tiny)
-            q_x = q0_x[..., k] / m
-            ratio = torch.where(q_x > 0, P_x / q_x.clamp_min(tiny), 0.0)
-            child_w[..., k] = torch.where(trying, torch.clamp_max(w * ratio, 1.0), 0.0)
-            # the child (and its subtree) rejected: the residual [a0 - C q0]+ with C += Z / (m w)
-            rejecting = trying & (w > 0)
-            coef_next = coef + torch.where(rejecting, Z / (m * w).clamp_min(tiny), 0.0)
-            F = torch.addcmul(a0, q, coef_next.unsqueeze(-1), value=-1.0).clamp_min_(0.0).sum(dim=-1)
-            Z_next = F - gone_a0 + gone_kept + off
-            moved = rejecting & (Z_next > 0)  # rho = 0: the residual is kept (a branch of probability 0)
-            rho = w * Z_next / Z.clamp_min(tiny)
-            w = torch.where(rejecting, stop_probabilities(rho.clamp_min(0.0), w), w)
-            coef = torch.where(moved, coef_next, coef)
-            Z = torch.where(moved, Z_next, Z)
-            after[..., k] = coef
-            leave = trying & wor  # without replacement: the token leaves q' before the next child
-            kept = torch.clamp_min(a0_x[..., k] - coef * q0_x[..., k], 0.0)
-            gone_a0 = gone_a0 + torch.where(leave, a0_x[..., k], 0.0)
-            gone_kept = gone_kept + torch.where(leave, kept, 0.0)
-            q.scatter_(2, pos[..., k : k + 1], torch.where(leave, 0.0, q0_x[..., k]).unsqueeze(-1))
-            mass = torch.where(leave, mass - q0_x[..., k], mass)
-            m = torch.where(leave, mass.clamp_min(tiny), m)
-        w_final.scatter_(1, target, w)
-        C_fin.scatter_(1, target, coef)
-        Z_fin.scatter_(1, target, Z)
-        C_after[:, :, :K].scatter_(1, target.unsqueeze(-1).expand(B, W, K), after)
-        into = torch.where(kid_on & ok.unsqueeze(-1), kids, n).view(B, W * K)
-        w_in.scatter_(1, into, child_w.view(B, W * K))
-    w_in, w_final = w_in[:, :n], w_final[:, :n]
-    w_final = torch.where(parent_node, w_final, w_in)
-    return TraversalState(w_in, w_final, C_fin[:, :n], Z_fin[:, :n], C_after[:, :n])
+    # per node: w_final, C, Z, C_after [C], q_children [C] (column n: discarded)
+    out = torch.zeros(B, n + 1, 3 + 2 * C, dtype=F64, device=dev)
+    out[..., 2] = 1.0
+    if levels.spans:
+        idx, ok = levels.idx, levels.ok  # [B, M]
+        M = idx.shape[1]
+        rows = rows_of(idx)  # [B, M, V]
+        V = rows.shape[-1]
+        # the rows in float64 behind a zero column: column 1 + x is token x, column 0 what padding (-1) reads
+        ext = _buffer("traversal_rows", (B, M, V + 1), F64, dev)
+        ext[..., 0] = 0.0
+        ext[..., 1:].copy_(rows)
+        total = ext[..., 1:].sum(dim=-1).clamp_min_(tiny)  # [B, M] the walk's normaliser
+        ids1 = _take(tree.law_ids, idx, "traversal_ids").add_(1)  # [B, M, L] the supports, 1 + token (padding 0)
+        L = ids1.shape[-1]
+        S = torch.gather(ext, 2, ids1, out=_buffer("traversal_s", (B, M, L), F64, dev))  # [B, M, L] s (0 on padding)
+        Q = _take(tree.law_probs, idx, "traversal_q").to(F64)  # [B, M, L] q' (0 on padding), zeroed as tokens leave
+        off = (total - S.sum(dim=-1)).clamp_min_(0.0)  # [B, M] p's mass off the support
+        q_mass = Q.sum(dim=-1)  # [B, M]
+        kids = _take(table, idx)  # [B, M, C] the children, in draw order
+        trying = (kids >= 0) & ok.unsqueeze(-1)
+        tok1 = torch.where(trying, tree.tokens.gather(1, kids.clamp_min(0).view(B, M * C)).view(B, M, C) + 1, 0)
+        s_x = ext.gather(2, tok1)  # [B, M, C] s at the children's tokens
+        column = _buffer("traversal_column", (B, M, V + 1), torch.int32, dev)  # 1 + token -> its column of the support
+        column.scatter_(2, ids1, torch.arange(L, dtype=torch.int32, device=dev).expand(B, M, L))
+        pos = column.gather(2, tok1).long().clamp_(0, L - 1)  # [B, M, C] each child's column
+        hit = trying & (ids1.gather(2, pos) == tok1)  # its token on the support
+        q_x = torch.where(hit, Q.gather(2, pos), 0.0)  # [B, M, C] q0 there
+        inv_q = torch.where(hit, 1.0 / q_x, 0.0)
+        leave = hit & tree.law_wor.gather(1, idx).unsqueeze(-1)  # [B, M, C] the token leaves q' after its rejection
+        kept_q = (~leave).to(F64)  # [B, M, C] 1 where q' keeps the token
+        finals, afters = [], []
+        for first, end, K in levels.spans:
+            col, W = slice(first, end), end - first
+            S_d, Q_d = S[:, col], Q[:, col]  # [B, W, L]
+            scratch = _buffer("traversal_scratch", (B, W, L), F64, dev)
+            tries, s_k, q_k, leaves, stays = (t[:, col, :K].unbind(-1) for t in (trying, s_x, q_x, leave, kept_q))
+            at = pos[:, col, :K].unsqueeze(-1).unbind(-2)  # K x [B, W, 1]
+            w = torch.where(ok[:, col], w_in.gather(1, idx[:, col]), 0.0)  # [B, W] the weight
+            c = torch.zeros(B, W, dtype=F64, device=dev)  # the coefficient
+            Y = total[:, col]  # the residual's mass
+            m = torch.ones(B, W, dtype=F64, device=dev)  # q''s divisor: 1 until a token leaves
+            mass = q_mass[:, col]
+            base = off[:, col]  # the mass outside the pass: off the support, and the tokens that left q' (frozen)
+            residuals, factors, coefs = [], [], []
+            for k in range(K):
+                residuals.append(torch.addcmul(s_k[k], c, q_k[k], value=-1.0).clamp_min_(0.0))  # the residual at x, times Y
+                factors.append(w * m / Y)  # the child's weight is min(1, this * residual / q0)
+                # the child (and its subtree) rejected: the residual [s - c q0]+ with c += Y / (m w)
+                rejecting = tries[k] & (w > 0)
+                c_next = c + Y / (m * w)  # (inf at w = 0: not rejecting, never kept)
+                Y_next = _residual_mass(S_d, Q_d, c_next, scratch) + base
+                w = torch.where(rejecting, stop_probabilities((w * Y_next / Y).clamp_min_(0.0), w), w)
+                moved = rejecting & (Y_next > 0)  # rho = 0: the residual is kept (a branch of probability 0)
+                c = torch.where(moved, c_next, c)
+                Y = torch.where(moved, Y_next, Y)
+                coefs.append(c)
+                if k + 1 < K:  # without replacement: the token leaves q' before the next child, its entry frozen
+                    base = base - torch.where(leaves[k], torch.minimum(s_k[k], c * q_k[k]), 0.0)  # s - [s - c q0]+
+                    Q_d.scatter_(2, at[k], Q_d.gather(2, at[k]).mul_(stays[k].unsqueeze(-1)))
+                    mass = mass - q_k[k] * (1.0 - stays[k])
+                    m = torch.where(leaves[k], mass.clamp_min(tiny), m)
+            child_w = torch.stack(factors, -1).mul_(torch.stack(residuals, -1)).mul_(inv_q[:, col, :K]).clamp_max_(1.0)
+            into = torch.where(trying[:, col, :K], kids[:, col, :K], n).view(B, W * K)
+            w_in.scatter_(1, into, torch.where(trying[:, col, :K], child_w, 0.0).view(B, W * K))
+            finals.append(torch.stack([w, c, Y], -1))
+            afters.append(torch.nn.functional.pad(torch.stack(coefs, -1), (0, C - K)))
+        fin = torch.cat(finals, 1)  # [B, M, 3]
+        fin[..., 1:] /= total.unsqueeze(-1)
+        packed = torch.cat([fin, torch.cat(afters, 1) / total.unsqueeze(-1), q_x], -1)  # [B, M, 3 + 2C]
+        target = torch.where(ok, idx, n).unsqueeze(-1).expand(B, M, 3 + 2 * C)  # (n: discarded)
+        out.scatter_(1, target, packed)
+    w_in = w_in[:, :n]
+    w_final = torch.where(parent_node, out[:, :n, 0], w_in)
+    return TraversalState(w_in, w_final, out[:, :n, 1], out[:, :n, 2], out[:, :n, 3 : 3 + C], out[:, :n, 3 + C :])
+
+
+def _residual_mass(S: torch.Tensor, Q: torch.Tensor, c: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``[B, W]`` ``sum [S - c Q]+`` over the support (``S``, ``Q`` ``[B, W, L]``, ``c`` ``[B, W]``;
+    ``scratch`` a ``[B, W, L]`` float64 tensor it overwrites)."""
+    return torch.addcmul(S, Q, c.unsqueeze(-1), value=-1.0, out=scratch).clamp_min_(0.0).sum(dim=-1)
 
 
 def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
@@ -229,7 +296,7 @@ def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     Returns:
         The :class:`~specdec.verify.decision.TreeDecision` of every row.
     """
-    return _decide(tree, lambda idx: _take(p, idx), u, bad_rows)
+    return _decide(tree, lambda idx: _take(p, idx, "traversal_law"), u, bad_rows)
 
 
 def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u: torch.Tensor,
@@ -238,9 +305,8 @@ def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u:
     B, n = tree.tokens.shape
     C, D = tree.max_children, tree.max_depth
     dev = tree.device
-    tiny = torch.finfo(F64).tiny
-    state = traversal_weights(tree, rows_of)
     table, child, cell = _children(tree)
+    state = _weights(tree, rows_of, table)
     has = table >= 0
     nodes = torch.arange(n, device=dev)
     anc = tree.ancestors  # [B, n, n]: [b, i, j] iff j is i or an ancestor of i
@@ -254,28 +320,28 @@ def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u:
     depth = tree.depths
     num = torch.where(on_path, depth, 0).amax(dim=1)  # [B]
     stop = torch.where(on_path & (depth == num.view(B, 1)), nodes, 0).amax(dim=1)  # [B] t (the root: 0)
-    rows = torch.arange(B, device=dev)
-    # the bonus: t's final residual (TraversalState), from t's row
-    row = rows_of(stop.view(B, 1)).squeeze(1).to(F64)  # [B, V]
+    # the bonus: t's final residual (TraversalState), from t's row up to its factor (inverse_cdf_rows normalises)
+    at_stop = stop.view(B, 1)
+    row = rows_of(at_stop).view(B, -1)  # [B, V]
     V = row.shape[-1]
-    row = row / row.sum(dim=-1, keepdim=True).clamp_min(tiny)
-    ids = tree.law_ids[rows, stop]  # [B, L]
-    on = ids >= 0
-    q0 = torch.where(on, tree.law_probs[rows, stop].to(F64), 0.0)
-    a0 = torch.where(on, row.gather(1, ids.clamp_min(0)), 0.0)
-    coef = state.C[rows, stop].unsqueeze(-1)
-    law = torch.cat([row, row.new_zeros(B, 1)], 1)  # [B, V + 1]: column V discards
-    law.scatter_(1, torch.where(on, ids, V), torch.clamp_min(a0 - coef * q0, 0.0))
-    kids = table[rows, stop]  # [B, C] its children: their tokens left q' one by one (without replacement)
-    tok = tree.tokens.gather(1, kids.clamp_min(0))
-    left = (kids >= 0) & tree.law_wor[rows, stop].view(B, 1)
-    at = (ids.unsqueeze(1) == tok.unsqueeze(-1)) & on.unsqueeze(1)  # [B, C, L]
-    a_tok = (at * a0.unsqueeze(1)).sum(-1)
-    q_tok = (at * q0.unsqueeze(1)).sum(-1)
-    law.scatter_(1, torch.where(left, tok, V), torch.clamp_min(a_tok - state.C_after[rows, stop] * q_tok, 0.0))
-    law = law[:, :V] / state.Z[rows, stop].clamp_min(tiny).unsqueeze(-1)
-    u_bonus = u[rows, stop, torch.where(stop > 0, 1, 0)].to(F64)
-    bonus = inverse_cdf_rows(law, u_bonus, torch.ones(B, dtype=torch.bool, device=dev))
+    law = row.new_zeros((B, 1 + V), dtype=F64)  # [B, 1 + V]: column 1 + x is token x, column 0 what padding (-1) reads
+    law[:, 1:] = row
+    total = law.sum(dim=-1, keepdim=True)  # [B, 1]
+    kids = table.gather(1, at_stop.unsqueeze(-1).expand(B, 1, C)).view(B, C)  # its children, in draw order
+    tok1 = tree.tokens.gather(1, kids.clamp_min(0)) + 1
+    s_tok = law.gather(1, tok1)  # [B, C]
+    ids1 = _take(tree.law_ids, at_stop).view(B, -1) + 1  # [B, L] (padding: 0)
+    q0 = _take(tree.law_probs, at_stop).view(B, -1).to(F64)  # [B, L] (0 on padding)
+    law.scatter_(1, ids1, torch.addcmul(law.gather(1, ids1), q0, state.C.gather(1, at_stop) * total, value=-1.0).clamp_min_(0.0))
+    # without replacement its children's tokens left q' one by one, each frozen after its own rejection
+    left = (kids >= 0) & tree.law_wor.gather(1, at_stop)
+    at_kids = at_stop.unsqueeze(-1).expand(B, 1, C)
+    kept = torch.addcmul(s_tok, state.C_after.gather(1, at_kids).view(B, C) * total,
+                         state.q_children.gather(1, at_kids).view(B, C), value=-1.0).clamp_min_(0.0)
+    law.scatter_(1, torch.where(left, tok1, 0), kept)
+    u_bonus = u[torch.arange(B, device=dev), stop, torch.where(stop > 0, 1, 0)].to(F64)
+    # (a bad row, flagged, has no law: token 0)
+    bonus = inverse_cdf_rows(law[:, 1:], u_bonus, torch.ones(B, dtype=torch.bool, device=dev)).clamp_min_(0)
     accepted = torch.full((B, D + 1), -1, dtype=torch.int64, device=dev)
     accepted.scatter_(1, torch.where(on_path, depth - 1, D), nodes.expand(B, n))  # off-path nodes to the discard column D
     accepted = accepted[:, :D]
@@ -315,14 +381,29 @@ def decide_traversal_from_logits(tree: TreeBatch, logits: torch.Tensor, u: torch
                                  sampling: SamplingConfig) -> TreeDecision:
     """:func:`decide_traversal_batch` on the target's ``[B, n, V]`` logits, processed by ``sampling``
     (:func:`~specdec.sampling.process_logits`) at the rows the rule reads only: the nodes with
-    children, depth by depth, and the stop node's; bad rows among them flagged, never raised here."""
+    children (all at once) and the stop node's; bad rows among them flagged, never raised here.
+
+    A bad row (NaN, +inf, all -inf) is flagged from its law's first column at ``T > 0``
+    (:func:`~specdec.sampling.law_is_bad`, no pass over the vocabulary; one-hot rows at ``T = 0``:
+    :func:`~specdec.sampling.row_is_bad`) and left as it is (NaN; a bad stop row draws its bonus
+    uniformly): NaN spoils only its own node's weights and its subtree's, which the walk reads
+    only after reading that row (flagged), or never."""
     B, n, V = logits.shape
     bad = torch.zeros(B, n + 1, dtype=torch.bool, device=logits.device)  # column n: discarded
 
     def rows_of(idx: torch.Tensor) -> torch.Tensor:
-        x = _take(logits, idx)  # [B, W, V]
-        flags = row_is_bad(x)
+        x = _take(logits, idx, "traversal_logits")  # [B, W, V] (a copy)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+        if sampling.greedy:  # one-hot rows are never NaN
+            flags = row_is_bad(x)
+            p = greedy_law(x, out=x)
+        else:  # process_logits' ops (the same bits), into this thread's buffers on a CPU
+            scores, temperature = step_scores(x, sampling)  # [B, W, V]: x itself, or the warped scores at T = 1
+            scores = temperature_scores(scores, temperature, out=scores)
+            p = torch.ops.aten._softmax.out(scores, -1, False, out=_buffer("traversal_law", x.shape, x.dtype, x.device))
+            flags = law_is_bad(p)
         bad.scatter_(1, idx, flags)
-        return process_logits(x.masked_fill_(flags.unsqueeze(-1), 0.0), sampling, check=False)  # x: a copy
+        return p
 
     return _decide(tree, rows_of, u, bad[:, :n])
