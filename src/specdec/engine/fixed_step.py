@@ -59,7 +59,9 @@ class StepBudget:
     """The shapes every fixed-shape function of one :class:`FixedStep` has (docs/cuda_graphs.md, "Shapes").
 
     Attributes:
-        batch, vocab, draft_vocab: ``B`` rows; ``V``; ``Vd``, the draft logits' columns (``V`` or its proposal ids').
+        batch: ``B`` rows.
+        vocab: ``V``, the target's vocabulary.
+        draft_vocab: ``Vd``, the draft logits' columns (``V``, or the size of its proposal vocabulary).
         nodes: ``n`` node slots per tree, the root included (padding past a row's ``num_nodes``).
         depth: ``D``, the levels drawn (the most tokens accepted per step; ``D + 1`` emitted).
         children: ``C``, child slots per node (the verification table is ``[B, n, C + 1]``).
@@ -85,8 +87,9 @@ class FixedLevel(NamedTuple):
     Attributes:
         step: the level-wise builders' :class:`~specdec.trees.levelwise.LevelStep` (None for the chain).
         bad: ``[B]`` (level 1) or ``[B, R]`` bool: the expanded rows whose draft law was not a law.
-        tokens, live, parents: ``[B, k]`` the next request's nodes: their tokens, whether they are real
-            nodes, their parents' draft ids (None after the last level).
+        tokens: ``[B, k]`` int64 the next draft request's nodes' tokens (None after the last level).
+        live: ``[B, k]`` bool: they are real nodes (None after the last level).
+        parents: ``[B, k]`` int64 their parents' draft ids (None after the last level).
         chain: the chain's level (``[B]`` token, ``[B]`` float64 weight, ``[B, V]`` float64 law,
             ``[B]`` bool drawn); None for the level-wise builders.
     """
@@ -100,11 +103,11 @@ class FixedLevel(NamedTuple):
 
 
 class FixedVerify(NamedTuple):
-    """The verification's outputs (``B`` rows, depth ``D``), every shape fixed.
+    """The verification's outputs (``B`` rows, depth ``D``), every shape fixed: first the seven fields of a
+    :class:`~specdec.verify.decision.TreeDecision` (``accepted`` ``[B, D]``, ``num_accepted`` ``[B]``, ``tokens``
+    ``[B, D + 1]``, ``bonus``, ``attempted``, ``bad_visited``, ``stop`` ``[B]``), then the KV keep indices.
 
     Attributes:
-        accepted, num_accepted, tokens, bonus, attempted, bad_visited, stop: the
-            :class:`~specdec.verify.decision.TreeDecision` fields (``[B, D]``, ``[B]``, ``[B, D + 1]``, ``[B]`` ...).
         kv_src: ``[B, D]`` int64 KV position of the ``d``-th accepted node (``prefix + slot``), ``-1`` padded.
         kv_dst: ``[B, D]`` int64 where it moves (``prefix + d``), ``-1`` padded.
         kv_lens: ``[B]`` int64 KV lengths after compaction (``prefix + 1 + num_accepted``).
@@ -328,9 +331,8 @@ def _chain_finish(levels: Sequence[FixedLevel], root: torch.Tensor) -> dict[str,
     """The chain's tree fields from its ``D`` levels: :func:`~specdec.trees.static.static_build`'s
     packing and layout for the chain shape (node ``d`` at depth ``d``, its parent ``d - 1``)."""
     r = root.view(-1)
-    B, D = r.shape[0], len(levels)
+    B, D, dev = r.shape[0], len(levels), r.device
     n = D + 1
-    dev = r.device
     chains = [lv.chain for lv in levels if lv.chain is not None]
     tokens = torch.stack([r, *(c[0] for c in chains)], dim=1)  # [B, n]
     weights = torch.stack([torch.ones_like(chains[0][1]), *(c[1] for c in chains)], dim=1)  # [B, n]
@@ -348,20 +350,18 @@ def _chain_finish(levels: Sequence[FixedLevel], root: torch.Tensor) -> dict[str,
     parents = torch.where(live & (full_par >= 0), position.gather(1, full_par.clamp_min(0)), -1)
     kinds = torch.where(live, int(NodeKind.SAMPLED), PAD)
     kinds = torch.cat([torch.full_like(kinds[:, :1], int(NodeKind.ROOT)), kinds[:, 1:]], dim=1)
-    kids = torch.zeros(B, n, dtype=torch.int64, device=dev).scatter_add(1, parents.clamp_min(0), (parents >= 0).long())
-    has_kids = kids > 0  # [B, n]
+    has_kids = torch.zeros(B, n, dtype=torch.int64, device=dev).scatter_add(
+        1, parents.clamp_min(0), (parents >= 0).long()) > 0  # [B, n]
     V = law_probs.shape[-1]
     probs = torch.where(has_kids.unsqueeze(-1), law_probs.gather(1, order.unsqueeze(-1).expand(B, n, V)), 0.0)
     ids = torch.where(probs > 0, torch.arange(V, device=dev), -1)  # [B, n, V]
-    eye = torch.eye(n, dtype=torch.bool, device=dev)
-    anc = eye.expand(B, n, n)
+    anc = (eye := torch.eye(n, dtype=torch.bool, device=dev)).expand(B, n, n)  # [B, n, n]
     up = parents.clamp_min(0).unsqueeze(-1).expand(B, n, n)
     for _ in range(D):
         anc = eye | torch.where((parents >= 0).unsqueeze(-1), anc.gather(1, up), False)
-    depths = torch.arange(n, device=dev)[order]
     return dict(
         tokens=torch.where(live, tokens.gather(1, order), r.unsqueeze(1)), parents=parents,
-        depths=torch.where(live, depths, 0), kinds=kinds, draw_order=torch.zeros(B, n, dtype=torch.int64, device=dev),
+        depths=torch.where(live, torch.arange(n, device=dev)[order], 0), kinds=kinds, draw_order=torch.zeros(B, n, dtype=torch.int64, device=dev),
         weights=torch.where(live, weights.gather(1, order), 0.0), num_nodes=live.sum(dim=1), law_ids=ids,
         law_probs=probs, law_wor=has_kids & False, ancestors=anc, draft_bad=draft_bad,
     )
