@@ -21,7 +21,7 @@ verifier visits it, which it cannot.
 
 A whole tree (:mod:`specdec.processors` calls :meth:`GrammarProcessor.process_tree` once per
 tree) is masked in one native call of xgrammar's ``GrammarMatcher.traverse_draft_tree`` where the
-installed xgrammar has it (0.2 and later), from the root's state and the tree in SGLang's
+installed xgrammar has it (0.2.9 does), from the root's state and the tree in SGLang's
 first-child / next-sibling arrays; the rows it leaves empty after the grammar has ended are
 then given the stop tokens, so the masks are exactly those of the per-node fills (one rollback,
 acceptance and ``fill_next_token_bitmask`` per node), which run otherwise or when asked
@@ -61,7 +61,7 @@ _logged: set[tuple[str, str]] = set()  # (path, why) already said at INFO in thi
 
 
 def has_tree_traversal() -> bool:
-    """True when the installed xgrammar has ``GrammarMatcher.traverse_draft_tree`` (0.2 and later)."""
+    """True when the installed xgrammar has ``GrammarMatcher.traverse_draft_tree`` (0.2.9 does)."""
     return _xgr is not None and callable(getattr(_xgr.GrammarMatcher, "traverse_draft_tree", None))
 
 
@@ -115,7 +115,7 @@ class GrammarProcessor:
         if tree_mask == "traverse_draft_tree" and not native:
             raise InvalidConfigError(f"GrammarProcessor: tree_mask='traverse_draft_tree', but the installed xgrammar "
                                      f"{_xgrammar_version()} has no GrammarMatcher.traverse_draft_tree "
-                                     "(0.2 and later have it)")
+                                     "(xgrammar 0.2.9 has it)")
         self.tree_mask_path = "traverse_draft_tree" if native and tree_mask != "per_node" else "per_node"
         if self.tree_mask_path == "traverse_draft_tree":
             _say_once(self.tree_mask_path, "one native call of xgrammar's GrammarMatcher.traverse_draft_tree per tree")
