@@ -30,7 +30,7 @@ import attrs
 from specdec.drafts.base import DraftModel
 from specdec.engine.loop import check_prompts
 from specdec.engine.options import StepOptions
-from specdec.engine.stats import StepTally
+from specdec.engine.stats import AcceptanceCounts, BatchChunk, StepTally
 from specdec.errors import InvalidConfigError
 from specdec.processors import LogitsProcessorLike
 from specdec.registry import get
@@ -65,6 +65,8 @@ class BatchOutput:
         tau: tokens emitted per row-step (accepted drafts + the bonus); 1 for plain decoding.
         steps_by_row: per row, the steps it ran.
         emitted_by_row: per row, the tokens the verifier emitted (before EOS / length truncation).
+        acceptance_by_row: per row, its per-position counts and tau
+            (:class:`~specdec.engine.stats.AcceptanceCounts`; docs/generation.md "Acceptance metrics").
     """
 
     tokens: tuple[tuple[int, ...], ...]
@@ -75,6 +77,7 @@ class BatchOutput:
     tau: float = 1.0
     steps_by_row: tuple[int, ...] = ()
     emitted_by_row: tuple[int, ...] = ()
+    acceptance_by_row: tuple[AcceptanceCounts, ...] = ()
 
     @property
     def new_tokens(self) -> int:
@@ -109,7 +112,7 @@ def speculative_stream_batch(
     kernel: str = "auto",
     random: str = "torch",
     options: StepOptions | None = None,
-) -> Iterator[dict[int, list[int]]]:
+) -> Iterator[BatchChunk]:
     """Decode every prompt at once; yield ``{row: new tokens}`` after each step (what
     :meth:`~specdec.generate.SpeculativeGenerator.stream_batch` runs, for a composition given
     piece by piece; the other arguments as there, :mod:`specdec.request`).
@@ -140,17 +143,17 @@ def speculative_stream_batch(
     decoder = Decoder(target, draft, builder, verifier, kernel=kernel, random=random, step=options)
     tallies = [StepTally() for _ in prompts]
     for report in stream_request(decoder, prompts, request, tallies, what="speculative_stream_batch", batch=True):
-        yield report.kept
+        yield BatchChunk.of(report.kept, tallies)
 
 
 def _stream_plain(target: TargetModel, prompts: Sequence[Sequence[int]], options: GenerateOptions,
-                  tallies: list[StepTally]) -> Iterator[dict[int, list[int]]]:
+                  tallies: list[StepTally]) -> Iterator[BatchChunk]:
     if not isinstance(target, TargetModel):
         raise InvalidConfigError(f"target must be a TargetModel, got {type(target).__name__}")
     request = options.resolve(prompts, target.device, batch=True)
     for report in stream_request(plain_decoder(target), prompts, request, tallies,
                                  what="autoregressive_generate_batch", batch=True):
-        yield report.kept
+        yield BatchChunk.of(report.kept, tallies)
 
 
 def autoregressive_stream_batch(
@@ -163,7 +166,7 @@ def autoregressive_stream_batch(
     *,
     seed: int | None = None,
     logits_processor: LogitsProcessorLike | None = None,
-) -> Iterator[dict[int, list[int]]]:
+) -> Iterator[BatchChunk]:
     """Plain decoding of every prompt at once; yields ``{row: new tokens}`` after each step for
     the rows that produced one (``row`` = index into ``prompts``). See the module docstring
     for the per-row guarantees.
@@ -232,4 +235,5 @@ def collect_batch(run: Callable[[list[StepTally]], Iterator[dict[int, list[int]]
         steps=max((t.steps for t in tallies), default=0), time_total=time.perf_counter() - start, row_steps=row_steps,
         tau=emitted / row_steps if row_steps else 1.0,
         steps_by_row=tuple(t.steps for t in tallies), emitted_by_row=tuple(t.emitted for t in tallies),
+        acceptance_by_row=tuple(t.counts() for t in tallies),
     )

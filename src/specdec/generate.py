@@ -30,7 +30,7 @@ from specdec.drafts.base import DraftModel
 from specdec.engine.compiler import StepCompiler
 from specdec.engine.dispatch import KERNEL_CHOICES
 from specdec.engine.options import StepOptions
-from specdec.engine.stats import GenerationStats, StepTally
+from specdec.engine.stats import BatchChunk, GenerationStats, StepTally, StreamChunk
 from specdec.errors import InvalidConfigError, VocabMismatchError
 from specdec.processors import LogitsProcessorLike
 from specdec.request import Decoder, GenerateOptions, Request, stream_request
@@ -75,14 +75,15 @@ def _stream(
     tally: StepTally,
     what: str,
     logprob_sink: list[torch.Tensor] | None = None,
-) -> Iterator[list[int]]:
+) -> Iterator[StreamChunk]:
     """One row through the engine loop (:func:`specdec.request.stream_request`); yields the tokens
-    kept at each step; with ``logprob_sink`` (and ``request.return_logprobs``), each step appends
-    the kept tokens' log-probabilities there (a device tensor, read by the caller once at the end)."""
+    kept at each step, with the row's acceptance counts so far (:class:`~specdec.engine.stats.StreamChunk`);
+    with ``logprob_sink`` (and ``request.return_logprobs``), each step appends the kept tokens'
+    log-probabilities there (a device tensor, read by the caller once at the end)."""
     for report in stream_request(decoder, [prompt_ids], request, [tally], what=what, batch=False):
         if logprob_sink is not None:
             logprob_sink.append(report.logprobs[0])
-        yield report.kept[0]
+        yield StreamChunk(report.kept[0], tally.counts())
 
 
 def _generate(
@@ -300,8 +301,9 @@ class SpeculativeGenerator:
         *,
         seeds: Sequence[int] | None = None,
         logits_processor: LogitsProcessorLike | None = None,
-    ) -> Iterator[list[int]]:
-        """Yield each step's new tokens as soon as they are verified (arguments as :meth:`generate`)."""
+    ) -> Iterator[StreamChunk]:
+        """Yield each step's new tokens as soon as they are verified (arguments as :meth:`generate`): a list,
+        with ``.acceptance``, the request's per-position counts so far (:class:`~specdec.engine.stats.StreamChunk`)."""
         options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor)
         request = options.resolve([prompt_ids], self.target.device, batch=False)
         yield from _stream(self._decoder(), prompt_ids, request, StepTally(), "SpeculativeGenerator.stream")
@@ -316,9 +318,10 @@ class SpeculativeGenerator:
         *,
         seed: int | None = None,
         logits_processor: LogitsProcessorLike | None = None,
-    ) -> Iterator[dict[int, list[int]]]:
+    ) -> Iterator[BatchChunk]:
         """Decode every prompt at once (batched); yield ``{row: new tokens}``
-        after each step (:func:`specdec.batch.speculative_stream_batch`: the
+        after each step, with ``.acceptance``, each stepped row's per-position counts so far
+        (:class:`~specdec.engine.stats.BatchChunk`; :func:`specdec.batch.speculative_stream_batch`: the
         requirements and the per-row guarantees; arguments as :meth:`generate_batch`)."""
         self._check_batch_options()
         request = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor).resolve(
@@ -326,7 +329,7 @@ class SpeculativeGenerator:
         tallies = [StepTally() for _ in prompts]
         for report in stream_request(self._decoder(), prompts, request, tallies,
                                      what="SpeculativeGenerator.generate_batch", batch=True):
-            yield report.kept
+            yield BatchChunk.of(report.kept, tallies)
 
     def generate_batch(
         self,

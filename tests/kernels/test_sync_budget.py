@@ -91,12 +91,12 @@ def test_the_counter_sees_a_step_that_copies_the_tree_to_the_host(models, monkey
     ``kernel="triton"`` path did) is over it."""
     import specdec.engine.step as step_module
 
-    real = step_module.read_step
+    real = step_module.read_rows  # the step's one read (read_step's form with the trees' depths)
 
     def reads_the_tree(decision, tree, rows=None):
         tree.tree(0)  # the host view of the tree: the reads the device-resident step avoids
         return real(decision, tree, rows)
 
-    monkeypatch.setattr(step_module, "read_step", reads_the_tree)
+    monkeypatch.setattr(step_module, "read_rows", reads_the_tree)
     per_step, _, counter = syncs_per_step(models, "rheo", "torch")
     assert per_step > BUDGET, counter.report()

@@ -379,7 +379,7 @@ def _stop(plan: _Plan, batch: _Batch, outcome: StepOutcome) -> tuple[StepReport,
     for b, r in enumerate(batch.active):
         result = outcome.results[b]
         tallies[r].record(result, outcome.tree_nodes[b], outcome.time_draft, outcome.time_target, outcome.time_verify,
-                          None if outcome.optimum is None else outcome.optimum[b])
+                          None if outcome.optimum is None else outcome.optimum[b], tree_depth=outcome.tree_depths[b])
         tokens = list(result.tokens)
         if max_new_tokens is not None:
             tokens = tokens[: max_new_tokens - produced[r]]

@@ -15,7 +15,88 @@ import attrs
 from specdec.verify.base import VerifyResult
 from specdec.verify.optimum import NodeOptimum
 
-__all__ = ["GenerationStats", "StepTally"]
+__all__ = ["AcceptanceCounts", "BatchChunk", "GenerationStats", "StepTally", "StreamChunk"]
+
+
+def _padded(counts: Sequence[int], width: int) -> tuple[int, ...]:
+    """``counts`` padded with zeros to ``width`` entries (per-depth lists grow as deeper depths occur)."""
+    return tuple(counts) + (0,) * (width - len(counts))
+
+
+@attrs.frozen
+class AcceptanceCounts:
+    """A request's acceptance so far, per position (docs/generation.md, "Acceptance metrics").
+
+    The counts vLLM's ``num_accepted_tokens_per_pos`` / ``num_drafts`` and SGLang's per-request
+    accept length report, for trees: position ``d`` (0-based) is tree depth ``d + 1``.
+
+    Attributes:
+        steps: steps (target forwards) of the request.
+        emitted: tokens the verifier emitted (accepted drafts + one bonus per step), before truncation.
+        drafted: ``[D]`` per position, the steps whose tree had a node at depth ``d + 1``.
+        accepted: ``[D]`` per position, the steps that accepted a token at depth ``d + 1``.
+        attempted: ``[D]`` per position, the steps whose walk tested a node at depth ``d + 1``
+            (:attr:`GenerationStats.depth_attempted`).
+    """
+
+    steps: int = 0
+    emitted: int = 0
+    drafted: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    attempted: tuple[int, ...] = ()
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: tokens emitted per step (accepted drafts + 1 bonus); 0 before any step."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> tuple[float, ...]:
+        """Per position ``d``: ``accepted[d] / drafted[d]`` (0 where nothing was drafted)."""
+        return tuple(a / n if n else 0.0 for a, n in zip(self.accepted, self.drafted))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, ``tau`` and ``acceptance_by_position`` included."""
+        return dict(steps=self.steps, emitted=self.emitted, drafted=list(self.drafted), accepted=list(self.accepted),
+                    attempted=list(self.attempted), tau=self.tau,
+                    acceptance_by_position=list(self.acceptance_by_position))
+
+
+class StreamChunk(list[int]):
+    """One step of a stream (``SpeculativeGenerator.stream``): the tokens the request kept, a
+    ``list`` as before, with :attr:`acceptance`, the request's :class:`AcceptanceCounts` so far
+    (host values of the step's one read: no device read).
+
+    Attributes:
+        acceptance: the counts after this step (empty counts: none given).
+    """
+
+    acceptance: AcceptanceCounts
+
+    def __init__(self, tokens: Sequence[int] = (), acceptance: AcceptanceCounts | None = None) -> None:
+        super().__init__(tokens)
+        self.acceptance = AcceptanceCounts() if acceptance is None else acceptance
+
+
+class BatchChunk(dict[int, list[int]]):
+    """One step of a batched stream (``stream_batch``): ``{row: new tokens}``, a ``dict`` as before,
+    with :attr:`acceptance`, each stepped row's :class:`AcceptanceCounts` so far.
+
+    Attributes:
+        acceptance: ``{row: counts}`` after this step, for the rows of the step.
+    """
+
+    acceptance: dict[int, AcceptanceCounts]
+
+    def __init__(self, rows: dict[int, list[int]] | None = None,
+                 acceptance: dict[int, AcceptanceCounts] | None = None) -> None:
+        super().__init__(rows or {})
+        self.acceptance = {} if acceptance is None else acceptance
+
+    @classmethod
+    def of(cls, kept: dict[int, list[int]], tallies: Sequence["StepTally"]) -> "BatchChunk":
+        """A step's chunk: ``kept`` (``{row: tokens}``) with each of its rows' counts from ``tallies``."""
+        return cls(kept, {r: tallies[r].counts() for r in kept})
 
 
 @attrs.frozen
@@ -48,6 +129,9 @@ class GenerationStats:
             that tested one there (:mod:`specdec.verify.optimum`).
         optimum_bound: some node's value in ``depth_optimum`` is an upper bound (a support
             too large for the exact min-cut), not the optimum itself.
+        depth_drafted: ``[D]`` count of steps whose tree had a node at depth ``d+1`` (drafted
+            there, whether or not the walk reached it); with ``depth_accepted`` the per-position
+            acceptance (:attr:`acceptance_by_position`, docs/generation.md "Acceptance metrics").
     """
 
     steps: int
@@ -66,6 +150,21 @@ class GenerationStats:
     clock: str = "perf_counter"
     depth_optimum: tuple[float, ...] = ()
     optimum_bound: bool = False
+    depth_drafted: tuple[int, ...] = ()
+
+    @property
+    def acceptance(self) -> AcceptanceCounts:
+        """The per-position counts (:class:`AcceptanceCounts`; every list ``len(depth_drafted)`` long)."""
+        width = max(len(self.depth_drafted), len(self.depth_attempted))
+        return AcceptanceCounts(self.steps, self.emitted, _padded(self.depth_drafted, width),
+                                _padded(self.depth_accepted, width), _padded(self.depth_attempted, width))
+
+    @property
+    def acceptance_by_position(self) -> tuple[float, ...]:
+        """Per position ``d`` (tree depth ``d+1``): steps that accepted a token there / steps whose tree
+        drafted a node there (vLLM's per-position acceptance rate; 0 where nothing was drafted).
+        :attr:`acceptance_by_depth` conditions on the walk reaching the depth instead."""
+        return self.acceptance.acceptance_by_position
 
     @property
     def optimum_by_depth(self) -> tuple[float, ...]:
@@ -106,6 +205,7 @@ class GenerationStats:
             tau=self.tau,
             target_forwards=self.target_forwards,
             acceptance_by_depth=list(self.acceptance_by_depth),
+            acceptance_by_position=list(self.acceptance_by_position),
             tokens_per_second=self.tokens_per_second,
             optimum_by_depth=list(self.optimum_by_depth),
             gap_by_depth=list(self.gap_by_depth),
@@ -131,6 +231,7 @@ class StepTally:
         clock: how the times were measured (:data:`specdec.engine.options.CLOCKS`).
         depth_optimum, optimum_bound: per depth, the summed best lossless acceptance at the
             tested nodes, and whether one was a bound (``StepOptions(optimum=True)``).
+        depth_drafted: per depth ``d`` (0-based), steps whose tree had a node at depth ``d + 1``.
     """
 
     steps: int = 0
@@ -148,10 +249,19 @@ class StepTally:
     clock: str = "perf_counter"
     depth_optimum: list[float] = attrs.field(factory=list)
     optimum_bound: bool = False
+    depth_drafted: list[int] = attrs.field(factory=list)
 
     def record(self, result: VerifyResult, tree_nodes: int, time_draft: float, time_target: float, time_verify: float,
-               optimum: Sequence[NodeOptimum] | None = None) -> None:
-        """Add one step's outcome (``optimum``: per tested depth, :func:`~specdec.engine.step.step_optimum`'s row)."""
+               optimum: Sequence[NodeOptimum] | None = None, tree_depth: int | None = None) -> None:
+        """Add one step's outcome (``optimum``: per tested depth, :func:`~specdec.engine.step.step_optimum`'s row;
+        ``tree_depth``: the depth of the row's deepest tree node; None: the walk's tested depths, a lower bound)."""
+        # a tested depth was drafted; max() keeps the counts consistent for a tree batch whose depths are wrong
+        # (caught in validate mode, StepOptions(validate=True); the step path does not pay for that check)
+        drafted = result.attempted_depths if tree_depth is None else max(tree_depth, result.attempted_depths)
+        while len(self.depth_drafted) < drafted:
+            self.depth_drafted.append(0)
+        for d in range(drafted):
+            self.depth_drafted[d] += 1
         self.steps += 1
         self.tree_nodes += tree_nodes
         self.emitted += len(result.tokens)
@@ -181,4 +291,11 @@ class StepTally:
             time_target=self.time_target, time_verify=self.time_verify, time_total=time_total,
             kernel_path=self.kernel_path, clock=self.clock,
             depth_optimum=tuple(self.depth_optimum), optimum_bound=self.optimum_bound,
+            depth_drafted=tuple(self.depth_drafted),
         )
+
+    def counts(self) -> AcceptanceCounts:
+        """The per-position counts so far (host values: no device read)."""
+        width = max(len(self.depth_drafted), len(self.depth_attempted))
+        return AcceptanceCounts(self.steps, self.emitted, _padded(self.depth_drafted, width),
+                                _padded(self.depth_accepted, width), _padded(self.depth_attempted, width))

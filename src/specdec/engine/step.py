@@ -51,6 +51,7 @@ __all__ = [
     "commit_step",
     "decide_rows",
     "emitted_logprobs",
+    "read_rows",
     "read_step",
     "run_step",
     "step_rows",
@@ -101,6 +102,8 @@ class StepOutcome:
             it was drawn from (:func:`emitted_logprobs`), on the device; None unless asked.
         optimum: per row, per tested depth, the best lossless acceptance at the node the path
             tested there (:func:`step_optimum`); None unless :attr:`StepOptions.optimum`.
+        tree_depths: per row, the depth of the scored tree's deepest node (0: a root-only tree),
+            read with the step's one read (:func:`read_rows`); the per-position drafted counts.
     """
 
     tree: TreeBatch
@@ -112,6 +115,7 @@ class StepOutcome:
     time_verify: float = 0.0
     logprobs: torch.Tensor | None = None
     optimum: tuple[tuple[NodeOptimum, ...], ...] | None = None
+    tree_depths: tuple[int, ...] = ()
 
     @property
     def result(self) -> VerifyResult:
@@ -166,7 +170,8 @@ def _draft_bad(rows: Sequence[int] | None, b: int) -> InvalidDistributionError:
 
 def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | None = None) -> tuple[list[VerifyResult], list[int]]:
     """The step's one device-to-host read, decoded in one place: per row, the
-    :class:`~specdec.verify.base.VerifyResult` and the tree's node count.
+    :class:`~specdec.verify.base.VerifyResult` and the tree's node count (:func:`read_rows`
+    without the trees' depths).
 
     Args:
         rows: the rows' names for error messages (None: a single generation, unnamed).
@@ -175,12 +180,28 @@ def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | Non
         InvalidDistributionError: a row's draft logits were bad at a node the builder expanded,
             or its target logits at a node the verifier visited.
     """
+    results, nodes, _depths = read_rows(decision, tree, rows)
+    return results, nodes
+
+
+def read_rows(decision: TreeDecision, tree: TreeBatch,
+              rows: Sequence[int] | None = None) -> tuple[list[VerifyResult], list[int], list[int]]:
+    """The step's one device-to-host read (:func:`read_step`), with per row the depth of its
+    tree's deepest node (the per-position drafted counts, docs/generation.md "Acceptance metrics"):
+    one more column of the same read.
+
+    Raises:
+        InvalidDistributionError: as :func:`read_step`.
+    """
     B, D = tree.batch_size, tree.max_depth
     draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
-    packed = torch.cat([decision.packed(), tree.num_nodes.view(B, 1).to(decision.accepted.device),
-                        draft_bad.long().view(B, 1).to(decision.accepted.device)], dim=-1)
-    read = packed.tolist()  # the one read: [B, 2D + 7]
-    results, nodes = [], []
+    device = decision.accepted.device
+    deepest = tree.depths.amax(1, keepdim=True)  # [B, 1] each tree's deepest node (padding is 0)
+    deepest = deepest if deepest.device == device else deepest.to(device)  # one op per step, not two
+    packed = torch.cat([decision.packed(), deepest, tree.num_nodes.view(B, 1).to(device),
+                        draft_bad.long().view(B, 1).to(device)], dim=-1)
+    read = packed.tolist()  # the one read: [B, 2D + 8]
+    results, nodes, depths = [], [], []
     for b, row in enumerate(read):
         num, _bonus, attempted, bad_visited, stop = row[:5]
         if row[-1]:
@@ -192,21 +213,26 @@ def read_step(decision: TreeDecision, tree: TreeBatch, rows: Sequence[int] | Non
             )
         results.append(VerifyResult(tuple(row[5 : 5 + num]), tuple(row[5 + D : 5 + D + num + 1]), attempted))
         nodes.append(row[-2])
-    return results, nodes
+        depths.append(row[-3])
+    return results, nodes, depths
 
 
 def _walk(
     verifier: Verifier, tree: TreeBatch, logits: torch.Tensor, sampling: SamplingConfig | RowSampling,
     rngs: Sequence[RandomSource], rows: Sequence[int] | None, flag_bad: bool = False,
-) -> tuple[TreeDecision, list[VerifyResult | None], list[int]]:
+) -> tuple[TreeDecision, list[VerifyResult | None], list[int], list[int]]:
     """The walk path: the verifier's own :meth:`~specdec.verify.base.Verifier.verify` on each
     row's host view, each row with its own source; host reads (its cost per step: the tree's
     host view and the visited rows of ``p``). ``flag_bad`` (the serving call): a row whose
     visited target logits are bad is flagged in ``bad_visited`` (result None) instead of raising,
-    and a row whose draft was flagged is walked like the others (the caller flags it)."""
+    and a row whose draft was flagged is walked like the others (the caller flags it).
+    Returns the decision, the results, and per row the tree's node count and deepest node's depth
+    (empty with ``flag_bad``)."""
     B, D = tree.batch_size, tree.max_depth
     results: list[VerifyResult | None] = []
     nodes = []
+    # [B] each tree's deepest node: one more read of the walk's (not the serving call's: it keeps no tallies)
+    depths: list[int] = [] if flag_bad else tree.depths.amax(1).tolist()
     for b in range(B):
         host = tree.tree(b)
         if not flag_bad and tree.draft_bad is not None and bool(tree.draft_bad[b]):
@@ -223,7 +249,7 @@ def _walk(
             else:
                 raise InvalidDistributionError(f"{_prefix(rows, b)}{exc}") from exc
         nodes.append(host.num_nodes)
-    return walk_decision(results, D, logits.device), results, nodes
+    return walk_decision(results, D, logits.device), results, nodes, depths
 
 
 def walk_decision(results: Sequence[VerifyResult | None], max_depth: int, device: torch.device) -> TreeDecision:
@@ -343,24 +369,24 @@ def step_rows(
     # one verification for every row, each under its own configuration (a RowSampling: [B] tensors)
     single = verification if isinstance(verification, Verification) else verification[0]
     decision, walked = _decide(single, verifier, tree, logits, sampling, rng, inputs)
-    results, nodes = walked if walked is not None else read_step(decision, tree, inputs.rows)
+    results, nodes, depths = walked if walked is not None else read_rows(decision, tree, inputs.rows)
     timer.mark()
     if inputs.logprobs:
         step_logprobs = emitted_logprobs(logits, decision, sampling)
     optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     time_draft, time_target, time_verify = timer.splits()
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
-                       logprobs=step_logprobs, optimum=optimum)
+                       logprobs=step_logprobs, optimum=optimum, tree_depths=tuple(depths))
 
 
 def _decide(
     verification: Verification, verifier: Verifier, tree: TreeBatch, logits: torch.Tensor,
     sampling: SamplingConfig | RowSampling, rng: RandomSource, inputs: StepInputs, *, flag_bad: bool = False,
-) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int]] | None]:
+) -> tuple[TreeDecision, tuple[list[VerifyResult], list[int], list[int]] | None]:
     """The dispatched verification of the rows, each under its configuration (``sampling``: one
     for every row, or a :class:`~specdec.engine.row_sampling.RowSampling`, one pass over all rows
-    on every path, one launch of the fused kernel): the decision, and the walk's results and node
-    counts (None on the tensor paths: :func:`read_step` decodes them).
+    on every path, one launch of the fused kernel): the decision, and the walk's results, node
+    counts and trees' depths (None on the tensor paths: :func:`read_rows` decodes them).
     ``flag_bad``: the walk flags a row with bad visited logits instead of raising (the tensor
     paths always flag, in ``bad_visited``); the serving call's mode (:data:`decide_rows`).
     ``inputs``: the walk's per-row sources (``row_rngs``, default ``[rng]``), the kernel's streams
@@ -372,10 +398,10 @@ def _decide(
         sampling = sampling.configs[0]
     per_row = isinstance(sampling, RowSampling)
     if verification.path == "walk":
-        decision, walked, nodes = _walk(verifier, tree, logits, sampling, row_rngs, rows, flag_bad)
+        decision, walked, nodes, depths = _walk(verifier, tree, logits, sampling, row_rngs, rows, flag_bad)
         if flag_bad:
             return decision, None
-        return decision, ([r for r in walked if r is not None], nodes)
+        return decision, ([r for r in walked if r is not None], nodes, depths)
     if verification.path_rule is not None:  # a path-level rule's tensor form (rules 7 and 8)
         u = rng.verify_uniforms((B, tree.node_slots, tree.max_children + 1), device=logits.device)
         if isinstance(sampling, RowSampling):  # each row's law (row-wise: the rows the rule reads have their bits)
