@@ -48,8 +48,9 @@ def test_each_temperature_gets_the_budget_of_its_own_profiles():
     level = {"lm": lambda w: 0.01 + 0.001 * w}
     peaked = {"lm@T=0": ("lm", (0.9, 0.02, 0.01))}
     flat = {"lm@T=1": ("lm", (0.25, 0.2, 0.15, 0.1, 0.08, 0.06))}
-    chosen = choose_budgets(forward, level, {0.0: peaked, 1.0: flat})
-    assert set(chosen) == {0.0, 1.0}
+    by_t = choose_budgets(forward, level, {0.0: peaked, 1.0: flat})
+    assert set(by_t) == {0.0, 1.0} and all(set(c) == {"lm"} for c in by_t.values())
+    chosen = {t: c["lm"] for t, c in by_t.items()}
     assert chosen[0.0].budget == choose_budget(forward, level, peaked).budget
     assert chosen[1.0].budget == choose_budget(forward, level, flat).budget
     assert chosen[0.0].budget != chosen[1.0].budget
@@ -162,8 +163,13 @@ def _fake_choices(budgets, taus, calls):
     this machine's timings)."""
     def choose(forward, level, acceptance, *a, **k):
         calls.append(("choose", sorted(acceptance)))
-        return {t: BudgetChoice(budgets[t], 1.0, {(budgets[t].nodes, budgets[t].depth): 1.0}, {"lm": 1.5})
-                for t in acceptance}
+        out = {}
+        for t, profiles in acceptance.items():
+            out[t] = {}
+            for key, (kind, _) in profiles.items():  # budgets[t]: one Budget for every kind, or {kind: Budget}
+                b = budgets[t] if isinstance(budgets[t], Budget) else budgets[t][kind]
+                out[t][kind] = BudgetChoice(b, 1.0, {(b.nodes, b.depth): 1.0}, {key: 1.5})
+        return out
 
     def pilot(target, draft, method, options, prompts, sampling, max_new_tokens, *, seed=0):
         calls.append(("pilot", method, sampling.temperature, options["m"], options["N"]))
@@ -206,7 +212,9 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     log = read_runlog(out)
     entry = log.resolved["budget"]
     assert entry["auto"] and entry["nodes"] is None and entry["by_temperature"] == [
-        {"temperature": 0.0, "nodes": 2, "depth": 2, "m": 1}, {"temperature": 1.0, "nodes": 12, "depth": 3, "m": 2}]
+        {"temperature": 0.0, "nodes": 2, "depth": 2, "m": 1, "by_kind": {"lm": {"nodes": 2, "depth": 2}}},
+        {"temperature": 1.0, "nodes": 12, "depth": 3, "m": 2, "by_kind": {"lm": {"nodes": 12, "depth": 3}}}]
+    assert len(entry["sha256"]) == 64
     pilot = log.resolved["auto_budget"]["by_temperature"][1]["pilot"]
     assert pilot["tau"] == {"1": 2.0, "2": 2.5, "3": 2.5} and pilot["candidates"] == [1, 2, 3]
     assert log.resolved["auto_budget"]["by_temperature"][0]["pilot"] is None  # T = 0: m plays no part
@@ -230,9 +238,9 @@ def test_auto_chooses_per_temperature_and_records_it(auto_run, capsys):
     # the report says what auto chose per temperature, from runs.jsonl alone
     code, stdout, err = _run(capsys, "report", out, "--no-plots", "--no-write")
     assert code == 0, err
-    assert "budget auto, per temperature (below)" in stdout
-    assert "auto budget at T=0: 2 nodes, depth 2, rheo m=1 (greedy: m plays no part)" in stdout
-    assert "auto budget at T=1: 12 nodes, depth 3, rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500)" in stdout
+    assert "budget auto, per temperature and draft kind (below)" in stdout
+    assert "auto budget at T=0: lm 2 nodes, depth 2; rheo m=1 (greedy: m plays no part)" in stdout
+    assert "auto budget at T=1: lm 12 nodes, depth 3; rheo m=2 (pilot tau m=1 2.000, m=2 2.500, m=3 2.500)" in stdout
 
 
 def _interrupt_after(monkeypatch, n):
@@ -263,7 +271,7 @@ def test_a_resumed_auto_sweep_keeps_its_choices(capsys, tiny_dirs, tmp_path, mon
     assert code == 0, err
     assert again == []  # nothing re-measured or re-chosen
     assert "5 of 16 generations done" in err
-    assert "T=0: 2 nodes, depth 2 (rheo m=1); T=1: 12 nodes, depth 3 (rheo m=2) as logged" in err
+    assert "T=0: lm 2 nodes, depth 2 (rheo m=1); T=1: lm 12 nodes, depth 3 (rheo m=2) as logged" in err
     log = read_runlog(out)
     assert len(log.records) == 16
     for r in log.records:

@@ -133,29 +133,34 @@ def test_auto_budget_and_eagle_head(capsys, tiny_dirs, tmp_path):
     assert "truncated copy" in stdout  # the output says which draft LM ran
     auto = meta["auto_budget"]
     assert meta["budget"]["auto"] and set(auto["acceptance"]) == {"eagle3@T=1", "lm@T=1"}
-    (chosen,) = auto["by_temperature"]  # one temperature: one choice
-    best = max(chosen["table"], key=chosen["table"].get)
+    (chosen,) = auto["by_temperature"]  # one temperature: one choice per draft kind, each its own table's best
     (entry,) = meta["budget"]["by_temperature"]
-    assert best == f"{entry['nodes']},{entry['depth']}" == f"{chosen['nodes']},{chosen['depth']}"
-    # rheo's m: the pilot's best among m in {1, 2, 3} (those < K: m = K is the sampled-dynamic method); which
-    # one wins depends on the pilot generations, so the test checks the rule, not a value
+    assert set(chosen["by_kind"]) == set(entry["by_kind"]) == {"eagle3", "lm"}
+    t1 = auto["forward_time_s"]["1"]
+    for kind, mine in chosen["by_kind"].items():
+        best = max(mine["table"], key=mine["table"].get)
+        assert best == f"{mine['nodes']},{mine['depth']}" == "{nodes},{depth}".format(**entry["by_kind"][kind])
+        assert mine["predicted_speedup"] == pytest.approx(mine["table"][best] * t1)
+    # rheo's m: the pilot's best among m in {1, 2, 3} (those < K of every piloted kind: m = K is the
+    # sampled-dynamic method); which one wins depends on the pilot generations, so the test checks the rule
     from specdec.bench.budget import Budget, dynamic_width
-    K = dynamic_width(Budget(entry["nodes"], entry["depth"]))
+    K = min(dynamic_width(Budget(b["nodes"], b["depth"])) for b in entry["by_kind"].values())
     pilot = chosen["pilot"]
     assert set(pilot["candidates"]) == {m for m in (1, 2, 3) if m < K}
     assert entry["temperature"] == 1.0 and entry["m"] == chosen["m"] in pilot["candidates"]
     assert pilot["tau"][str(entry["m"])] == max(pilot["tau"].values()) if len(pilot["candidates"]) > 1 else not pilot["tau"]
-    t1 = auto["forward_time_s"]["1"]
     assert auto["autoregressive_tokens_per_s"] == pytest.approx(1 / t1)
-    assert chosen["predicted_speedup"] == pytest.approx(chosen["table"][best] * t1)
-    # one unbroken log line, whatever the measured numbers' widths (rich once wrapped it mid-phrase)
-    assert any("auto budget: T=1: " in line and "predicts" in line and "for autoregressive decoding (x" in line
-               for line in err.splitlines())
+    # one unbroken log line per kind, whatever the measured numbers' widths (rich once wrapped it mid-phrase)
+    for kind in ("eagle3", "lm"):
+        assert any(f"auto budget: T=1, draft {kind}: " in line and "predicts" in line
+                   and "for autoregressive decoding (x" in line for line in err.splitlines())
     goal = [line for line in stdout.splitlines() if line.startswith("T=1: rheo tau")]
     assert len(goal) == 1 and "(goal >= 1.10: " in goal[0] and goal[0].endswith(")")  # one unbroken line
-    assert records["rheo"]["budget_nodes"] == entry["nodes"]
+    for row in ("rheo", "rheo@lm", "eagle3"):  # each row runs at its draft kind's budget
+        assert records[row]["budget_nodes"] == entry["by_kind"][records[row]["draft"]]["nodes"]
     assert records["rheo"]["options"]["m"] == entry["m"]  # the rows without their own m get the chosen one
-    assert f"auto budget at T=1: {entry['nodes']} nodes, depth {entry['depth']}, rheo m={entry['m']}" in stdout
+    text = "; ".join(f"{k} {Budget(b['nodes'], b['depth'])}" for k, b in sorted(entry["by_kind"].items()))
+    assert f"auto budget at T=1: {text}; rheo m={entry['m']}" in stdout
     assert not (out / "tau.png").exists()
 
 
@@ -214,8 +219,9 @@ def test_auto_budget_per_batch_size(capsys, tiny_dirs, tmp_path):
     auto = meta["auto_budget"]
     assert auto["batch_size"] == 2 and meta["budget"]["auto"]
     (chosen,) = auto["by_temperature"]
-    best = max(chosen["table"], key=chosen["table"].get)
-    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"  # one temperature: one budget
+    mine = chosen["by_kind"]["eagle3"]  # eagle3 and rheo: one draft kind, one budget
+    best = max(mine["table"], key=mine["table"].get)
+    assert best == f"{meta['budget']['nodes']},{meta['budget']['depth']}"  # one temperature, one kind: one budget
     assert chosen["m"] == 1 and chosen["pilot"] is None  # T = 0: rheo is EAGLE-2, no pilot
     assert auto["autoregressive_tokens_per_s"] == pytest.approx(2 / auto["forward_time_s"]["1"])  # rows summed
     assert any("auto budget for 2 rows:" in line for line in err.splitlines())

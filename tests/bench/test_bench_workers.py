@@ -66,7 +66,7 @@ def test_with_workers_this_process_loads_no_model(ray_session, capsys, tiny_dirs
 
     monkeypatch.setattr("specdec.bench.models.load_bench_models", no_load)
     args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
-            "--methods", "sd,sequoia", "--budget", "auto", "--num-prompts", "2", "--max-new-tokens", "4",
+            "--methods", "sd,sequoia,sd@ngram", "--budget", "auto", "--num-prompts", "2", "--max-new-tokens", "4",
             "--temperatures", "0,1", "--threads", "1", "--no-plots", "--workers", "2"]
     code, _, err = _run(capsys, *args, "--out", tmp_path / "o")
     assert code == 0, err
@@ -74,11 +74,14 @@ def test_with_workers_this_process_loads_no_model(ray_session, capsys, tiny_dirs
     log = read_runlog(tmp_path / "o")
     assert log.header["resolved"]["budget"]["auto"] and log.header["resolved"]["sequoia_acceptance"]
     assert log.header["resolved"]["models"]["target"] == str(tiny_dirs["target"])
-    assert len(log.records) == 3 * 2 * 2  # sd, sequoia and the baseline on 2 prompts at 2 temperatures
-    # worker 0 chose a budget per temperature; every worker ran each unit with its temperature's
-    chosen = {e["temperature"]: e["nodes"] for e in log.header["resolved"]["budget"]["by_temperature"]}
-    assert set(chosen) == {0.0, 1.0}
-    assert all(r["budget_nodes"] == chosen[r["temperature"]] for r in log.records if r["row"] != "autoregressive")
+    assert len(log.records) == 4 * 2 * 2  # sd, sequoia, sd@ngram and the baseline on 2 prompts at 2 temperatures
+    # worker 0 chose a budget per temperature and draft kind; every worker ran each unit with its row's kind's
+    chosen = {(e["temperature"], kind): (b["nodes"], b["depth"])
+              for e in log.header["resolved"]["budget"]["by_temperature"] for kind, b in e["by_kind"].items()}
+    assert set(chosen) == {(0.0, "lm"), (1.0, "lm"), (0.0, "ngram"), (1.0, "ngram")}
+    kind = {"sd": "lm", "sequoia": "lm", "sd@ngram": "ngram"}
+    assert all((r["budget_nodes"], r["budget_depth"]) == chosen[(r["temperature"], kind[r["row"]])]
+               for r in log.records if r["row"] != "autoregressive")
     code, _, err = _run(capsys, *args, "--max-prompt-tokens", "1", "--out", tmp_path / "p")
     assert code == 2 and "every prompt is longer than --max-prompt-tokens 1" in err, err
 

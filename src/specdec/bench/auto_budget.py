@@ -1,18 +1,23 @@
-"""``--budget auto``: the tree budget of each temperature, and rheo's sampled slots, measured.
+"""``--budget auto``: the tree budget of each temperature and draft kind, and rheo's sampled slots, measured.
 
 The budget ``(N, d)`` and its mapping onto every method's builder options are
-:mod:`specdec.bench.budget`'s. ``--budget auto`` follows Sequoia's hardware-aware choice, **per temperature**
-(:func:`choose_budgets`): it measures on this machine the target's forward
+:mod:`specdec.bench.budget`'s. ``--budget auto`` follows Sequoia's hardware-aware choice, **per temperature
+and draft kind** (:func:`choose_budgets`): it measures on this machine the target's forward
 time ``t(n + 1)`` for trees of ``n + 1`` tokens
 (:func:`~specdec.trees.sequoia.measure_forward_times`) and each draft's time
 for one level of ``w`` nodes, profiles the *positional acceptance* ``a_k``
 (the probability that the target's token is the draft's ``k``-th ranked
 proposal, :func:`profile_positional_acceptance`) for every draft and
-temperature in the run, and picks, for each temperature ``T`` of the run, the
-``(N, d)`` maximising the mean over the drafts of the expected tokens per
-second at ``T`` (:func:`choose_budget` on ``T``'s profiles only):
+temperature in the run, on the profile prompts (tuning data: prompts of the
+set that the run does not report on), and picks, for each temperature ``T``
+and each draft kind, the ``(N, d)`` maximising that kind's expected tokens per
+second at ``T`` (:func:`choose_budget` on that kind's profile at ``T`` only; the
+rows of one draft kind share its budget):
 
     G(N, d) / (d * t_level(K(N, d)) + t(N + 1))
+
+(A single budget for every kind, the mean of their rates, flipped between near-tied optima of
+different drafts from run to run: a draft LM at 1 node and an EAGLE-3 head at 4, issue 59.)
 
 where ``G`` is the expected tokens per step (accepted + bonus) of the best
 tree of ``N`` nodes and depth ``<= d`` under the positional model (Sequoia's
@@ -178,35 +183,45 @@ def choose_budgets(
     acceptance: Mapping[float, Mapping[str, tuple[str, Sequence[float]]]],
     candidates: Sequence[int] = AUTO_CANDIDATES,
     depths: Sequence[int] = AUTO_DEPTHS,
-) -> dict[float, BudgetChoice]:
-    """:func:`choose_budget` for every temperature, on that temperature's profiles only.
+) -> dict[float, dict[str, BudgetChoice]]:
+    """:func:`choose_budget` for every (temperature, draft kind), on that kind's profiles at that temperature
+    only: each kind gets its own optimum, never one shared by the kinds.
 
     Args:
         forward_time, level_time, candidates, depths: as :func:`choose_budget`
-            (the costs do not depend on the temperature).
+            (the costs do not depend on the temperature; ``level_time`` needs every kind profiled).
         acceptance: per temperature, the profiles of :func:`choose_budget`
-            (per key, ``(draft kind, a_1, a_2, ...)``) measured at it.
+            (per key, ``(draft kind, a_1, a_2, ...)``) measured at it, on tuning prompts.
 
     Returns:
-        per temperature, its :class:`BudgetChoice` (the mean over its drafts).
+        per temperature, per draft kind, its :class:`BudgetChoice`.
 
     Raises:
-        InvalidConfigError: no temperature, or a temperature without a profile.
+        InvalidConfigError: no temperature, a temperature without a profile, or a kind without a level time.
 
     Example:
         >>> cost = lambda t: 1.0 + 0.1 * t
-        >>> out = choose_budgets(cost, {"lm": lambda w: 0.05}, {0.0: {"lm@T=0": ("lm", [0.9, 0.05])},
-        ...                      1.0: {"lm@T=1": ("lm", [0.3, 0.25, 0.2])}}, candidates=(2, 4, 8), depths=(1, 2, 4))
-        >>> out[0.0].budget, out[1.0].budget
-        (Budget(nodes=4, depth=4), Budget(nodes=4, depth=2))
+        >>> level = {"lm": lambda w: 0.05, "eagle3": lambda w: 0.01}
+        >>> out = choose_budgets(cost, level, {0.0: {"lm@T=0": ("lm", [0.4, 0.05]),
+        ...                      "eagle3@T=0": ("eagle3", [0.9, 0.05])}}, candidates=(1, 2, 4, 8), depths=(1, 2, 4))
+        >>> out[0.0]["lm"].budget, out[0.0]["eagle3"].budget
+        (Budget(nodes=1, depth=1), Budget(nodes=4, depth=4))
     """
     if not acceptance:
         raise InvalidConfigError("choose_budgets needs at least one temperature")
-    out = {}
+    out: dict[float, dict[str, BudgetChoice]] = {}
     for t in sorted(acceptance):
         if not acceptance[t]:
             raise InvalidConfigError(f"choose_budgets: no acceptance profile at T={t:g}")
-        out[float(t)] = choose_budget(forward_time, level_time, acceptance[t], candidates, depths)
+        by_kind: dict[str, dict[str, tuple[str, Sequence[float]]]] = {}
+        for key, (kind, a) in acceptance[t].items():
+            by_kind.setdefault(kind, {})[key] = (kind, a)
+        missing = sorted(set(by_kind) - set(level_time))
+        if missing:
+            raise InvalidConfigError(f"choose_budgets: no draft level time for draft kind(s) {missing} "
+                                     f"(level times for {sorted(level_time)})")
+        out[float(t)] = {kind: choose_budget(forward_time, level_time, profiles, candidates, depths)
+                         for kind, profiles in sorted(by_kind.items())}
     return out
 
 

@@ -3,7 +3,8 @@
 A *budget* is ``(N, d)``: ``N`` draft nodes per tree (the root, i.e. the last
 committed token, is not counted) and a depth bound ``d``. Every method gets
 the same budget at a temperature (``--budget N``: the same at every
-temperature; ``--budget auto``: one per temperature), mapped onto its
+temperature; ``--budget auto``: one per temperature and draft kind, each
+from that kind's own profile, so the rows of one draft share it), mapped onto its
 own parameters by :func:`method_options`:
 
 ======================  ==========================================================
@@ -22,15 +23,17 @@ tree builder (methods)  parameters for budget ``(N, d)``
 as possible from the root down (:func:`specinfer_expansion`); a chain can only
 use ``d`` of the ``N`` nodes, which is what classic speculative sampling does.
 
-``--budget auto`` measures the budget of each temperature on this machine, and
-rheo's sampled slots ``m`` with it: :mod:`specdec.bench.auto_budget`.
+``--budget auto`` measures the budget of each (temperature, draft kind) on this
+machine, and rheo's sampled slots ``m`` with it: :mod:`specdec.bench.auto_budget`.
+A :data:`BudgetPlan` is what a sweep holds: one :class:`Budget`, ``{T: Budget}``
+(logs of ``--budget auto`` before it chose per draft kind), or ``{T: {kind: Budget}}``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -41,6 +44,7 @@ from specdec.trees.dynamic import DynamicTreeBuilder
 
 __all__ = [
     "Budget",
+    "BudgetPlan",
     "DEFAULT_DEPTH",
     "budget_at",
     "budget_text",
@@ -95,38 +99,64 @@ def parse_budget(text: str, depth: int | None = None) -> Budget | str:
     return Budget(nodes, depth if depth is not None else min(nodes, DEFAULT_DEPTH))
 
 
-def budget_at(budget: Budget | Mapping[float, Budget], temperature: float) -> Budget:
-    """The budget at ``temperature``: ``budget`` itself, or its entry for that temperature.
+BudgetPlan: TypeAlias = Budget | Mapping[float, Budget | Mapping[str, Budget]]
+"""The tree budget of a sweep: one :class:`Budget` for every row and temperature (``--budget N``),
+``{T: Budget}`` (``--budget auto`` logs written before it chose per draft kind), or
+``{T: {draft kind: Budget}}`` (``--budget auto``: each draft kind's own choice at each temperature)."""
+
+
+def budget_at(budget: BudgetPlan, temperature: float, kind: str | None = None) -> Budget:
+    """The budget at ``temperature`` of the rows of draft ``kind``: ``budget`` itself, its entry for
+    that temperature, or that entry's budget for ``kind``.
 
     Raises:
-        InvalidConfigError: a per-temperature mapping without ``temperature``.
+        InvalidConfigError: a per-temperature mapping without ``temperature``, or a per-kind entry
+            without ``kind`` (None included).
 
     Example:
         >>> budget_at(Budget(4, 2), 1.0), budget_at({0.0: Budget(8, 4), 1.0: Budget(4, 2)}, 1)
         (Budget(nodes=4, depth=2), Budget(nodes=4, depth=2))
+        >>> budget_at({0.0: {"lm": Budget(1, 1), "eagle3": Budget(4, 2)}}, 0.0, "eagle3")
+        Budget(nodes=4, depth=2)
     """
     if isinstance(budget, Budget):
         return budget
     try:
-        return budget[float(temperature)]
+        entry = budget[float(temperature)]
     except KeyError:
         have = ", ".join(f"T={t:g}" for t in sorted(budget))
         raise InvalidConfigError(f"no tree budget for T={float(temperature):g} (budgets for {have})") from None
+    if isinstance(entry, Budget):
+        return entry
+    if kind is None or kind not in entry:
+        raise InvalidConfigError(f"no tree budget for draft kind {kind!r} at T={float(temperature):g} "
+                                 f"(budgets for {', '.join(sorted(entry))})")
+    return entry[kind]
 
 
-def budget_text(budget: Budget | Mapping[float, Budget], slots: Mapping[float, int] | None = None) -> str:
-    """One line saying the budget, per temperature when it is a mapping (with rheo's ``m`` when given).
+def budget_text(budget: BudgetPlan, slots: Mapping[float, int] | None = None) -> str:
+    """One line saying the budget, per temperature (and draft kind) when it is a mapping (with rheo's
+    ``m`` when given).
 
     Example:
         >>> budget_text(Budget(4, 2))
         '4 nodes, depth 2'
         >>> budget_text({0.0: Budget(8, 4), 1.0: Budget(4, 2)}, {0.0: 1, 1.0: 2})
         'T=0: 8 nodes, depth 4 (rheo m=1); T=1: 4 nodes, depth 2 (rheo m=2)'
+        >>> budget_text({0.0: {"lm": Budget(1, 1), "eagle3": Budget(4, 2)}})
+        'T=0: eagle3 4 nodes, depth 2, lm 1 node, depth 1'
     """
     if isinstance(budget, Budget):
         return str(budget)
     slots = slots or {}
-    return "; ".join(f"T={t:g}: {budget[t]}" + (f" (rheo m={slots[t]})" if t in slots else "") for t in sorted(budget))
+
+    def one(entry: Budget | Mapping[str, Budget]) -> str:
+        if isinstance(entry, Budget):
+            return str(entry)
+        return ", ".join(f"{kind} {entry[kind]}" for kind in sorted(entry))
+
+    return "; ".join(f"T={t:g}: {one(budget[t])}" + (f" (rheo m={slots[t]})" if t in slots else "")
+                     for t in sorted(budget))
 
 
 def dynamic_width(budget: Budget) -> int:

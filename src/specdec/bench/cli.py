@@ -34,8 +34,8 @@ import attrs
 from specdec.bench import models as bench_models
 from specdec.bench import runner
 from specdec.bench.auto_budget import linear_rows
-from specdec.bench.budget import Budget, budget_at, budget_text, dynamic_width, method_tree
-from specdec.bench.hashes import HASH_KEY
+from specdec.bench.budget import Budget, BudgetPlan, budget_at, budget_text, dynamic_width, method_tree
+from specdec.bench.hashes import HASH_KEY, budget_sha256
 from specdec.bench.prepare import prepare_sweep
 from specdec.bench.prompts import load_prompts, select_prompts
 from specdec.bench.report import open_out_dir, remove_stale_outputs, write_meta, write_report
@@ -303,7 +303,8 @@ def _bench(args: argparse.Namespace, session: BenchSession) -> int:
         "config": identity,
         "resolved": {
             "rows": [attrs.asdict(r) for r in rows],
-            "budget": budget_entry(budget, slots, auto=auto_info is not None),
+            "budget": budget_entry(budget, slots, auto=auto_info is not None)  # auto's choices: part of the identity
+            | ({"sha256": budget_sha256(budget, slots)} if auto_info is not None else {}),
             "auto_budget": auto_info,
             "sequoia_acceptance": [[k, t, list(v)] for (k, t), v in sequoia_acc.items()],
             "rheo_calibration": [[k, t, [list(r) for r in v]] for (k, t), v in rheo_cal.items()],
@@ -357,13 +358,13 @@ def _bench(args: argparse.Namespace, session: BenchSession) -> int:
     return _finish(args, out_dir, header, runs, started, resumed=len(kept))
 
 
-def _refuse_every_slot_rheo(path: Path, budget: Budget | Mapping[float, Budget], slots: Mapping[float, int],
+def _refuse_every_slot_rheo(path: Path, budget: BudgetPlan, slots: Mapping[float, int],
                             rows: Sequence[Any]) -> None:
     """A log whose ``--budget auto`` gave rheo ``m = K`` (every slot sampled, before that became the
     ``sampled-dynamic`` method) cannot be resumed: rheo refuses ``m = K`` now."""
     free = [r for r in rows if r.kind == "speculative" and method_tree(r.method) == "rheo" and "m" not in dict(r.options)]
     for t, m in slots.items():
-        k = dynamic_width(budget_at(budget, t))
+        k = min((dynamic_width(budget_at(budget, t, r.draft)) for r in free), default=0)
         if free and m >= k:
             raise InvalidConfigError(
                 f"{path}: its --budget auto chose rheo m={m} = K={k} at T={t:g} (every slot sampled), which is the "

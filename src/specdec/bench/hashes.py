@@ -18,26 +18,37 @@ an entry (its source file and that file's SHA-256, and the names it registered),
 (:func:`specdec.registry.overrides`). A sweep is resumed only with the same plug-ins, their
 sources unchanged; a refusal names the key that differs. A run without plug-ins has no such key
 (as every log written before they were recorded).
+
+``--budget auto``'s choices (a budget per temperature and draft kind, rheo's ``m`` per temperature) are
+made after the models load, so they are not in the identity a command is compared with before loading;
+they are part of the run's identity all the same: the header records their digest
+(:func:`budget_sha256`, under ``resolved.budget.sha256``) and a resumed sweep reuses them as logged,
+never re-chosen. :func:`check_budget_choices` refuses to resume a log whose choices do not match
+their digest, or whose generations ran at another budget than the header's choice for their
+temperature and draft kind (an edited or mixed log).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.budget import Budget, BudgetPlan, budget_at
 from specdec.bench.kinds import BUILTIN_DRAFT_KINDS
 from specdec.bench.models import DEFAULT_TARGET, auto_head_path, shipped_draft_available
+from specdec.bench.runlog import logged_budget
 from specdec.drafts.eagle.checkpoints import shipped_draft_lm_path
 from specdec.errors import InvalidConfigError
 from specdec.models import gemma3
 from specdec.registry import ROLES, list_registered, origin, overrides
 
-__all__ = ["HASH_KEY", "draft_hashes", "draft_source", "file_sha256", "folder_sha256", "path_sha256",
-           "plugin_identity"]
+__all__ = ["HASH_KEY", "budget_sha256", "check_budget_choices", "draft_hashes", "draft_source", "file_sha256",
+           "folder_sha256", "path_sha256", "plugin_identity"]
 
 HASH_KEY = "draft_sha256"
 """The key of the drafts' hashes in a run log header's ``config``."""
@@ -183,3 +194,69 @@ def plugin_identity() -> dict[str, Any]:
     for o in overrides():
         out[f"override:{o.role}:{o.name}"] = {"owner": o.owner, "by": o.by}
     return out
+
+
+def budget_sha256(budget: BudgetPlan, slots: Mapping[float, int] | None = None) -> str:
+    """SHA-256 (hex) of a sweep's tree budget and rheo's sampled slots: of the JSON list of
+    ``[T, kind, N, d]`` (kind None where the budget is not per kind; T None for one budget at every
+    temperature) sorted, then ``[T, m]`` sorted. Any kind's choice at any temperature changes it.
+
+    Example:
+        >>> a = budget_sha256({0.0: {"lm": Budget(1, 1), "eagle3": Budget(4, 2)}})
+        >>> a == budget_sha256({0.0: {"eagle3": Budget(4, 2), "lm": Budget(1, 1)}})  # order does not matter
+        True
+        >>> a == budget_sha256({0.0: {"lm": Budget(2, 2), "eagle3": Budget(4, 2)}})
+        False
+    """
+    items: list[list[Any]] = []
+    if isinstance(budget, Budget):
+        items.append([None, None, budget.nodes, budget.depth])
+    else:
+        for t, entry in budget.items():
+            if isinstance(entry, Budget):
+                items.append([float(t), None, entry.nodes, entry.depth])
+            else:
+                items += [[float(t), str(k), b.nodes, b.depth] for k, b in entry.items()]
+    key = lambda x: tuple("" if v is None else v for v in x)  # noqa: E731 - None sorts first
+    text = json.dumps({"budget": sorted(items, key=key),
+                       "sampled_slots": sorted([float(t), int(m)] for t, m in (slots or {}).items())})
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_budget_choices(header: Mapping[str, Any], records: Iterable[Mapping[str, Any]], path: str) -> None:
+    """Refuse to resume a log whose tree budget is not the one its header's digest and its generations say.
+
+    - ``resolved.budget.sha256`` (written since the budget is chosen per draft kind) must be the
+      :func:`budget_sha256` of the budget and slots the header holds (:func:`~specdec.bench.runlog.logged_budget`);
+    - every generation of a speculative row whose builder the budget maps onto, logged with
+      ``budget_nodes`` / ``budget_depth``, must carry the budget of its temperature and its row's draft kind.
+
+    Logs without a digest (written before) are checked on their generations alone.
+
+    Raises:
+        InvalidConfigError: naming ``path``, the temperature and draft kind, and both budgets.
+    """
+    res = header["resolved"]
+    budget, slots = logged_budget(res)
+    entry = res.get("budget") or {}
+    logged = entry.get("sha256") if isinstance(entry, Mapping) else None
+    if logged is not None and logged != budget_sha256(budget, slots):
+        raise InvalidConfigError(
+            f"{path}: the header's tree budget choices do not match their digest (resolved.budget.sha256): the "
+            "header was edited; a sweep is resumed only with the choices its generations ran with: rerun with "
+            "--overwrite or in another folder")
+    rows = {str(r["name"]): r for r in res.get("rows", [])}
+    for rec in records:
+        row = rows.get(str(rec.get("row")))
+        if row is None or row.get("kind") != "speculative" or not row.get("budgeted", True) \
+                or rec.get("budget_nodes") is None:
+            continue
+        t, kind = float(rec["temperature"]), row.get("draft")
+        want = budget_at(budget, t, kind)
+        got = (int(rec["budget_nodes"]), int(rec.get("budget_depth") or 0))
+        if got != (want.nodes, want.depth):
+            raise InvalidConfigError(
+                f"{path}: generation {rec.get('row')!r} T={t:g} prompt {rec.get('prompt_index')} seed "
+                f"{rec.get('seed')} ran at {got[0]} nodes, depth {got[1]}, but the header's budget for draft "
+                f"{kind} at T={t:g} is {want}: its generations and its choices disagree (a mixed or edited log), "
+                "so it cannot be resumed: rerun with --overwrite or in another folder")

@@ -3,7 +3,7 @@
 :func:`prepare_sweep` renders the prompts, checks the rows and the context,
 profiles Sequoia's acceptance and rheo's calibrated proxy, and settles
 ``--budget auto`` (:func:`auto_budget`: the forward and draft timings, the
-acceptance profiles, the budget of every temperature and rheo's sampled slots
+acceptance profiles, the budget of every temperature and draft kind and rheo's sampled slots
 ``m``). It runs in the command's process, or on worker 0 with ``--workers``
 (:meth:`~specdec.bench.workers.WorkerPool.prepare`); its result is plain data.
 """
@@ -41,7 +41,7 @@ def prepare_sweep(models: BenchModels, args: argparse.Namespace, settings: Bench
                   log: Callable[[str], None], resume_path: str = "runs.jsonl") -> dict[str, Any]:
     """What a sweep needs from the models before it runs: the rendered prompts, the checks, the profiles and
     the budget (``resolved``: a resumed sweep's logged header, whose profiles and budget are kept): under
-    ``budget`` one :class:`~specdec.bench.budget.Budget`, or ``{T: Budget}`` with ``--budget auto``, and
+    ``budget`` one :class:`~specdec.bench.budget.Budget`, or ``{T: {draft kind: Budget}}`` with ``--budget auto``, and
     under ``sampled_slots`` ``--budget auto``'s rheo ``m`` per temperature (empty otherwise).
 
     Runs in this process, or on worker 0 with ``--workers`` (:meth:`~specdec.bench.workers.WorkerPool.prepare`):
@@ -88,8 +88,11 @@ def prepare_sweep(models: BenchModels, args: argparse.Namespace, settings: Bench
     sequoia_kinds = sorted({draft for method, draft in speculative if method_tree(method) == "sequoia"})
     profile_prompts = [ids for ids in (models.tokenize(p.text) for p in spare)
                        if len(ids) <= args.max_prompt_tokens][:k]
-    if not profile_prompts:
+    if not profile_prompts:  # the documented fallback, said in the log: the set has no prompt the run does not report
         profile_prompts = rendered[:k]
+        log(f"the profiles{' and --budget auto' if fixed is None else ''} use {len(profile_prompts)} of the "
+            "reported prompts: the prompt set has no other prompt (choices are made on tuning prompts only when the "
+            "set has prompts the run does not use)")
     out["profile_count"] = len(profile_prompts)
     kinds = sorted({draft for _, draft in speculative})
     for kind in sequoia_kinds:
@@ -129,12 +132,13 @@ def prepare_sweep(models: BenchModels, args: argparse.Namespace, settings: Bench
 
 def _auto_budget(models: BenchModels, kinds: Sequence[str], settings: BenchSettings, prompts: Sequence[Sequence[int]],
                  log: Callable[[str], None], rows: Sequence[RowSpec] = ()
-                 ) -> tuple[dict[float, Budget], dict[float, int], dict[str, Any]]:
-    """Measure forward and draft times and acceptance profiles; choose the budget of every temperature and,
+                 ) -> tuple[dict[float, dict[str, Budget]], dict[float, int], dict[str, Any]]:
+    """Measure forward and draft times and acceptance profiles on the tuning prompts ``prompts`` (never the
+    reported ones); choose the budget of every (temperature, draft kind) from that kind's own profile and,
     with pilot generations of the rheo rows, rheo's sampled slots ``m`` (docs/bench.md).
 
-    Returns ``({T: Budget}, {T: m}, info)``; ``{T: m}`` is empty when no row's builder is rheo without its
-    own ``m``.
+    Returns ``({T: {kind: Budget}}, {T: m}, info)``; ``{T: m}`` is empty when no row's builder is rheo without
+    its own ``m``.
     """
     prompt = list(prompts[0])
     batch = settings.batch_size  # the costs are those of B rows together: the best tree shrinks as B grows
@@ -162,38 +166,40 @@ def _auto_budget(models: BenchModels, kinds: Sequence[str], settings: BenchSetti
             acceptance[float(t)][f"{kind}@T={t:g}"] = (kind, smoothed)
     choices = auto_budget.choose_budgets(forward, {k: auto_budget.linear_level_time(v) for k, v in level_times.items()},
                                          acceptance)
-    # rheo's m: the rows whose builder is rheo and that leave m to the budget, one pilot per (method, draft)
+    # rheo's m: the rows whose builder is rheo and that leave m to the budget, one pilot per (method, draft), each
+    # at its draft kind's budget
     free_m = [r.method_and_draft() for r in rows if r.kind == "speculative" and "m" not in dict(r.options)]
     pilots = sorted({(method, kind) for method, kind in free_m if method_tree(method) == "rheo"})
     slots: dict[float, int] = {}
     per_t: list[dict[str, Any]] = []
-    for t, choice in choices.items():
+    for t, by_kind in choices.items():
         # per row, tokens per second are G / cost; B rows share each forward, so the sums are B times that
-        entry: dict[str, Any] = {
-            "temperature": t,
-            "nodes": choice.budget.nodes,
-            "depth": choice.budget.depth,
-            "m": None,
-            "expected_tokens_per_step": choice.expected_tokens,
-            "expected_tokens_per_s": choice.expected_tokens_per_s * batch,
-            "predicted_speedup": choice.expected_tokens_per_s * forward[1],
-            "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
-            "pilot": None,
-        }
+        kinds_entry: dict[str, dict[str, Any]] = {}
+        for kind, choice in by_kind.items():
+            kinds_entry[kind] = {
+                "nodes": choice.budget.nodes,
+                "depth": choice.budget.depth,
+                "expected_tokens_per_step": dict(choice.expected_tokens),  # per profile key of the kind
+                "expected_tokens_per_s": choice.expected_tokens_per_s * batch,
+                "predicted_speedup": choice.expected_tokens_per_s * forward[1],
+                "table": {f"{n},{d}": v for (n, d), v in sorted(choice.table.items())},
+            }
+            log(f"auto budget{for_rows}: T={t:g}, draft {kind}: {choice.budget} predicts "
+                f"{kinds_entry[kind]['expected_tokens_per_s']:.1f} tokens/s against {batch / forward[1]:.1f} for "
+                f"autoregressive decoding (x{kinds_entry[kind]['predicted_speedup']:.2f}; a model, not a "
+                "measurement: the table below measures)")
+        entry: dict[str, Any] = {"temperature": t, "m": None, "by_kind": kinds_entry, "pilot": None}
         per_t.append(entry)
-        log(f"auto budget{for_rows}: T={t:g}: {choice.budget} predicts {entry['expected_tokens_per_s']:.1f} "
-            f"tokens/s against {batch / forward[1]:.1f} for autoregressive decoding "
-            f"(x{entry['predicted_speedup']:.2f}; a model, not a measurement: the table below measures)")
         if pilots and t == 0:
             slots[t] = 1  # greedy: rheo builds EAGLE-2's tree, m plays no part
         elif pilots:
             measured: dict[str, dict[str, float]] = {}
 
-            def tau_of(m: int, t: float = t, budget: Budget = choice.budget,
+            def tau_of(m: int, t: float = t, by_kind: dict[str, auto_budget.BudgetChoice] = by_kind,
                        measured: dict[str, dict[str, float]] = measured) -> float:
                 taus = []
                 for method, kind in pilots:
-                    opts = {**method_options(method, budget), "m": m}
+                    opts = {**method_options(method, by_kind[kind].budget), "m": m}
                     emitted, steps = auto_budget.pilot_tau(models.targets[kind], models.drafts[kind], method, opts,
                                                            prompts, SamplingConfig(temperature=t),
                                                            settings.pilot_tokens, seed=settings.seeds[0])
@@ -201,23 +207,26 @@ def _auto_budget(models: BenchModels, kinds: Sequence[str], settings: BenchSetti
                     taus.append(emitted / steps)
                 return sum(taus) / len(taus)
 
-            log(f"auto budget: rheo's sampled slots m at T={t:g}: pilot generations at {choice.budget}")
-            sc = auto_budget.choose_sampled_slots(tau_of, dynamic_width(choice.budget))
+            # m < K for every piloted kind's K (a row's own K is widened or m lowered by row_options)
+            width = min(dynamic_width(by_kind[kind].budget) for _, kind in pilots)
+            log(f"auto budget: rheo's sampled slots m at T={t:g}: pilot generations at "
+                + ", ".join(f"{kind}'s {by_kind[kind].budget}" for kind in sorted({k for _, k in pilots})))
+            sc = auto_budget.choose_sampled_slots(tau_of, width)
             slots[t] = sc.m
             entry["pilot"] = {"candidates": list(sc.candidates), "tau": {str(m): v for m, v in sc.tau.items()},
                               "by_row": measured, "tokens": settings.pilot_tokens, "prompts": len(prompts),
                               "seed": settings.seeds[0]}
-            width = dynamic_width(choice.budget)
             figures = ", ".join(f"m={m} {v:.3f}" for m, v in sc.tau.items()) or f"only m=1 fits K={width}"
             log(f"auto budget: T={t:g}: rheo m={sc.m} (pilot tau: {figures})")
         entry["m"] = slots.get(t)
     info = {
         "batch_size": batch,
+        "per_draft_kind": True,  # each (temperature, draft kind) chose from that kind's own profile (issue 59)
         "forward_time_s": {str(k): v for k, v in forward.items()},
         "draft_level_time_s": {k: {str(w): t for w, t in v.items()} for k, v in level_times.items()},
         "acceptance": {k: list(a) for per in acceptance.values() for k, (_, a) in per.items()},
         "autoregressive_tokens_per_s": batch / forward[1],
         "by_temperature": per_t,
     }
-    return {t: c.budget for t, c in choices.items()}, slots, info
+    return {t: {k: c.budget for k, c in by_kind.items()} for t, by_kind in choices.items()}, slots, info
 

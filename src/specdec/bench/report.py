@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.bench.bound import bound_lines
 from specdec.bench.budget import Budget
-from specdec.bench.hashes import HASH_KEY
+from specdec.bench.hashes import HASH_KEY, check_budget_choices
 from specdec.bench.plots import PLOT_FILES, write_plots, write_temperature_plot
 from specdec.bench.rows import RowSpec, kind_rank
 from specdec.bench.runlog import RUNS_FILE, RunLog, identity_differences, logged_budget, read_runlog, strict_json
@@ -252,7 +252,9 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
       (:data:`~specdec.bench.hashes.HASH_KEY`) is compared without them and
       resumed as it is (its header keeps no hash: nothing checks its drafts).
     - It holds a ``runs.jsonl`` of another identity, a corrupt or foreign
-      one: refused, naming what differs; nothing is touched.
+      one, or one whose tree budget choices disagree with their digest or with its
+      generations (:func:`~specdec.bench.hashes.check_budget_choices`): refused, naming what
+      differs; nothing is touched.
     - It holds other result files but no ``runs.jsonl`` (an earlier
       specdec's run): refused as :func:`check_out_dir` does.
 
@@ -271,6 +273,7 @@ def open_out_dir(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
             f"--out {p} holds a sweep of another configuration ({'; '.join(diffs)}): rerun that sweep's command to "
             "resume it, pass --overwrite to start over, or choose another folder"
         )
+    check_budget_choices(log.header, log.records, str(log.path))  # resumed only with the choices it ran with
     check_out_dir(p, overwrite=True)  # writable
     if log.dropped_tail:
         log = read_runlog(p / RUNS_FILE, repair=True)
@@ -306,10 +309,12 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
     cfg, res = header["config"], header["resolved"]
     budget = inp["budget"]
     per_t = not isinstance(budget, Budget)
+    per_kind = per_t and any(not isinstance(b, Budget) for b in budget.values())
     auto = bool((res.get("budget") or {}).get("auto"))
     title = (f"specdec bench --preset {cfg['preset']}: {res['prompts']['count']} prompts x {cfg['max_new_tokens']} new "
-             f"tokens, budget " + (("auto, " if auto else "") + "per temperature (below)" if per_t
-                                   else f"{budget}" + (" (auto)" if auto else ""))
+             f"tokens, budget " + (("auto, " if auto else "")
+                                   + ("per temperature and draft kind (below)" if per_kind else "per temperature (below)")
+                                   if per_t else f"{budget}" + (" (auto)" if auto else ""))
              + (f", batch size {inp['batch_size']}" if inp["batch_size"] > 1 else "")
              + (", --optimum (timings include its host work)" if cfg.get("optimum") else ""))
     console.print(results_table(records, title=title))
@@ -346,7 +351,7 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
         f.write_text(json.dumps(strict_json(list(records)), indent=2, allow_nan=False) + "\n")
         files.append(f)
         if plots:
-            short = (", ".join(f"T={t:g}: {b.nodes}/{b.depth}" for t, b in sorted(budget.items())) if per_t
+            short = (", ".join(f"T={t:g}: {_short_budget(b)}" for t, b in sorted(budget.items())) if per_t
                      else f"{budget}")
             label = f"{desc.get('target', 'target').split(' ')[0]}, budget {short}"
             files += write_plots(p, records, title=label)
@@ -354,9 +359,24 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
     return records, goals, files
 
 
+def _short_budget(entry: Budget | Mapping[str, Budget]) -> str:
+    """``"4/2"`` (nodes/depth), or per draft kind ``"eagle3 4/2, lm 1/1"``."""
+    if isinstance(entry, Budget):
+        return f"{entry.nodes}/{entry.depth}"
+    return ", ".join(f"{k} {entry[k].nodes}/{entry[k].depth}" for k in sorted(entry))
+
+
 def budget_lines(header: Mapping[str, Any]) -> list[str]:
-    """What ``--budget auto`` chose, per temperature: ``N``, ``d``, rheo's ``m`` and its pilot figures
-    (empty for a fixed budget, and for a log of one auto budget for every temperature: the title says it)."""
+    """What ``--budget auto`` chose, per temperature: ``N``, ``d`` (per draft kind, each from its own
+    profile, where the log chose per kind), rheo's ``m`` and its pilot figures (empty for a fixed budget,
+    and for a log of one auto budget for every temperature: the title says it).
+
+    Example:
+        >>> from specdec.bench.runlog import budget_entry
+        >>> budget_lines({"resolved": {"budget": budget_entry(
+        ...     {0.0: {"lm": Budget(1, 1), "eagle3": Budget(4, 2)}}, {0.0: 1}, auto=True)}})
+        ['auto budget at T=0: eagle3 4 nodes, depth 2; lm 1 node, depth 1; rheo m=1 (greedy: m plays no part)']
+    """
     res = header["resolved"]
     budget, slots = logged_budget(res)
     if isinstance(budget, Budget):
@@ -365,9 +385,12 @@ def budget_lines(header: Mapping[str, Any]) -> list[str]:
     pilots = {float(e["temperature"]): e.get("pilot") for e in (res.get("auto_budget") or {}).get("by_temperature", [])}
     lines = []
     for t in sorted(budget):
-        line = f"{'auto ' if auto else ''}budget at T={t:g}: {budget[t]}"
+        entry = budget[t]
+        chosen = (str(entry) if isinstance(entry, Budget)
+                  else "; ".join(f"{k} {entry[k]}" for k in sorted(entry)))
+        line = f"{'auto ' if auto else ''}budget at T={t:g}: {chosen}"
         if t in slots:
-            line += f", rheo m={slots[t]}"
+            line += f"{'; ' if not isinstance(entry, Budget) else ', '}rheo m={slots[t]}"
             pilot = pilots.get(t)
             if t == 0:
                 line += " (greedy: m plays no part)"

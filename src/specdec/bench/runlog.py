@@ -4,12 +4,12 @@ Layout: the first line is a *header* object (``"format": "specdec-bench-runs"``)
 holding the run's *identity* (``config``: everything that decides what the
 records mean: target, drafts, rows, temperatures, seeds, tokens, budget
 request, prompts) and what the run resolved before measuring (``resolved``:
-the tree budget (per temperature with ``--budget auto``, rheo's sampled slots
+the tree budget (per temperature and draft kind with ``--budget auto``, rheo's sampled slots
 ``m`` included: :func:`budget_entry`), ``--budget auto``'s measurements,
 Sequoia's acceptance profiles, the prompts used with their categories, the model descriptions).
 Every further line is one finished generation (a
 :class:`~specdec.bench.sweep.RunRecord` as a JSON object, with the tree
-budget of its temperature), appended and
+budget of its temperature and draft kind), appended and
 flushed to disk as soon as it completes.
 
 Resuming: rerunning the same command with the same ``--out`` reads the log,
@@ -43,7 +43,7 @@ from typing import Any
 
 import attrs
 
-from specdec.bench.budget import Budget
+from specdec.bench.budget import Budget, BudgetPlan
 from specdec.bench.runlog_checks import check_record, sweep_shape
 from specdec.bench.sweep import RunRecord
 from specdec.errors import InvalidConfigError
@@ -360,30 +360,60 @@ def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
     )
 
 
-def budget_entry(budget: Budget | Mapping[float, Budget], slots: Mapping[float, int] | None = None, *,
+def budget_entry(budget: BudgetPlan, slots: Mapping[float, int] | None = None, *,
                  auto: bool) -> dict[str, Any]:
     """The header's ``resolved.budget``: ``{"nodes", "depth", "auto"}`` for one budget at every
     temperature; with a budget per temperature (``--budget auto``) also ``by_temperature``, a list of
     ``{"temperature", "nodes", "depth", "m"}`` (``m``: rheo's sampled slots, None without a choice),
-    and ``nodes`` / ``depth`` None unless every temperature has the same budget."""
+    and ``nodes`` / ``depth`` None unless every temperature has the same budget. With a budget per
+    temperature and draft kind (``--budget auto`` since issue 59) each temperature's entry also has
+    ``by_kind`` (``{kind: {"nodes", "depth"}}``), and its ``nodes`` / ``depth`` are None unless every
+    kind has the same budget there.
+
+    Example:
+        >>> budget_entry({0.0: {"lm": Budget(1, 1), "eagle3": Budget(4, 2)}}, auto=True)["by_temperature"]
+        [{'temperature': 0.0, 'nodes': None, 'depth': None, 'm': None, 'by_kind': {'eagle3': {'nodes': 4, 'depth': 2}, \
+'lm': {'nodes': 1, 'depth': 1}}}]
+    """
     slots = dict(slots or {})
     if isinstance(budget, Budget) and not slots:
         return {"nodes": budget.nodes, "depth": budget.depth, "auto": bool(auto)}
     per = budget if not isinstance(budget, Budget) else {t: budget for t in slots}
-    one = {(b.nodes, b.depth) for b in per.values()}
-    nodes, depth = next(iter(one)) if len(one) == 1 else (None, None)
-    return {"nodes": nodes, "depth": depth, "auto": bool(auto),
-            "by_temperature": [{"temperature": float(t), "nodes": per[t].nodes, "depth": per[t].depth,
-                                "m": slots.get(t)} for t in sorted(per)]}
+
+    def pair(entry: Budget | Mapping[str, Budget]) -> tuple[int, int] | None:
+        if isinstance(entry, Budget):
+            return entry.nodes, entry.depth
+        one = {(b.nodes, b.depth) for b in entry.values()}
+        return next(iter(one)) if len(one) == 1 else None
+
+    pairs = {t: pair(e) for t, e in per.items()}
+    one = set(pairs.values())
+    nodes: int | None = None
+    depth: int | None = None
+    only = next(iter(one)) if len(one) == 1 else None
+    if only is not None:
+        nodes, depth = only
+    entries = []
+    for t in sorted(per):
+        e = per[t]
+        both = pairs[t]
+        item: dict[str, Any] = {"temperature": float(t), "nodes": both[0] if both else None,
+                                "depth": both[1] if both else None, "m": slots.get(t)}
+        if not isinstance(e, Budget):
+            item["by_kind"] = {k: {"nodes": e[k].nodes, "depth": e[k].depth} for k in sorted(e)}
+        entries.append(item)
+    return {"nodes": nodes, "depth": depth, "auto": bool(auto), "by_temperature": entries}
 
 
-def logged_budget(resolved: Mapping[str, Any]) -> tuple[Budget | dict[float, Budget], dict[float, int]]:
+def logged_budget(resolved: Mapping[str, Any]) -> tuple[Budget | dict[float, Budget | dict[str, Budget]],
+                                                         dict[float, int]]:
     """The tree budget and rheo's sampled slots a header's ``resolved`` holds (:func:`budget_entry`).
 
     Returns ``(budget, slots)``: one :class:`~specdec.bench.budget.Budget` for
     every temperature (a fixed budget, and every log written before
     ``--budget auto`` chose per temperature: its one budget served all of
-    them) or ``{T: Budget}``; ``slots`` is ``{T: m}`` (empty when none was chosen).
+    them), ``{T: Budget}`` (logs written before it chose per draft kind) or
+    ``{T: {kind: Budget}}``; ``slots`` is ``{T: m}`` (empty when none was chosen).
 
     Raises:
         InvalidConfigError: the header has no usable budget.
@@ -391,11 +421,16 @@ def logged_budget(resolved: Mapping[str, Any]) -> tuple[Budget | dict[float, Bud
     entry = resolved.get("budget")
     try:
         if isinstance(entry, Mapping) and entry.get("by_temperature"):
-            per = {float(e["temperature"]): Budget(int(e["nodes"]), int(e["depth"])) for e in entry["by_temperature"]}
+            per: dict[float, Budget | dict[str, Budget]] = {}
+            for e in entry["by_temperature"]:
+                kinds = e.get("by_kind")
+                per[float(e["temperature"])] = (
+                    {str(k): Budget(int(b["nodes"]), int(b["depth"])) for k, b in kinds.items()}
+                    if isinstance(kinds, Mapping) and kinds else Budget(int(e["nodes"]), int(e["depth"])))
             slots = {float(e["temperature"]): int(e["m"]) for e in entry["by_temperature"] if e.get("m") is not None}
             return per, slots
         if isinstance(entry, Mapping):
             return Budget(int(entry["nodes"]), int(entry["depth"])), {}
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError, InvalidConfigError):
         pass
     raise InvalidConfigError(f"the run log's header has no usable tree budget ({_short(entry)})")

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from specdec.batch import autoregressive_generate_batch
-from specdec.bench.budget import Budget, budget_at
+from specdec.bench.budget import BudgetPlan, budget_at
 from specdec.bench.models import BenchModels
 from specdec.bench.rows import AUTOREGRESSIVE, DEFAULT_DRAFT, PEER, RowSpec, batch_refusal, parse_rows
 from specdec.bench.runlog import jsonable, run_key
@@ -239,11 +239,11 @@ def run_bench(
 
 
 def _budget_of(config: BenchConfig, row: RowSpec, t: float) -> tuple[int | None, int | None]:
-    """A record's ``(budget_nodes, budget_depth)``: the budget of its temperature (speculative rows
-    whose builder the budget maps onto)."""
+    """A record's ``(budget_nodes, budget_depth)``: the budget of its temperature and its row's draft kind
+    (speculative rows whose builder the budget maps onto)."""
     if row.kind != "speculative" or not row.budgeted:
         return None, None
-    b = config.budget_at(t)
+    b = config.budget_at(t, row.draft)
     return b.nodes, b.depth
 
 
@@ -347,15 +347,16 @@ def aggregate(
     rows: Sequence[RowSpec],
     temperatures: Sequence[float],
     *,
-    budget: Budget | Mapping[float, Budget] | None = None,
+    budget: BudgetPlan | None = None,
     options: Mapping[tuple[str, float], Mapping[str, Any]] | None = None,
     descriptions: Mapping[str, str] | None = None,
     batch_size: int = 1,
 ) -> list[dict[str, Any]]:
     """One result record per (row, temperature) (the ``results.json`` schema, docs/bench.md).
 
-    ``budget`` is one budget or one per temperature (``budget_nodes`` and
-    ``budget_depth`` of a record are those of its temperature); without it,
+    ``budget`` is one budget, one per temperature, or one per temperature and draft kind
+    (``budget_nodes`` and ``budget_depth`` of a record are those of its temperature and its row's
+    draft kind: :func:`~specdec.bench.budget.budget_at`); without it,
     the records' own ``budget_nodes`` / ``budget_depth`` are used where they
     carry them.
 
@@ -406,7 +407,7 @@ def aggregate(
             nodes = depth_bound = None
             if row.kind == "speculative" and row.budgeted:
                 if budget is not None:
-                    b = budget_at(budget, t)
+                    b = budget_at(budget, t, row.draft)
                     nodes, depth_bound = b.nodes, b.depth
                 else:
                     logged = {(r.budget_nodes, r.budget_depth) for r in rs if r.budget_nodes is not None}

@@ -8,7 +8,7 @@ the order :func:`unit_order` gives, rotated by one position from unit to unit
 (the interleaving of :mod:`specdec.bench.runner`).
 
 :class:`BenchConfig` holds the sweep's settings (rows, temperatures, seeds,
-tokens, the tree budget per temperature); :func:`row_options` maps them onto
+tokens, the tree budget per temperature and draft kind); :func:`row_options` maps them onto
 every speculative row's builder options; each generate call yields one
 :class:`RunRecord` (a line of ``runs.jsonl``, :mod:`specdec.bench.runlog`).
 """
@@ -59,12 +59,23 @@ def _ints_field(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _budget_field(value: Any) -> Budget | dict[float, Budget]:
+def _budget_field(value: Any) -> Budget | dict[float, Budget | dict[str, Budget]]:
     if isinstance(value, Budget):
         return value
-    if isinstance(value, Mapping) and value and all(isinstance(b, Budget) for b in value.values()):
-        return {float(t): b for t, b in value.items()}
-    raise InvalidConfigError(f"budget must be a Budget or a non-empty mapping temperature -> Budget, got {value!r}")
+    if isinstance(value, Mapping) and value:
+        out: dict[float, Budget | dict[str, Budget]] = {}
+        for t, b in value.items():
+            if isinstance(b, Budget):
+                out[float(t)] = b
+            elif isinstance(b, Mapping) and b and all(isinstance(k, str) and isinstance(x, Budget)
+                                                      for k, x in b.items()):
+                out[float(t)] = dict(b)
+            else:
+                break
+        else:
+            return out
+    raise InvalidConfigError(f"budget must be a Budget or a non-empty mapping temperature -> Budget (or -> "
+                             f"{{draft kind: Budget}}), got {value!r}")
 
 
 def _slots_field(value: Any) -> dict[float, int]:
@@ -87,8 +98,10 @@ class BenchConfig:
         seeds: seeds of the sampled runs (only the first one at T = 0).
         max_new_tokens: tokens per generation.
         budget: the tree budget of every speculative row: one :class:`Budget`
-            for every temperature (``--budget N``), or one per temperature
-            (``{T: Budget}``, ``--budget auto``; every temperature needs one).
+            for every temperature (``--budget N``), one per temperature
+            (``{T: Budget}``: logs of ``--budget auto`` before it chose per draft kind), or one per
+            temperature and draft kind (``{T: {kind: Budget}}``, ``--budget auto``); every temperature
+            needs one, and every draft kind of a budgeted row one at every temperature.
         ignore_eos: generate ``max_new_tokens`` even past EOS.
         warmup: run every row once (8 tokens, last temperature), untimed, before measuring.
         batch_size: prompts decoded together (``generate_batch`` and the batched
@@ -107,7 +120,7 @@ class BenchConfig:
     temperatures: tuple[float, ...] = attrs.field(converter=_floats_field)
     seeds: tuple[int, ...] = attrs.field(converter=_ints_field)
     max_new_tokens: int
-    budget: Budget | dict[float, Budget] = attrs.field(converter=_budget_field)
+    budget: Budget | dict[float, Budget | dict[str, Budget]] = attrs.field(converter=_budget_field)
     ignore_eos: bool = False
     warmup: bool = True
     batch_size: int = 1
@@ -122,10 +135,15 @@ class BenchConfig:
             if missing:
                 raise InvalidConfigError(f"no tree budget for T={', '.join(f'{t:g}' for t in missing)} "
                                          f"(budgets for {', '.join(f'T={t:g}' for t in sorted(self.budget))})")
+            for row in self.rows:  # a per-kind budget names every draft kind of a budgeted row
+                if row.kind == "speculative" and row.budgeted:
+                    for t in self.temperatures:
+                        self.budget_at(t, row.draft)
 
-    def budget_at(self, temperature: float) -> Budget:
-        """The tree budget of the speculative rows at ``temperature``."""
-        return budget_at(self.budget, temperature)
+    def budget_at(self, temperature: float, kind: str | None = None) -> Budget:
+        """The tree budget at ``temperature`` of the speculative rows of draft ``kind`` (the kind matters only
+        where the budget is chosen per draft kind: :func:`~specdec.bench.budget.budget_at`)."""
+        return budget_at(self.budget, temperature, kind)
 
 
 @attrs.frozen
@@ -233,7 +251,7 @@ def row_options(
     calibration: Mapping[tuple[str, float], Any] | None = None,
 ) -> dict[tuple[str, float], dict[str, Any]]:
     """Builder options per (speculative row, temperature): the mapping of the
-    temperature's budget (:func:`~specdec.bench.budget.method_options`), with
+    budget of the temperature and the row's draft kind (:func:`~specdec.bench.budget.method_options`), with
     Sequoia's acceptance profile for the row's draft and temperature when
     ``acceptance`` has it, and, for rows whose builder is ``rheo``, the sampled
     slots ``m`` that ``config.sampled_slots`` gives the temperature (lowered to
@@ -275,7 +293,7 @@ def row_options(
                 out[(row.name, t)] = {**resolve_method(method).defaults, **own}
                 continue
             a = (acceptance or {}).get((draft, t))
-            opts = {**method_options(method, config.budget_at(t), acceptance=a), **own}
+            opts = {**method_options(method, config.budget_at(t, draft), acceptance=a), **own}
             m = config.sampled_slots.get(float(t))
             if m is not None and "m" not in own and rheo:
                 k = opts.get("K")

@@ -5,9 +5,10 @@ here. Each worker is a Ray actor that loads the models once (the same flags as
 the command; the workers load at the same time, and the command's own process
 loads no model: worker 0 renders the prompts, checks the rows and measures the
 profiles and ``--budget auto``, :meth:`WorkerPool.prepare`: a budget per
-temperature and rheo's sampled slots ``m``, which reach every worker in the
-sweep's :class:`~specdec.bench.sweep.BenchConfig` and its builder options per
-(row, temperature)) and runs whole units (:func:`~specdec.bench.sweep.bench_units`, or
+temperature and draft kind, each from that kind's own profile, and rheo's
+sampled slots ``m``, which reach every worker in the sweep's
+:class:`~specdec.bench.sweep.BenchConfig` and its builder options per
+(row, temperature): no worker chooses again) and runs whole units (:func:`~specdec.bench.sweep.bench_units`, or
 batches with ``--batch-size``): every row of a unit, the autoregressive
 baseline included, runs on that worker in the one-process order (rows rotated
 by the unit's index), so speedups stay ratios of rows measured side by side on
