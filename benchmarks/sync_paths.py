@@ -16,7 +16,8 @@ by ``traversal``'s tensor form, issue 56), on the paths a user can take:
 
 Sync-type events (:class:`specdec.testing.counter.StepCounter`): ``Tensor.item/tolist/__bool__/
 __int__/__float__/__index__/numpy`` calls and tensors made from Python data on a device, outside
-the model forwards, prefill included, divided by the steps. The counts do not depend on the
+the model forwards, prefill included, divided by the steps. ``numpy_views_per_step`` counts those
+among them that are the CPU top-p sort's ``.numpy()`` view (CPU-only code: no device waits on it). The counts do not depend on the
 hardware, so they carry to a GPU; the interpreter path is slow (minutes per method).
 
 Usage::
@@ -103,11 +104,25 @@ def count(target: Any, draft: Any, prompts: list[list[int]], method: str, path: 
     run(4)  # warm-up: per-shape index tensors are made once per shape and device
     with StepCounter() as counter:
         steps, tau = run(tokens)
+    views = sum(k for (kind, site), k in counter.sync_sites["step"].items() if site == numpy_view_site())
     return {
         "steps": steps, "tau": tau, "syncs_per_step": counter.syncs / steps,
+        "numpy_views_per_step": views / steps,
         "sites": [f"{k}x {kind} {site}" for (kind, site), k in counter.sync_sites["step"].most_common(8)],
+        "all_sites": [f"{k}x {kind} {site}" for (kind, site), k in counter.sync_sites["step"].most_common()],
         "kernel_path": kernel,
     }
+
+
+def numpy_view_site() -> str:
+    """``specdec/sampling.py:LINE`` of the CPU values-only top-p sort's ``.numpy()``: a view of a CPU
+    tensor, which StepCounter counts as a read (issue 56 reports it apart: no device waits on it)."""
+    import inspect
+
+    from specdec import sampling
+
+    lines, start = inspect.getsourcelines(sampling._sorted_values)
+    return f"specdec/sampling.py:{start + next(i for i, line in enumerate(lines) if '.numpy()' in line)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             row = count(target, draft, prompts, method, path, args.tokens)
             out["results"][f"{method}/{path}"] = row
-            print(f"{method:17s} {path:20s} {row['syncs_per_step']:6.2f} syncs/step  ({row['steps']} steps, "
-                  f"tau {row['tau']:.2f})  {'; '.join(row['sites'][:4])}", flush=True)
+            print(f"{method:17s} {path:20s} {row['syncs_per_step']:6.2f} syncs/step (.numpy() views "
+                  f"{row['numpy_views_per_step']:.2f})  ({row['steps']} steps, tau {row['tau']:.2f})  "
+                  f"{'; '.join(row['sites'][:4])}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

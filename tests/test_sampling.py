@@ -461,14 +461,19 @@ def _hard_top_k_rows(V: int, k: int, temperature: float, g: torch.Generator) -> 
     return x
 
 
-def test_top_k_alone_reads_nothing_and_equals_the_full_pass_beyond_the_candidates() -> None:
-    """Top-k without top-p on the CPU takes ``top_k + 64`` candidates and no host read (issue 56):
-    tokens tied with the k-th beyond the candidates (300 ties; distinct logits the temperature
-    rounds onto the k-th score; a shifted row at a tiny T) are kept, and NaN / +inf / -inf rows
-    get the full pass's scores, for every temperature, float32 and float64."""
+@pytest.mark.parametrize("search_from", [0, None])
+def test_top_k_alone_reads_nothing_and_equals_the_full_pass_beyond_the_candidates(search_from, monkeypatch) -> None:
+    """Top-k without top-p on the CPU takes the ``top_k`` largest logits and no host read (issue 56):
+    tokens tied with the k-th beyond them (300 ties; a distinct logit the temperature rounds onto
+    the k-th score; a shifted row at a tiny T) are kept, and NaN / +inf / -inf rows get the full
+    pass's scores, for every temperature, float32 and float64; by the search for the smallest
+    logit scoring the k-th (``search_from=0``) and, below its size, by the full pass."""
+    import specdec.sampling as sampling
     from specdec.sampling import _top_k_top_p_scores, warped_scores
     from specdec.testing.counter import StepCounter
 
+    if search_from is not None:
+        monkeypatch.setattr(sampling, "_SEARCH_MIN_ENTRIES", search_from)
     g = torch.Generator().manual_seed(11)
     merged_beyond = 0
     for temperature in (0.7, 1.3, 37.0, 1e-3, 1e-37, 1.0):

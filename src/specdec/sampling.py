@@ -305,22 +305,21 @@ def _top_k_top_p_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.T
     The logits are scored (temperature) and top-k-ed on those candidates:
     ``logits / T`` is monotone, so the candidates are the largest scores, and
     when the smallest candidate scores below the k-th, every token the top-k
-    warper keeps is a candidate. Without top-p no host read decides that: the
-    tokens tied with the k-th beyond the candidates are those whose logit is
-    at least the smallest logit scoring the k-th score
-    (:func:`_top_k_beyond_candidates`). With top-p the kept candidates
+    warper keeps is a candidate. Without top-p no host read decides that
+    (:func:`_top_k_alone`: the ``top_k`` largest, and the tokens whose logit
+    scores the k-th score). With top-p the kept candidates
     are sorted: the ascending sort of the full row is its ``-inf`` entries
     followed by them, so their softmax and cumulative sum are the full row's
     (:func:`_tail_softmax`); one host read (is every row's top-k set among its
     candidates?), as that layout needs every kept token.
     """
+    if config.top_p >= 1.0:
+        return _top_k_alone(logits, config)
     rows, vocab = logits.shape
     c = min(vocab, config.top_k + _TOP_K_MARGIN)
     values, index = torch.topk(logits, c, dim=-1)  # [R, C] descending, ids [R, C]
     scores = temperature_scores(values, config.temperature)  # [R, C]; the row's max is its first candidate
     kth = scores[:, config.top_k - 1:config.top_k]  # [R, 1] the k-th largest score
-    if config.top_p >= 1.0:
-        return _top_k_beyond_candidates(logits, values, index, scores, config)
     if c < vocab:
         last = scores[:, -1:]  # [R, 1]
         complete = (last < kth) | (last == float("-inf"))  # [R, 1]; NaN rows: False (full path flags them)
@@ -336,6 +335,10 @@ def _top_k_top_p_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.T
     scores = scores.scatter(-1, perm.gather(-1, order), ordered.masked_fill(remove, float("-inf")))
     return torch.full_like(logits, float("-inf"), dtype=scores.dtype).scatter_(-1, index, scores)
 
+
+_SEARCH_MIN_ENTRIES = 1 << 18
+"""Fewer logits than this (about 5 rows of 49,152) take the full top-k pass in :func:`_top_k_alone`:
+the search's fixed cost (about 100 small ops) would exceed the passes it spares."""
 
 _SEARCH_STEPS = torch.arange(1, 64, dtype=torch.int64)
 """``[63]``: the probes of a round of :func:`_smallest_logit_scoring`, in 64ths of the bracket."""
@@ -373,39 +376,38 @@ def _smallest_logit_scoring(kth: torch.Tensor, shift: torch.Tensor, temperature:
     return _float32_of_order(lo + width)
 
 
-def _top_k_beyond_candidates(logits: torch.Tensor, values: torch.Tensor, index: torch.Tensor,
-                             scores: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Top-k alone (no top-p) of ``[R, V]`` CPU logits from their ``C`` largest, ``values``
-    ``[R, C]`` descending (ids ``index``, scores ``scores``), with no host read: the same
-    scores as the full pass (temperature, then ``scores < kth`` dropped), bit for bit but
-    for the sign of a zero score tied with the k-th (equal values, the same softmax), also
-    for a row with more tokens tied with the k-th than candidates.
+def _top_k_alone(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Top-k without top-p of ``[R, V]`` CPU logits from their ``top_k`` largest, with no host
+    read: the same scores as the full pass (temperature, then ``scores < kth`` dropped), bit for
+    bit but for the sign of a zero score tied with the k-th (equal values, the same softmax).
 
-    A token outside the candidates scores at most the smallest candidate, so it is kept
-    only when it ties with the k-th score: its logit is at least the smallest logit that
-    scores ``kth`` (:func:`_smallest_logit_scoring`; at ``T = 1``, ``kth`` itself). Those
-    tokens get ``kth``; the candidates their own scores. A row whose k-th score is NaN
-    (a NaN logit, or ``+inf`` logits, at ``T != 1``) keeps every score, as the full pass
-    does: NaN everywhere, or at the ``+inf`` logits (``-inf`` elsewhere)."""
+    A token outside the ``top_k`` largest logits scores at most the k-th score, so it is kept
+    only when it ties with it: when its logit is at least the smallest logit that scores
+    ``kth`` (:func:`_smallest_logit_scoring`; any number of such ties). Those tokens get
+    ``kth``, the ``top_k`` their own scores. A row whose k-th score is NaN (a NaN logit, or an
+    all ``-inf`` row, shifted by a NaN or ``-inf`` maximum; or ``+inf`` logits, by ``+inf``)
+    keeps every score, as the full pass does: NaN everywhere, or at the ``+inf`` logits."""
     temperature, k = config.temperature, config.top_k
-    kth = scores[:, k - 1:k]  # [R, 1] the k-th largest score
+    values, index = torch.topk(logits, k, dim=-1)  # [R, k] descending (NaN first), ids [R, k]
+    scores = temperature_scores(values, temperature)  # [R, k]; the row's max is its first
+    kth = scores[:, -1:]  # [R, 1] the k-th largest score
     if temperature == 1.0:
         return logits.masked_fill(logits < kth, float("-inf"))  # the full pass itself: no division to spare
-    if logits.dtype != torch.float32:  # float64: no 32-bit search; the full pass, read-free as well
+    if logits.dtype != torch.float32 or logits.numel() < _SEARCH_MIN_ENTRIES:
+        # float64 (no 32-bit search), or so few entries that the search's fixed cost exceeds a pass over
+        # them: the full pass, read-free as well
         full = temperature_scores(logits, temperature)
         return full.masked_fill_(full < kth, float("-inf"))
-    top = values[:, :1]  # [R, 1] the row's max (topk puts NaN first, as amax returns it)
-    shift = torch.where(~torch.isfinite(top / temperature), top, torch.zeros_like(top))  # temperature_scores'
+    top = values[:, :1]  # [R, 1] the row's max, as temperature_scores shifts by it
+    shift = torch.where(~torch.isfinite(top / temperature), top, torch.zeros_like(top))  # [R, 1]
     finite = torch.isfinite(kth)  # [R, 1]
     zero = kth.new_zeros(())
     limit = _smallest_logit_scoring(torch.where(finite, kth, zero), shift, temperature,
-                                    torch.where(finite, values[:, k - 1:k], zero))  # [R, 1]
-    # a NaN k-th score: the shift is NaN (a NaN logit, or an all -inf row: NaN everywhere) or +inf
-    # (NaN at the +inf logits, -inf elsewhere); a -inf one drops nothing the fill does not
+                                    torch.where(finite, values[:, -1:], zero))  # [R, 1]
     inf = torch.full_like(kth, float("inf"))
-    limit = torch.where(finite, limit, torch.where(shift == float("inf"), inf, -inf))
-    out = torch.where(logits < limit, float("-inf"), kth)  # [R, V] kth at the ties beyond the candidates
-    return out.scatter_(-1, index, scores.masked_fill(scores < kth, float("-inf")))
+    limit = torch.where(finite, limit, torch.where(shift == float("inf"), inf, -inf))  # NaN kth: fill all / +inf
+    out = torch.where(logits < limit, float("-inf"), kth)  # [R, V] kth at the ties beyond the k largest
+    return out.scatter_(-1, index, scores)
 
 
 def temperature_scores(logits: torch.Tensor, temperature: float, out: torch.Tensor | None = None) -> torch.Tensor:
