@@ -10,17 +10,20 @@ then :meth:`TraversalVerifier.verify`), and rule 4 (``rejection-wor``) by its te
 (:func:`specdec.verify.fast.decide_from_logits`, ``rows="path"``: the CPU default, and ``rows="all"``:
 every node at once, the form other devices run). Each figure is the minimum over ``--repeats`` runs
 (``--walk-repeats`` for the walk and rule 4's every-node form), the runs of the four interleaved, a
-fresh uniform table each run: the machine is shared, so the minimum is the least noisy figure.
+fresh uniform table each run: the machine is shared, so the minimum is the least noisy figure. Each
+is given twice: wall clock, and this thread's CPU time (``time.thread_time``: without the time other
+jobs hold the core, still with the slowdown they cause while it runs); the load average is recorded.
 
 Usage::
 
-    python benchmarks/traversal_speed.py --threads 1 --repeats 15 --json benchmarks/results/traversal_speed.json
+    python benchmarks/traversal_speed.py --threads 1 --repeats 15 --walk-repeats 7 --json benchmarks/results/traversal_speed.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,19 +62,20 @@ def build_tree(top_k: int, seed: int = 0) -> TreeBatch:
     return TreeBatch.from_trees([asm.build()])
 
 
-def best_of(fns: dict[str, Callable[[int], Any]], repeats: dict[str, int]) -> dict[str, float]:
-    """The minimum time of each function, the repeats interleaved (a load on the shared machine
-    hits every function alike)."""
+def best_of(fns: dict[str, Callable[[int], Any]], repeats: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """The minimum time of each function, wall clock and this thread's CPU time (which leaves out
+    the time the shared machine's other jobs hold the core; not the slowdown they cause while
+    it runs), the repeats interleaved (a load on the shared machine hits every function alike)."""
     for fn in fns.values():
         fn(-1)  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for r in range(max(repeats.values())):
         for name, fn in fns.items():
             if r < repeats[name]:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.thread_time()
                 fn(r)
-                times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+                times[name].append((time.perf_counter() - start, time.thread_time() - cpu))
+    return {name: (min(w for w, _ in t), min(c for _, c in t)) for name, t in times.items()}
 
 
 def measure(top_k: int, repeats: int, walk_repeats: int) -> dict[str, Any]:
@@ -102,9 +106,11 @@ def measure(top_k: int, repeats: int, walk_repeats: int) -> dict[str, Any]:
            "rule4_all_ms": rule4_rows("all")}
     best = best_of(fns, {name: walk_repeats if name in ("traversal_walk_ms", "rule4_all_ms") else repeats for name in fns})
     out: dict[str, Any] = {"law_width": int(tree.law_ids.shape[-1]), "nodes": n, "vocab": V, "expansion": list(EXPANSION)}
-    out.update({name: 1e3 * t for name, t in best.items()})
-    out["tensor_over_rule4_path"] = out["traversal_tensor_ms"] / out["rule4_path_ms"]
-    out["tensor_over_rule4_all"] = out["traversal_tensor_ms"] / out["rule4_all_ms"]
+    out.update({name: 1e3 * t for name, (t, _) in best.items()})
+    out.update({name.replace("_ms", "_cpu_ms"): 1e3 * t for name, (_, t) in best.items()})
+    for clock in ("", "_cpu"):
+        for form in ("path", "all"):
+            out[f"tensor_over_rule4_{form}{clock}"] = out[f"traversal_tensor{clock}_ms"] / out[f"rule4_{form}{clock}_ms"]
     return out
 
 
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = {"torch": torch.__version__, "threads": args.threads, "repeats": args.repeats, "statistic": "min",
-               "device": "cpu", "laws": {}}
+               "device": "cpu", "load_average": list(os.getloadavg()), "laws": {}}
     for name, top_k in (("dense", 0), ("top64", 64)):
         row = measure(top_k, args.repeats, args.walk_repeats)
         results["laws"][name] = row
@@ -125,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
               f"walk {row['traversal_walk_ms']:8.2f} ms  rule 4 path {row['rule4_path_ms']:7.2f} ms  "
               f"all {row['rule4_all_ms']:7.2f} ms  (tensor / rule 4: {row['tensor_over_rule4_path']:.2f}x path, "
               f"{row['tensor_over_rule4_all']:.2f}x all)", flush=True)
+        print(f"{'':6s} thread CPU time: traversal tensor {row['traversal_tensor_cpu_ms']:8.2f} ms  "
+              f"walk {row['traversal_walk_cpu_ms']:8.2f} ms  rule 4 path {row['rule4_path_cpu_ms']:7.2f} ms  "
+              f"all {row['rule4_all_cpu_ms']:7.2f} ms  (tensor / rule 4: {row['tensor_over_rule4_path_cpu']:.2f}x path, "
+              f"{row['tensor_over_rule4_all_cpu']:.2f}x all)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

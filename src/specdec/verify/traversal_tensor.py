@@ -205,21 +205,16 @@ def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], t
         M = idx.shape[1]
         rows = rows_of(idx)  # [B, M, V]
         V = rows.shape[-1]
-        # the rows in float64 behind a zero column: column 1 + x is token x, column 0 what padding (-1) reads
-        ext = _buffer("traversal_rows", (B, M, V + 1), F64, dev)
-        ext[..., 0] = 0.0
-        ext[..., 1:].copy_(rows)
-        total = ext[..., 1:].sum(dim=-1).clamp_min_(tiny)  # [B, M] the walk's normaliser
         ids1 = _take(tree.law_ids, idx, "traversal_ids").add_(1)  # [B, M, L] the supports, 1 + token (padding 0)
         L = ids1.shape[-1]
-        S = torch.gather(ext, 2, ids1, out=_buffer("traversal_s", (B, M, L), F64, dev))  # [B, M, L] s (0 on padding)
-        Q = _take(tree.law_probs, idx, "traversal_q").to(F64)  # [B, M, L] q' (0 on padding), zeroed as tokens leave
-        off = (total - S.sum(dim=-1)).clamp_min_(0.0)  # [B, M] p's mass off the support
-        q_mass = Q.sum(dim=-1)  # [B, M]
         kids = _take(table, idx)  # [B, M, C] the children, in draw order
         trying = (kids >= 0) & ok.unsqueeze(-1)
         tok1 = torch.where(trying, tree.tokens.gather(1, kids.clamp_min(0).view(B, M * C)).view(B, M, C) + 1, 0)
-        s_x = ext.gather(2, tok1)  # [B, M, C] s at the children's tokens
+        total, S, s_x = _in_float64(rows, ids1, tok1)
+        Q = _take(tree.law_probs, idx, "traversal_q").to(F64)  # [B, M, L] q' (0 on padding), zeroed as tokens leave
+        off = (total - S.sum(dim=-1)).clamp_min_(0.0)  # [B, M] p's mass off the support
+        total.clamp_min_(tiny)
+        q_mass = Q.sum(dim=-1)  # [B, M]
         column = _buffer("traversal_column", (B, M, V + 1), torch.int32, dev)  # 1 + token -> its column of the support
         column.scatter_(2, ids1, torch.arange(L, dtype=torch.int32, device=dev).expand(B, M, L))
         pos = column.gather(2, tok1).long().clamp_(0, L - 1)  # [B, M, C] each child's column
@@ -272,6 +267,34 @@ def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], t
     w_in = w_in[:, :n]
     w_final = torch.where(parent_node, out[:, :n, 0], w_in)
     return TraversalState(w_in, w_final, out[:, :n, 1], out[:, :n, 2], out[:, :n, 3 : 3 + C], out[:, :n, 3 + C :])
+
+
+CACHE_BYTES = 1 << 20
+"""On a CPU the rows are widened to float64 this many bytes at a time (they stay in the core's cache)."""
+
+
+def _in_float64(rows: torch.Tensor, ids1: torch.Tensor, tok1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(total [B, M], s [B, M, L], s_x [B, M, C])``: each row's mass (in float64, the walk's
+    normaliser) and its entries at ``ids1 - 1`` and ``tok1 - 1`` (0 where they are 0: padding), in
+    float64, from ``rows`` ``[B, M, V]``; on a CPU a block of rows at a time (:data:`CACHE_BYTES`)."""
+    B, M, V = rows.shape
+    L, C = ids1.shape[-1], tok1.shape[-1]
+    R, dev = B * M, rows.device
+    step = max(1, CACHE_BYTES // (8 * (V + 1))) if dev.type == "cpu" else R
+    ext = _buffer("traversal_rows", (min(step, R), V + 1), F64, dev)  # column 1 + x is token x, column 0 is 0
+    ext[:, 0] = 0.0
+    flat, flat_ids, flat_tok = rows.reshape(R, V), ids1.view(R, L), tok1.view(R, C)
+    total = torch.empty(R, dtype=F64, device=dev)
+    S = _buffer("traversal_s", (R, L), F64, dev)
+    s_x = torch.empty(R, C, dtype=F64, device=dev)
+    for a in range(0, R, step):
+        b = min(R, a + step)
+        block = ext[: b - a]
+        block[:, 1:].copy_(flat[a:b])
+        torch.sum(block[:, 1:], dim=-1, out=total[a:b])
+        torch.gather(block, 1, flat_ids[a:b], out=S[a:b])
+        torch.gather(block, 1, flat_tok[a:b], out=s_x[a:b])
+    return total.view(B, M), S.view(B, M, L), s_x.view(B, M, C)
 
 
 def _residual_mass(S: torch.Tensor, Q: torch.Tensor, c: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
