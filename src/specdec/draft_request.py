@@ -43,6 +43,10 @@ class DraftRequest:
         first_id: the draft-node id of the first new node (the new nodes are
             ``first_id .. first_id + k - 1``; ``1`` at level 1).
         earlier: the ``parents`` of the earlier requests of this tree, in order (the draft tree).
+        block: ``k > 0``: a *parallel* request (level 0 only): the laws of the next ``k`` positions
+            after each row's committed context, ``[B, k, W]``, each conditioned on the context only
+            (:meth:`DraftModel.block_rows_logits <specdec.drafts.base.DraftModel.block_rows_logits>`,
+            docs/drafts.md "Parallel drafts"); 0: an ordinary request.
     """
 
     level: int
@@ -54,6 +58,7 @@ class DraftRequest:
     live: torch.Tensor | None = None
     first_id: int = 1
     earlier: tuple[torch.Tensor, ...] = ()
+    block: int = 0
 
     @property
     def new_nodes(self) -> int:
@@ -62,7 +67,10 @@ class DraftRequest:
 
     @property
     def expected_shape(self) -> tuple[int, ...]:
-        """The logits' shape: ``[B, W]`` at level 0, ``[B, k, W]`` after."""
+        """The logits' shape: ``[B, W]`` at level 0, ``[B, k, W]`` after (a parallel request:
+        ``[B, block, W]``)."""
+        if self.block:
+            return (self.rows, self.block, self.width)
         return (self.rows, self.width) if self.level == 0 else (self.rows, self.new_nodes, self.width)
 
     def _nodes(self) -> torch.Tensor:

@@ -10,6 +10,7 @@ eagle      :class:`EagleTreeBuilder`             match (greedy at T=0)
 rheo       :class:`RheoTreeBuilder`              mixed (greedy at T=0)
 sampled-   :class:`SampledDynamicTreeBuilder`    mixed (greedy at T=0)
 dynamic
+ddtree     :class:`DDTreeBuilder`                mixed (greedy at T=0)
 ========== ===================================== ==================
 
 :func:`normalised_law` (a draft law in float64, divided by its sum: the law a
@@ -23,6 +24,7 @@ tree at a time, :class:`OneTreeBuilder` (a host ``build``); :func:`build_trees` 
 from specdec.trees._common import normalised_law
 from specdec.trees.base import OneTreeBuilder, TreeBuilder, build_tree, build_trees
 from specdec.trees.chain import ChainTreeBuilder
+from specdec.trees.ddtree import DDTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder, EagleTreeBuilder, grow_dynamic_tree
 from specdec.trees.rheo import RheoTreeBuilder
 from specdec.trees.sampled_dynamic import SampledDynamicTreeBuilder
@@ -38,6 +40,7 @@ from specdec.trees.static import StaticTreeBuilder
 
 __all__ = [
     "ChainTreeBuilder",
+    "DDTreeBuilder",
     "DynamicTreeBuilder",
     "EagleTreeBuilder",
     "OneTreeBuilder",

@@ -61,6 +61,9 @@ class DraftSpec:
         proposal_ids: ``[Vd]`` int64 ascending target ids of the draft's proposal vocabulary
             (EAGLE-3's reduced vocabulary), or None: the builder then asks for ``[.., V]``
             logits; otherwise the level-wise builders ask for ``[.., Vd]``.
+        block_size: the drafter's parallel form (:attr:`DraftModel.block_size
+            <specdec.drafts.base.DraftModel.block_size>`): a builder may ask for the laws of up to
+            this many next positions in one parallel request (``DraftRequest.block``); 0: none.
 
     Raises:
         InvalidConfigError: ``vocab_size`` is not a positive integer; ``proposal_ids`` is not a
@@ -70,6 +73,7 @@ class DraftSpec:
 
     vocab_size: int
     proposal_ids: torch.Tensor | None = None
+    block_size: int = 0
 
     def __attrs_post_init__(self) -> None:  # metadata only: DraftSpec.of runs on every build
         V = self.vocab_size
@@ -88,7 +92,7 @@ class DraftSpec:
     @classmethod
     def of(cls, draft: DraftModel) -> "DraftSpec":
         """The spec of one of specdec's drafts."""
-        return cls(draft.vocab_size, draft.proposal_ids)
+        return cls(draft.vocab_size, draft.proposal_ids, draft.block_size if draft.parallel_form else 0)
 
 
 class FeedBuilder(Protocol):
@@ -343,8 +347,8 @@ def merged_build(parts: Sequence[Build], index: Sequence[torch.Tensor], roots: t
                 if build is None or asked is None:
                     continue
                 part = logits.index_select(0, index[g])
-                if asked.level > 0:
-                    part = part[:, : asked.new_nodes]
+                if asked.level > 0 or asked.block:
+                    part = part[:, : asked.new_nodes or asked.block]
                 builds[g] = None  # (a part that raises is finished)
                 requests[g] = _next(build, part, trees, g)
                 if requests[g] is not None:
@@ -389,8 +393,9 @@ class _Numbering:
                 "full vocabulary at the same level; one draft call cannot answer both")
         level = live_requests[0].level
         width = live_requests[0].width
-        if level == 0:
-            return DraftRequest(level=0, rows=B, width=width, proposal=proposal.pop())
+        if level == 0:  # (a parallel request, block > 0, is one level-0 call: each part reads its own block)
+            return DraftRequest(level=0, rows=B, width=width, proposal=proposal.pop(),
+                                block=max(r.block for r in live_requests))
         k = max(r.new_nodes for r in live_requests)
         first = self.next_id
         device = roots.device
