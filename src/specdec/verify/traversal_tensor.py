@@ -44,11 +44,12 @@ only there, and at the stop node), each read once over the vocabulary (its mass 
 the walk's normaliser) and once over its law's support; per depth, one pass over its nodes'
 supports per child, everything else ``[B, W]`` work (``W`` the depth's width); the
 ``[B, n, n]`` ancestor tables for the path; one ``[B, V]`` bonus row, drawn by inverse CDF.
-On a CPU the large intermediates (``[B, M, V]`` and ``[B, M, L]``, ``M`` the nodes with
-children) live in this thread's reused buffers (:data:`specdec.verify.fast._WORKSPACE`,
-freed by :func:`~specdec.verify.fast.release_workspace`): a new tensor of that size faults
-its pages in at every step, which cost more than the work on it
-(``benchmarks/results/traversal_speed.md``).
+On a CPU the rows are read, processed and widened a block at a time that stays in the
+core's cache (:data:`CACHE_BYTES`), and the large intermediates (``[B, M, L]``, the
+``[B, M, V]`` token-to-column map; ``M`` the nodes with children) live in this thread's
+reused buffers (:data:`specdec.verify.fast._WORKSPACE`, freed by
+:func:`~specdec.verify.fast.release_workspace`): a new tensor of that size faults its pages
+in at every step, which cost more than the work on it (``benchmarks/results/traversal_speed.md``).
 """
 
 from __future__ import annotations
@@ -171,9 +172,10 @@ def traversal_weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.T
 
     Args:
         tree: ``B`` trees of sampled children.
-        rows_of: ``idx [B, M]`` node slots -> ``[B, M, V]`` the target's laws there, up to a positive
-            factor per row (finite; a row that is NaN only spoils its own node's subtree, see
-            :func:`decide_traversal_from_logits`); called once, for the nodes with children.
+        rows_of: ``[R]`` flat node slots (``b * n + i``) -> ``[R, V]`` the target's laws there, up to a
+            positive factor per row (finite; a row that is NaN only spoils its own node's subtree, see
+            :func:`decide_traversal_from_logits`); called for the nodes with children, a block of
+            them at a time (:func:`_in_float64`).
     """
     table, _, _ = _children(tree)
     return _weights(tree, rows_of, table)
@@ -184,7 +186,7 @@ def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], t
 
     The module docstring's words, counted in units of each row as ``rows_of`` gives it (``s = p``
     on the support, ``c = C total``, ``Y = Z total``) and normalised at the end. The rows are read
-    once, every node with children at once (``M`` of them); each depth's nodes then cost one pass
+    once, every node with children (``M`` of them) a block at a time; each depth's nodes then cost one pass
     over their supports per draw position (:func:`_residual_mass`), the rest is ``[B, W]`` work.
     """
     B, n = tree.tokens.shape
@@ -203,14 +205,14 @@ def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], t
     if levels.spans:
         idx, ok = levels.idx, levels.ok  # [B, M]
         M = idx.shape[1]
-        rows = rows_of(idx)  # [B, M, V]
-        V = rows.shape[-1]
         ids1 = _take(tree.law_ids, idx, "traversal_ids").add_(1)  # [B, M, L] the supports, 1 + token (padding 0)
         L = ids1.shape[-1]
         kids = _take(table, idx)  # [B, M, C] the children, in draw order
         trying = (kids >= 0) & ok.unsqueeze(-1)
         tok1 = torch.where(trying, tree.tokens.gather(1, kids.clamp_min(0).view(B, M * C)).view(B, M, C) + 1, 0)
-        total, S, s_x = _in_float64(rows, ids1, tok1)
+        flat = (idx + torch.arange(B, device=dev).view(B, 1) * n).view(-1)  # [B * M] the rows' flat slots
+        total, S, s_x = _in_float64(rows_of, flat, ids1, tok1, tree.vocab_size)
+        V = tree.vocab_size
         Q = _take(tree.law_probs, idx, "traversal_q").to(F64)  # [B, M, L] q' (0 on padding), zeroed as tokens leave
         off = (total - S.sum(dim=-1)).clamp_min_(0.0)  # [B, M] p's mass off the support
         total.clamp_min_(tiny)
@@ -273,24 +275,26 @@ CACHE_BYTES = 1 << 20
 """On a CPU the rows are widened to float64 this many bytes at a time (they stay in the core's cache)."""
 
 
-def _in_float64(rows: torch.Tensor, ids1: torch.Tensor, tok1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(total [B, M], s [B, M, L], s_x [B, M, C])``: each row's mass (in float64, the walk's
-    normaliser) and its entries at ``ids1 - 1`` and ``tok1 - 1`` (0 where they are 0: padding), in
-    float64, from ``rows`` ``[B, M, V]``; on a CPU a block of rows at a time (:data:`CACHE_BYTES`)."""
-    B, M, V = rows.shape
-    L, C = ids1.shape[-1], tok1.shape[-1]
-    R, dev = B * M, rows.device
+def _in_float64(rows_of: Callable[[torch.Tensor], torch.Tensor], flat: torch.Tensor, ids1: torch.Tensor,
+                tok1: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(total [B, M], s [B, M, L], s_x [B, M, C])`` of the rows ``rows_of(flat)`` (``[B * M, V]``):
+    each row's mass (in float64, the walk's normaliser) and its entries at ``ids1 - 1`` and
+    ``tok1 - 1`` (0 where those are 0: padding), in float64. On a CPU a block of rows at a time
+    (:data:`CACHE_BYTES`), read, processed and widened while they stay in the core's cache."""
+    B, M, L = ids1.shape
+    C = tok1.shape[-1]
+    R, dev = B * M, ids1.device
     step = max(1, CACHE_BYTES // (8 * (V + 1))) if dev.type == "cpu" else R
     ext = _buffer("traversal_rows", (min(step, R), V + 1), F64, dev)  # column 1 + x is token x, column 0 is 0
     ext[:, 0] = 0.0
-    flat, flat_ids, flat_tok = rows.reshape(R, V), ids1.view(R, L), tok1.view(R, C)
+    flat_ids, flat_tok = ids1.view(R, L), tok1.view(R, C)
     total = torch.empty(R, dtype=F64, device=dev)
     S = _buffer("traversal_s", (R, L), F64, dev)
     s_x = torch.empty(R, C, dtype=F64, device=dev)
     for a in range(0, R, step):
         b = min(R, a + step)
         block = ext[: b - a]
-        block[:, 1:].copy_(flat[a:b])
+        block[:, 1:].copy_(rows_of(flat[a:b]))
         torch.sum(block[:, 1:], dim=-1, out=total[a:b])
         torch.gather(block, 1, flat_ids[a:b], out=S[a:b])
         torch.gather(block, 1, flat_tok[a:b], out=s_x[a:b])
@@ -319,12 +323,15 @@ def decide_traversal_batch(tree: TreeBatch, p: torch.Tensor, u: torch.Tensor,
     Returns:
         The :class:`~specdec.verify.decision.TreeDecision` of every row.
     """
-    return _decide(tree, lambda idx: _take(p, idx, "traversal_law"), u, bad_rows)
+    B, n, V = p.shape
+    flat = p.reshape(B * n, V)
+    return _decide(tree, lambda rows: flat.index_select(0, rows), u, bad_rows)
 
 
 def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u: torch.Tensor,
             bad_rows: torch.Tensor | None) -> TreeDecision:
-    """:func:`decide_traversal_batch` with the laws read through ``rows_of`` (``idx [B, W]`` -> ``[B, W, V]``)."""
+    """:func:`decide_traversal_batch` with the laws read through ``rows_of`` (``[R]`` flat slots ``b * n + i``
+    -> ``[R, V]``)."""
     B, n = tree.tokens.shape
     C, D = tree.max_children, tree.max_depth
     dev = tree.device
@@ -345,7 +352,7 @@ def _decide(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], u:
     stop = torch.where(on_path & (depth == num.view(B, 1)), nodes, 0).amax(dim=1)  # [B] t (the root: 0)
     # the bonus: t's final residual (TraversalState), from t's row up to its factor (inverse_cdf_rows normalises)
     at_stop = stop.view(B, 1)
-    row = rows_of(at_stop).view(B, -1)  # [B, V]
+    row = rows_of(stop + torch.arange(B, device=dev) * n)  # [B, V]
     V = row.shape[-1]
     law = row.new_zeros((B, 1 + V), dtype=F64)  # [B, 1 + V]: column 1 + x is token x, column 0 what padding (-1) reads
     law[:, 1:] = row
@@ -412,21 +419,21 @@ def decide_traversal_from_logits(tree: TreeBatch, logits: torch.Tensor, u: torch
     uniformly): NaN spoils only its own node's weights and its subtree's, which the walk reads
     only after reading that row (flagged), or never."""
     B, n, V = logits.shape
-    bad = torch.zeros(B, n + 1, dtype=torch.bool, device=logits.device)  # column n: discarded
+    flat = logits.reshape(B * n, V)
+    bad = torch.zeros(B * n, dtype=torch.bool, device=logits.device)
 
-    def rows_of(idx: torch.Tensor) -> torch.Tensor:
-        x = _take(logits, idx, "traversal_logits")  # [B, W, V] (a copy)
+    def rows_of(rows: torch.Tensor) -> torch.Tensor:
+        x = flat.index_select(0, rows)  # [R, V] (a copy)
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         if sampling.greedy:  # one-hot rows are never NaN
             flags = row_is_bad(x)
             p = greedy_law(x, out=x)
-        else:  # process_logits' ops (the same bits), into this thread's buffers on a CPU
-            scores, temperature = step_scores(x, sampling)  # [B, W, V]: x itself, or the warped scores at T = 1
-            scores = temperature_scores(scores, temperature, out=scores)
-            p = torch.ops.aten._softmax.out(scores, -1, False, out=_buffer("traversal_law", x.shape, x.dtype, x.device))
+        else:  # process_logits' ops (the same bits), in place
+            scores, temperature = step_scores(x, sampling)  # [R, V]: x itself, or the warped scores at T = 1
+            p = torch.softmax(temperature_scores(scores, temperature, out=scores), dim=-1)
             flags = law_is_bad(p)
-        bad.scatter_(1, idx, flags)
+        bad.scatter_(0, rows, flags)
         return p
 
-    return _decide(tree, rows_of, u, bad[:, :n])
+    return _decide(tree, rows_of, u, bad.view(B, n))
