@@ -195,7 +195,8 @@ def build_trees(builder: TreeBuilder, roots: int | torch.Tensor, draft: DraftMod
     Raises:
         InvalidConfigError: ``draft`` is None and the builder asks for draft logits.
     """
-    roots = torch.as_tensor(roots, dtype=torch.int64).reshape(-1)
+    if not isinstance(roots, torch.Tensor):  # (a [B] tensor is passed as it is: no op on the step path)
+        roots = torch.tensor([int(roots)], dtype=torch.int64)
     if draft is None:
         build = builder.feed_build(roots, DraftSpec(1), sampling, rng, compiler=compiler)
         try:
