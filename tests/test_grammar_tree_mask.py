@@ -303,7 +303,7 @@ def test_bad_tree_mask_and_bad_parents_are_refused():
                                                                 torch.tensor([0]), torch.tensor([-1]))
 
 
-class _WrongRows:
+class _WrongRows(TreeLogitsProcessor):
     """A tree processor that returns one row too few."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -316,6 +316,18 @@ class _WrongRows:
 def test_a_tree_processor_is_called_once_and_its_shape_checked():
     assert isinstance(GrammarProcessor(compile_grammar("pairs")), TreeLogitsProcessor)
     assert not isinstance(lambda ids, s: s, TreeLogitsProcessor)
+
+    class Undeclared:  # a process_tree method alone declares nothing: it is called per depth
+        def __call__(self, input_ids, scores):
+            return scores
+
+        def process_tree(self, scores, context, tokens, parents):
+            raise AssertionError("an undeclared processor's process_tree was called")
+
+    tokens3, depths3 = torch.tensor([3, 0, 1]), torch.tensor([0, 1, 2])
+    ancestors3 = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    out = process_tree_logits(Undeclared(), torch.zeros(3, 4), torch.tensor([0, 3]), tokens3, depths3, ancestors3, 2)
+    assert out.shape == (3, 4)
     tokens, depths = torch.tensor([3, 0, 1]), torch.tensor([0, 1, 2])
     ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     with pytest.raises(InvalidConfigError, match=r"process_tree returned \(2, 4\) for scores of shape \(3, 4\)"):

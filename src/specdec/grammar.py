@@ -41,6 +41,7 @@ import torch
 
 from specdec._extras import require_extra
 from specdec.errors import InvalidConfigError, MalformedTreeError
+from specdec.processors import TreeLogitsProcessor
 
 _xgr: Any
 try:  # the [grammar] extra; this module is imported only where a grammar is used, never by `import specdec`
@@ -71,7 +72,7 @@ def _say_once(path: str, why: str) -> None:
         _log.info("specdec.grammar: draft trees are masked by %s (%s)", path, why)
 
 
-class GrammarProcessor:
+class GrammarProcessor(TreeLogitsProcessor):
     """An xgrammar grammar as a context-dependent logits processor (module docstring).
 
     Args:

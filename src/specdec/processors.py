@@ -32,8 +32,9 @@ in place of the per-depth contexts; its rows must be those the per-depth calls w
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -57,24 +58,26 @@ LogitsProcessorLike = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ``LogitsProcessor`` / ``LogitsProcessorList`` or any callable with that signature."""
 
 
-@runtime_checkable
-class TreeLogitsProcessor(Protocol):
-    """A logits processor that also processes a whole draft tree in one call.
+class TreeLogitsProcessor(ABC):
+    """A logits processor that also processes a whole draft tree in one call (declared: a
+    processor subclasses this class; nothing is probed).
 
     :func:`process_tree_logits` calls :meth:`process_tree` once per tree instead of the
     processor once per depth; the result must equal what the per-depth calls give (each node's
     row processed in its own context: the committed sequence, then the node's path).
     """
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor: ...
+    @abstractmethod
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """transformers' ``LogitsProcessor`` call: ``input_ids [b, len]``, ``scores [b, V]``."""
 
+    @abstractmethod
     def process_tree(self, scores: torch.Tensor, context: torch.Tensor, tokens: torch.Tensor,
                      parents: torch.Tensor) -> torch.Tensor:
         """``scores [n, V]`` (a copy: it may be written in place) processed row by row in each
         node's context; ``context [L]`` int64 the committed sequence (its last token the
         root's); ``tokens [n]`` int64; ``parents [n]`` int64, ``-1`` for the nodes of depth 0
         (the root and padding slots, which all see the committed context only)."""
-        ...
 
 
 def check_processor(processor: Any, name: str = "logits_processor") -> LogitsProcessorLike | None:
