@@ -91,14 +91,17 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
 
     table = Table(title=title, show_lines=False)
     gap = any(rec.get("gap") is not None for rec in records)
+    position = any(rec.get("acceptance_by_position") for rec in records)  # logs with the per-position counts
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("method", "left"), ("draft", "left"), ("T", "right"), ("tau", "right"), ("tok/s", "right"),
-        ("speedup", "right"), ("acceptance by depth", "left"), *((("gap", "right"),) if gap else ()),
+        ("speedup", "right"), ("acceptance by depth", "left"), *((("by position", "left"),) if position else ()),
+        *((("gap", "right"),) if gap else ()),
         ("time % dft/tgt/ver/oth", "right"), ("fwd", "right"), ("tokens", "right"), ("=AR", "right"))
     for col, just in columns:
         table.add_column(col, justify=just, no_wrap=True)
     for rec in sorted(records, key=lambda r: (r["temperature"], kind_rank(r.get("kind", "")))):
         acc = " ".join(f"{a:.2f}" for a in rec.get("acceptance_by_depth") or [])
+        by_position = " ".join(f"{a:.2f}" for a in rec.get("acceptance_by_position") or []) or "-"
         match = rec.get("matches_autoregressive")
         tau = format_cell(rec["tau"])
         if rec.get("tau_stderr") is not None and not math.isnan(rec["tau_stderr"]) and rec["kind"] != "autoregressive":
@@ -106,7 +109,7 @@ def results_table(records: Sequence[Mapping[str, Any]], title: str = "specdec be
         table.add_row(  # names as Text: "rheo[m=2]" is a row name, not rich markup
             Text(rec["method"]), Text(rec.get("draft") or "-"), f"{rec['temperature']:g}", tau,
             format_cell(rec["tokens_per_s"], ".1f"), format_cell(rec["speedup"], ".2f") + "x", acc or "-",
-            *((gap_text(rec),) if gap else ()), _split(rec), str(rec["target_forwards"]), str(rec["new_tokens"]),
+            *((by_position,) if position else ()), *((gap_text(rec),) if gap else ()), _split(rec), str(rec["target_forwards"]), str(rec["new_tokens"]),
             "-" if match is None else f"{100 * match:.0f}%",
         )
     return table
@@ -333,6 +336,9 @@ def write_report(header: Mapping[str, Any], runs: Sequence[RunRecord], out: str 
     console.print("tau = tokens per target forward (accepted drafts + 1 bonus); speedup = tokens/s over the "
                   "autoregressive baseline run interleaved in the same process; =AR: share of T=0 outputs "
                   "equal to the baseline's.")
+    if any(r.get("acceptance_by_position") for r in records):
+        say("acceptance by depth d = accepted at d / steps whose walk tested a draft at d; by position d = accepted "
+            "at d / steps whose tree drafted a node at d (vLLM's per-position acceptance rate).")
     if any(r.get("gap") is not None for r in records):
         say("gap = the best lossless acceptance at the tested nodes (from their recorded proposals) minus the "
             "acceptance the rule reached there, per tested node, all depths together; <= marks an upper bound "

@@ -339,7 +339,8 @@ def _short(value: Any, limit: int = 80) -> str:
 
 def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
     """A :class:`~specdec.bench.sweep.RunRecord` from a logged line (null times -> NaN; a line logged
-    before ``--optimum`` existed has no ``depth_optimum`` / ``optimum_bound``: empty and false)."""
+    before ``--optimum`` existed has no ``depth_optimum`` / ``optimum_bound``: empty and false; one logged
+    before the per-position counts has no ``depth_drafted``: empty)."""
     nan = float("nan")
     return RunRecord(
         sequence=int(rec["sequence"]), unit=int(rec["unit"]), prompt_index=int(rec["prompt_index"]),
@@ -357,6 +358,7 @@ def record_from_dict(rec: Mapping[str, Any]) -> RunRecord:
         budget_depth=None if rec.get("budget_depth") is None else int(rec["budget_depth"]),
         depth_optimum=tuple(float(x) for x in rec.get("depth_optimum") or ()),
         optimum_bound=bool(rec.get("optimum_bound", False)),
+        depth_drafted=tuple(int(x) for x in rec.get("depth_drafted") or ()),
     )
 
 

@@ -5,7 +5,8 @@ Every record is checked field by field before anything reads it: the types
 (``steps >= 1``, ``0 <= new_tokens <= max_new_tokens``, ``emitted >=
 new_tokens``, times ``>= 0``, token ids ``>= 0``...), the counts that must
 agree (``len(tokens) == new_tokens``; per depth ``accepted <= attempted <=
-steps``, both non-increasing with the depth, and with per-depth counts
+steps``, both non-increasing with the depth, ``attempted <= drafted <= steps`` where
+``depth_drafted`` is logged, and with per-depth counts
 ``emitted == steps + sum(depth_accepted)``: each step emits its accepted drafts
 and one bonus token), and the place of the generation in the sweep its header
 describes (row, temperature, seed, prompt, and the unit those make). The
@@ -32,8 +33,8 @@ __all__ = ["SweepShape", "sweep_shape", "check_record", "REQUIRED_KEYS"]
 REQUIRED_KEYS = ("sequence", "unit", "prompt_index", "temperature", "seed", "row", "new_tokens", "steps", "emitted",
                  "depth_attempted", "depth_accepted", "time_total", "time_prefill", "time_draft", "time_target",
                  "time_verify", "tokens")
-"""Keys every record has (``depth_optimum``, ``optimum_bound``, ``budget_nodes`` and ``budget_depth``
-are optional: logs written before they existed lack them)."""
+"""Keys every record has (``depth_optimum``, ``optimum_bound``, ``budget_nodes``, ``budget_depth`` and
+``depth_drafted`` are optional: logs written before they existed lack them)."""
 
 _INT_KEYS = ("sequence", "unit", "prompt_index", "seed", "new_tokens", "steps", "emitted")
 _TIME_KEYS = ("time_total", "time_prefill", "time_draft", "time_target", "time_verify")
@@ -234,5 +235,18 @@ def check_record(rec: Any, where: str, shape: SweepShape) -> None:
                                          "the ones above it")
     if attempted and emitted != steps + sum(accepted):
         raise bad("emitted", f"is {_short(emitted)}, not steps + accepted drafts ({steps} + {sum(accepted)})")
+    if "depth_drafted" in rec:  # the per-position counts (optional: older logs lack them)
+        drafted = _int_list(rec, "depth_drafted", bad)
+        if len(drafted) < len(attempted):
+            raise bad("depth_drafted", f"has {len(drafted)} depths, fewer than depth_attempted's {len(attempted)}: "
+                                       "a tested depth was drafted")
+        for d, n in enumerate(drafted):
+            att = attempted[d] if d < len(attempted) else 0
+            if not att <= n <= steps:
+                raise bad("depth_drafted", f"at depth {d + 1}: {n} drafted, {att} attempted in {steps} steps "
+                                           "(attempted <= drafted <= steps)")
+            if d and n > drafted[d - 1]:
+                raise bad("depth_drafted", f"at depth {d + 1} exceeds depth {d} ({drafted[d - 1]} -> {n}): a tree "
+                                           "reaches a depth through the ones above it")
     if len(optimum) > len(attempted):
         raise bad("depth_optimum", f"has {len(optimum)} depths, depth_attempted {len(attempted)}")

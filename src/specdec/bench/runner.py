@@ -24,6 +24,9 @@ Metrics per row and temperature (:func:`aggregate`), summed over units:
   temperature;
 - ``acceptance_by_depth[d-1]``: accepted drafts at depth ``d`` / steps in
   which a draft at depth ``d`` was tested;
+- ``acceptance_by_position[d-1]``: accepted drafts at depth ``d`` / steps whose
+  tree drafted a node at depth ``d`` (vLLM's per-position acceptance rate;
+  ``drafted_by_depth``: the denominators; None for logs without the counts);
 - time split: seconds in drafting (tree building and draft commits), target
   tree forwards, verification (logit processing included), prefill;
 - with ``--optimum`` (:attr:`BenchConfig.optimum <specdec.bench.sweep.BenchConfig.optimum>`):
@@ -210,7 +213,8 @@ def run_bench(
                     depth_attempted=tuple(s.depth_attempted), depth_accepted=tuple(s.depth_accepted),
                     time_total=s.time_total, time_prefill=s.time_prefill, time_draft=s.time_draft,
                     time_target=s.time_target, time_verify=s.time_verify, tokens=tuple(out.tokens),
-                    depth_optimum=tuple(s.depth_optimum), optimum_bound=s.optimum_bound)
+                    depth_optimum=tuple(s.depth_optimum), optimum_bound=s.optimum_bound,
+                    depth_drafted=tuple(s.depth_drafted))
 
     if config.batch_size > 1:
         return _run_batched(models, config, prompts, gens, eos, on_run, on_start, skip, units)
@@ -262,10 +266,10 @@ def _run_batched(
     together by every row (rows rotated per chunk). One :class:`RunRecord` per
     prompt: its tokens, its own steps and emitted tokens, and an equal share of
     the batched call's time (so that summed times give the batch's throughput;
-    the time split and the acceptance by depth are not recorded). Every row of
+    the time split is not recorded; the per-depth counts are the prompt's own). Every row of
     a chunk uses the unit's seed, so a prompt's tokens are those of its
     batch-1 run (at T = 0 token for token). A :class:`BenchConfig` refuses ``optimum`` with
-    ``batch_size`` > 1: a batched call records no per-depth counts, so there would be no gap."""
+    ``batch_size`` > 1: a batched call measures no optimum, so there would be no gap."""
     for row in config.rows:
         why = batch_refusal(row)
         if why is not None:
@@ -304,7 +308,7 @@ def _run_batched(
             rec = RunRecord(
                 sequence=len(records), unit=unit_of[(pi, t, seed)], prompt_index=pi, temperature=t, seed=seed,
                 row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
-                emitted=out.emitted_by_row[j], depth_attempted=(), depth_accepted=(),
+                emitted=out.emitted_by_row[j], **_depth_counts(out, j),
                 time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
                 time_verify=nan, tokens=tuple(out.tokens[j]), budget_nodes=nodes, budget_depth=depth,
             )
@@ -312,6 +316,19 @@ def _run_batched(
             if on_run:
                 on_run(rec)
     return records
+
+
+def _depth_counts(out: Any, j: int) -> dict[str, tuple[int, ...]]:
+    """Row ``j``'s per-depth counts of a batched call (its ``acceptance_by_row``; none: empty), each as long
+    as a one-row record's: ``depth_attempted`` / ``depth_accepted`` to the deepest tested depth."""
+    rows = getattr(out, "acceptance_by_row", ())
+    if j >= len(rows):
+        return dict(depth_attempted=(), depth_accepted=(), depth_drafted=())
+    c = rows[j]
+    tested = sum(1 for n in c.attempted if n)
+    drafted = sum(1 for n in c.drafted if n)
+    return dict(depth_attempted=c.attempted[:tested], depth_accepted=c.accepted[:tested],
+                depth_drafted=c.drafted[:drafted])
 
 
 def _stderr(values: Sequence[float]) -> float:
@@ -392,6 +409,9 @@ def aggregate(
             depth = max((len(r.depth_attempted) for r in rs), default=0)
             att = [sum(r.depth_attempted[d] for r in rs if d < len(r.depth_attempted)) for d in range(depth)]
             acc = [sum(r.depth_accepted[d] for r in rs if d < len(r.depth_accepted)) for d in range(depth)]
+            positions = max((len(r.depth_drafted) for r in rs), default=0)
+            drafted = [sum(r.depth_drafted[d] for r in rs if d < len(r.depth_drafted)) for d in range(positions)]
+            accepted = [sum(r.depth_accepted[d] for r in rs if d < len(r.depth_accepted)) for d in range(positions)]
             rate = new / total if total > 0 else float("nan")
             gap = _gap(rs, att, acc)
 
@@ -429,6 +449,10 @@ def aggregate(
                 "tokens_per_s": rate,
                 "speedup": rate / base_rate[t] if base_rate.get(t) and base_rate[t] == base_rate[t] else float("nan"),
                 "acceptance_by_depth": [a / n if n else 0.0 for a, n in zip(acc, att)],
+                # per position (vLLM's per-position rate): accepted / drafted at depth d; None: no record counted it
+                "acceptance_by_position": ([a / n if n else 0.0 for a, n in zip(accepted, drafted)]
+                                           if any(r.depth_drafted for r in rs) else None),
+                "drafted_by_depth": drafted if any(r.depth_drafted for r in rs) else None,
                 "time_total": total,
                 "time_prefill": tsum("time_prefill"),
                 "time_draft": tsum("time_draft"),

@@ -42,7 +42,7 @@ OPTIMUM_NOTE = ("--optimum: the speculative rows measure the best lossless accep
                 "comparable with a run without --optimum (tau, acceptance and the gap are unaffected)")
 """What the log, the report and ``meta.json`` say of a run with ``--optimum``."""
 
-OPTIMUM_BATCH_REFUSAL = ("--optimum with --batch-size > 1: a batched call records no acceptance by depth, so there "
+OPTIMUM_BATCH_REFUSAL = ("--optimum with --batch-size > 1: a batched call measures no optimum, so there "
                          "is no gap to report; measure the gap with --batch-size 1")
 """The error of ``--optimum`` with ``--batch-size`` > 1."""
 
@@ -113,7 +113,7 @@ class BenchConfig:
             every node their path tested (``StepOptions(optimum=True)``, ``--optimum``;
             :attr:`RunRecord.depth_optimum`). Host work per step, inside the timings: the
             speedups of such a run are not comparable with those of a plain one. Refused
-            with ``batch_size`` > 1 (a batched call records no acceptance by depth).
+            with ``batch_size`` > 1 (a batched call measures no optimum).
     """
 
     rows: tuple[RowSpec, ...] = attrs.field(converter=_rows_field)
@@ -168,6 +168,9 @@ class RunRecord:
             summed over the steps (:attr:`~specdec.GenerationStats.depth_optimum`; same
             indexing as ``depth_attempted``); empty unless the sweep ran with ``--optimum``.
         optimum_bound: some value summed in ``depth_optimum`` is an upper bound, not the optimum.
+        depth_drafted: per depth, the steps whose tree had a node there
+            (:attr:`~specdec.GenerationStats.depth_drafted`); empty for the peer and for records
+            logged before it was recorded.
     """
 
     sequence: int
@@ -191,9 +194,11 @@ class RunRecord:
     budget_depth: int | None = None
     depth_optimum: tuple[float, ...] = ()
     optimum_bound: bool = False
+    depth_drafted: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
+        out["depth_drafted"] = list(self.depth_drafted)
         out["depth_attempted"] = list(self.depth_attempted)
         out["depth_accepted"] = list(self.depth_accepted)
         out["depth_optimum"] = list(self.depth_optimum)
