@@ -12,6 +12,7 @@ import torch
 
 from specdec import cli
 from specdec.bench import auto_budget
+from specdec.bench import runner as bench_runner
 from specdec.bench.auto_budget import AUTO_CANDIDATES, AUTO_DEPTHS, BudgetChoice, choose_budget, choose_budgets
 from specdec.bench.budget import Budget, budget_at, budget_text, dynamic_width
 from specdec.bench.hashes import budget_sha256, check_budget_choices
@@ -277,3 +278,34 @@ def test_resume_refuses_choices_that_do_not_match(kinds_run, tiny_dirs, tmp_path
     with pytest.raises(InvalidConfigError, match="generations and its choices disagree"):
         check_budget_choices(log.header, log.records, "runs.jsonl")
     check_budget_choices(read_runlog(kinds_run[0]).header, read_runlog(kinds_run[0]).records, "runs.jsonl")
+
+
+def test_the_choice_uses_tuning_prompts_and_says_when_there_are_none(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """The profiles behind the choice use prompts the run does not report on; a set with no other prompt (all 4
+    reported) falls back to reported ones, and the log says so (never silently)."""
+    profiled: list = []
+    reported: list = []
+    real_profile, real_run = auto_budget.profile_positional_acceptance, bench_runner.run_bench
+
+    def profile(target, draft, prompts, *a, **k):
+        profiled.extend(tuple(p) for p in prompts)
+        return real_profile(target, draft, prompts, *a, **k)
+
+    def run(models, config, prompts, *a, **k):
+        reported.extend(tuple(p) for p in prompts)
+        return real_run(models, config, prompts, *a, **k)
+
+    monkeypatch.setattr(auto_budget, "profile_positional_acceptance", profile)
+    monkeypatch.setattr(bench_runner, "run_bench", run)
+    monkeypatch.setattr(auto_budget, "choose_budgets", _fake_chooser([]))
+    args = _args(tiny_dirs, tmp_path / "held")
+    args[args.index("--methods") + 1], args[args.index("--temperatures") + 1] = "sd", "0"
+    assert cli.main(args) == 0
+    assert "of the reported prompts" not in capsys.readouterr().err
+    assert len(set(profiled)) == 2 and len(set(reported)) == 2 and not set(profiled) & set(reported)  # tuning only
+    profiled.clear()
+    reported.clear()
+    args[args.index("--num-prompts") + 1], args[-1] = "0", str(tmp_path / "all")  # all 4 reported: none left
+    assert cli.main(args) == 0
+    assert "the profiles and --budget auto use 4 of the reported prompts" in capsys.readouterr().err
+    assert set(profiled) <= set(reported)
