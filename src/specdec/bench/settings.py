@@ -220,7 +220,9 @@ def run_identity(args: argparse.Namespace, settings: BenchSettings, rows: Sequen
     kind the rows use) are part of it: a retrained head is another run. A log written before
     they were recorded resumes without them (:func:`~specdec.bench.report.open_out_dir`). So are the
     plug-ins (:func:`~specdec.bench.hashes.plugin_identity`: each module's source hash, each override),
-    written only when there are any.
+    written only when there are any. ``--budget auto`` is recorded as the request (``"auto"``): its choices
+    per temperature and draft kind are made after the models load, and are checked on resume against their
+    digest in the header (:func:`~specdec.bench.hashes.check_budget_choices`).
     """
     budget = settings.budget
     device = getattr(args, "device", "cpu") or "cpu"
