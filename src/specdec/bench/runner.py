@@ -305,12 +305,14 @@ def _run_batched(
         for j, pi in enumerate(chunk):
             if run_key(row.name, pi, t, seed) in skip:
                 continue
+            attempted, accepted, drafted = _depth_counts(out, j)
             rec = RunRecord(
                 sequence=len(records), unit=unit_of[(pi, t, seed)], prompt_index=pi, temperature=t, seed=seed,
                 row=row.name, new_tokens=len(out.tokens[j]), steps=out.steps_by_row[j],
-                emitted=out.emitted_by_row[j], **_depth_counts(out, j),
+                emitted=out.emitted_by_row[j], depth_attempted=attempted, depth_accepted=accepted,
                 time_total=out.time_total / len(chunk), time_prefill=nan, time_draft=nan, time_target=nan,
                 time_verify=nan, tokens=tuple(out.tokens[j]), budget_nodes=nodes, budget_depth=depth,
+                depth_drafted=drafted,
             )
             records.append(rec)
             if on_run:
@@ -318,17 +320,17 @@ def _run_batched(
     return records
 
 
-def _depth_counts(out: Any, j: int) -> dict[str, tuple[int, ...]]:
-    """Row ``j``'s per-depth counts of a batched call (its ``acceptance_by_row``; none: empty), each as long
-    as a one-row record's: ``depth_attempted`` / ``depth_accepted`` to the deepest tested depth."""
+def _depth_counts(out: Any, j: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Row ``j``'s ``(depth_attempted, depth_accepted, depth_drafted)`` of a batched call (its
+    ``acceptance_by_row``; none: empty), each as long as a one-row record's (attempted and accepted to
+    the deepest tested depth, drafted to the deepest drafted one)."""
     rows = getattr(out, "acceptance_by_row", ())
     if j >= len(rows):
-        return dict(depth_attempted=(), depth_accepted=(), depth_drafted=())
+        return (), (), ()
     c = rows[j]
     tested = sum(1 for n in c.attempted if n)
     drafted = sum(1 for n in c.drafted if n)
-    return dict(depth_attempted=c.attempted[:tested], depth_accepted=c.accepted[:tested],
-                depth_drafted=c.drafted[:drafted])
+    return c.attempted[:tested], c.accepted[:tested], c.drafted[:drafted]
 
 
 def _stderr(values: Sequence[float]) -> float:
