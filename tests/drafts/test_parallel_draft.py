@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import itertools
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, cast
 
 import pytest
 import torch
 
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel
+from specdec.drafts.setting import DraftSetting
 from specdec.errors import InvalidConfigError, PluginError
+from specdec.registry import register, unregister
 from specdec.testing import sparse_markov_pair
+from specdec.testing.draft_suites import draft_cases
+from specdec.testing.markov import MarkovLM
 from specdec.testing.parallel import MarginalMarkovDraft, markov_marginals
+from specdec.testing.suites import Failure, Skipped, SuiteSettings
 from specdec.trees.feed import DraftSpec
 
 
@@ -105,3 +111,57 @@ def test_block_logits_of_the_wrong_shape_are_a_clear_error() -> None:
     draft.begin([0, 1])
     with pytest.raises(Exception, match=r"shape \(1, 1, 3\).*expected \[1, 2, 3\]"):
         draft.request_logits(DraftRequest(0, 1, 3, False, block=2))
+
+
+def _run(name: str, factory: Callable[[DraftSetting], DraftModel], cls: type[DraftModel],
+         suites: tuple[str, ...] = ("laws", "rows", "whole-tree")) -> dict[str, list[str]]:
+    """The parallel-form conformance cases of ``cls`` registered as ``name`` (of ``suites``):
+    ``{outcome: [case ids]}``."""
+    register("draft", name, factory=factory)(cls)
+    try:
+        out: dict[str, list[str]] = {"fail": [], "skip": [], "pass": []}
+        for case in draft_cases(name, SuiteSettings(table_seeds=1)):
+            if "parallel" not in case.id or case.suite not in suites or (
+                    case.suite == "whole-tree" and " T1 " not in case.id):  # (every sampling: tests/trees/test_ddtree.py)
+                continue
+            result = case.check()
+            key = "fail" if isinstance(result, Failure) else "skip" if isinstance(result, Skipped) else "pass"
+            out[key].append(case.id if result is None else f"{case.id}: {result}")
+        return out
+    finally:
+        unregister("draft", name)
+
+
+class _Toy(MarginalMarkovDraft):
+    pass
+
+
+class _OneContext(MarginalMarkovDraft):
+    """Broken: in rows mode every row's block is row 0's."""
+
+    def block_rows_logits(self, depth: int, proposal: bool = False) -> torch.Tensor:
+        out = super().block_rows_logits(depth, proposal)
+        return out[:1].expand_as(out).clone()
+
+
+class _Unnormalised(MarginalMarkovDraft):
+    """Broken: position 2 of the block is NaN."""
+
+    def block_rows_logits(self, depth: int, proposal: bool = False) -> torch.Tensor:
+        out = super().block_rows_logits(depth, proposal)
+        out[:, 1:2] = float("nan")
+        return out
+
+
+def _factory(cls: type[MarginalMarkovDraft]) -> Callable[[DraftSetting], DraftModel]:
+    return lambda s: cls(cast(MarkovLM, s.target).table, block_size=3)
+
+
+def test_the_conformance_cases_of_a_parallel_draft_pass_and_have_power() -> None:
+    good = _run("test-toy-parallel", _factory(_Toy), _Toy)
+    assert not good["fail"] and not good["skip"], good
+    assert any("ddtree-match" in c for c in good["pass"]) and any("block rows" in c for c in good["pass"])
+    rows = _run("test-one-context", _factory(_OneContext), _OneContext, ("rows",))
+    assert any("parallel block rows" in c and "alone gives" in c for c in rows["fail"]), rows
+    laws = _run("test-unnormalised", _factory(_Unnormalised), _Unnormalised, ("laws",))
+    assert any("position 2 has non-finite entries" in c for c in laws["fail"]), laws

@@ -21,6 +21,12 @@ factory=...)``, :mod:`specdec.drafts.setting`) for a toy order-2 Markov target o
   (:class:`~specdec.testing.laws.ExactLaws`): it must be the target's.
 - ``greedy`` and ``batch``: the generation loop with the first method and this draft (at
   T=0 the output is greedy decoding; ``generate_batch`` rows equal the rows alone).
+- a draft that declares the parallel form (:attr:`~specdec.drafts.base.DraftModel.parallel_form`,
+  docs/drafts.md "Parallel drafts") has three cases more: ``laws`` (every position of its block,
+  after every prompt and under every sampling, is a law over ``V`` tokens), ``rows`` (its block
+  in rows mode, before and after ragged commits, equals each row's block alone) and
+  ``whole-tree`` (each method of :data:`PARALLEL_METHODS`, fed by its parallel form, exact on
+  the toy target).
 
 A draft registered without a factory cannot be built here: its one case is SKIPPED,
 naming the draft and how to declare one.
@@ -64,6 +70,10 @@ PROMPTS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3, 1), (3, 0, 0, 2))
 """Ragged prompts (the rows of the ``rows`` suite)."""
 DRAFT_METHODS = ("sd", "specinfer")
 """Built-in methods the draft is proven with: a chain and a static tree of i.i.d. siblings."""
+PARALLEL_METHODS = ("ddtree", "ddtree-match")
+"""Built-in methods a parallel draft is proven with (through its parallel form)."""
+PARALLEL_DEPTH = 3
+"""The block the parallel cases ask for (the draft's ``block_size`` if shorter)."""
 LAW_TOL = 1e-5
 """How far a float32 draft's law may be from summing to 1, and its rows from its one-row answers."""
 
@@ -199,6 +209,82 @@ def _exact(name: str, method_name: str, make: Callable[[MarkovLM], DraftModel], 
     return check
 
 
+def _block(draft: DraftModel, rows: int, sampling: SamplingConfig) -> torch.Tensor:
+    """``[B, k, V]`` the processed laws of the draft's block (``k``: :data:`PARALLEL_DEPTH` or its block_size)."""
+    depth = min(PARALLEL_DEPTH, draft.block_size)
+    (q,), _ = laws_and_flags(draft.request_logits(DraftRequest(0, rows, VOCAB, False, block=depth)), (sampling,))
+    return q
+
+
+def _block_laws(name: str, make: Callable[[MarkovLM], DraftModel], sid: str) -> Callable[[], Failure | None]:
+    def check() -> Failure | None:
+        target, _ = sparse_markov_pair(VOCAB, 0)
+        for prompt in PROMPTS:
+            draft = make(target)
+            if draft.block_size < 1:
+                return Failure(f"draft {name!r} declares parallel_form but its block_size is {draft.block_size}")
+            draft.begin_rows([list(prompt)])
+            q = _block(draft, 1, SAMPLINGS[sid])[0]  # [k, V]
+            for d in range(q.shape[0]):
+                why = _not_a_law(q[d], VOCAB)
+                if why is not None:
+                    return Failure(f"draft {name!r} after prompt {list(prompt)}, {sid}: its block's law at position "
+                                   f"{d + 1} {why}: {_fmt(q[d])}")
+        return None
+    return check
+
+
+def _block_rows(name: str, cls: type[DraftModel], make: Callable[[MarkovLM], DraftModel]) -> Callable[[], Failure | Skipped | None]:
+    def check() -> Failure | Skipped | None:
+        if not cls.supports_rows:
+            return Skipped(f"draft {name!r} ({cls.__name__}) declares no rows mode: its block has no rows to check")
+        target, _ = sparse_markov_pair(VOCAB, 0)
+        sampling = SAMPLINGS["T1"]
+        rows = list(range(len(PROMPTS)))
+        many = make(target)
+        many.begin_rows([list(p) for p in PROMPTS])
+        alone = [make(target) for _ in rows]
+        for draft, prompt in zip(alone, PROMPTS):
+            draft.begin_rows([list(prompt)])
+        for step in range(2):
+            want = [_block(a, 1, sampling)[0] for a in alone]
+            failure = _compare(name, f"step {step} parallel block", rows, _block(many, len(rows), sampling), want)
+            if failure is not None:
+                return failure
+            emitted = [[(r + step) % VOCAB] * (1 + r % 2) for r in rows]  # ragged commits
+            many.commit_rows(emitted)
+            for a, e in zip(alone, emitted):
+                a.commit_rows([e])
+        return None
+    return check
+
+
+def _parallel_cases(name: str, cls: type[DraftModel], make: Callable[[MarkovLM], DraftModel],
+                    settings: SuiteSettings) -> Iterator[Case]:
+    for sid in SAMPLINGS:
+        yield Case("laws", f"parallel block laws {sid}", _block_laws(name, make, sid))
+    yield Case("rows", "parallel block rows: 3 ragged prompts", _block_rows(name, cls, make))
+    for method_name in PARALLEL_METHODS:
+        verifier = get("verifier", get("method", method_name).verifier)
+        for sid in _samplings(verifier):
+            for seed in range(settings.table_seeds):
+                yield Case("whole-tree", f"method {method_name} with parallel draft {name} chained {sid} seed={seed}",
+                           _parallel_exact(name, method_name, make, SAMPLINGS[sid], seed))
+
+
+def _parallel_exact(name: str, method_name: str, make: Callable[[MarkovLM], DraftModel], sampling: SamplingConfig,
+                    seed: int) -> Callable[[], Failure | Skipped | None]:
+    exact = _exact(name, method_name, make, sampling, seed)
+
+    def check() -> Failure | Skipped | None:
+        target, _ = sparse_markov_pair(VOCAB, seed)
+        if not one_row(make(target)).parallel_form:
+            return Skipped(f"draft {name!r} writes the batch contract only: its one-row view (the exact laws' "
+                           "draft) has no parallel form yet")
+        return exact()
+    return check
+
+
 def draft_cases(name: str, settings: SuiteSettings = SuiteSettings()) -> Iterator[Case]:
     """The cases of the registered draft ``name`` (module docstring); one SKIPPED case when it declares no factory."""
     cls: type[DraftModel] = get("draft", name)
@@ -223,3 +309,5 @@ def draft_cases(name: str, settings: SuiteSettings = SuiteSettings()) -> Iterato
                _greedy(method.tree, method.verifier, options, make))
     yield Case("batch", f"batch method {DRAFT_METHODS[0]} with draft {name} T1",
                _batch(method.tree, method.verifier, options, "T1", make))
+    if cls.parallel_form:
+        yield from _parallel_cases(name, cls, make, settings)
