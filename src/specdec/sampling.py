@@ -537,8 +537,10 @@ def _top_p_remove_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     cut = cut.masked_fill_(bad, float("-inf"))
     tied_removed = tied_removed.masked_fill_(bad, 0).int()
     tie = scores == cut  # [R, V]
-    kept_ties = tie.logical_and_(tie.cumsum(dim=-1, dtype=torch.int32) > tied_removed)  # [R, V] rank by id
-    return (scores <= cut).logical_xor_(kept_ties)  # below cut, or tied and among the lowest ids (NaN: never)
+    ranked = torch.gt(tie.int().cumsum_(dim=-1), tied_removed)  # [R, V] past the first tied_removed ties (by id)
+    kept_ties = tie.logical_and_(ranked)  # [R, V]
+    remove = torch.le(scores, cut, out=ranked)  # [R, V] (a buffer reused: a fresh one costs its page faults)
+    return remove.logical_xor_(kept_ties)  # below cut, or tied and among the lowest ids (NaN: never)
 
 
 def _top_p_keep_narrowed(scores: torch.Tensor, top_p: float, k: int) -> torch.Tensor:
