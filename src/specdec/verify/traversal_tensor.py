@@ -211,10 +211,10 @@ def _weights(tree: TreeBatch, rows_of: Callable[[torch.Tensor], torch.Tensor], t
         trying = (kids >= 0) & ok.unsqueeze(-1)
         tok1 = torch.where(trying, tree.tokens.gather(1, kids.clamp_min(0).view(B, M * C)).view(B, M, C) + 1, 0)
         flat = (idx + torch.arange(B, device=dev).view(B, 1) * n).view(-1)  # [B * M] the rows' flat slots
-        total, S, s_x = _in_float64(rows_of, flat, ids1, tok1, tree.vocab_size)
+        total, S, s_x, on_support = _in_float64(rows_of, flat, ids1, tok1, tree.vocab_size)
         V = tree.vocab_size
         Q = _take(tree.law_probs, idx, "traversal_q").to(F64)  # [B, M, L] q' (0 on padding), zeroed as tokens leave
-        off = (total - S.sum(dim=-1)).clamp_min_(0.0)  # [B, M] p's mass off the support
+        off = (total - on_support).clamp_min_(0.0)  # [B, M] p's mass off the support
         total.clamp_min_(tiny)
         q_mass = Q.sum(dim=-1)  # [B, M]
         column = _buffer("traversal_column", (B, M, V + 1), torch.int32, dev)  # 1 + token -> its column of the support
@@ -276,10 +276,11 @@ CACHE_BYTES = 1 << 20
 
 
 def _in_float64(rows_of: Callable[[torch.Tensor], torch.Tensor], flat: torch.Tensor, ids1: torch.Tensor,
-                tok1: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(total [B, M], s [B, M, L], s_x [B, M, C])`` of the rows ``rows_of(flat)`` (``[B * M, V]``):
-    each row's mass (in float64, the walk's normaliser) and its entries at ``ids1 - 1`` and
-    ``tok1 - 1`` (0 where those are 0: padding), in float64. On a CPU a block of rows at a time
+                tok1: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(total [B, M], s [B, M, L], s_x [B, M, C], s's sum [B, M])`` of the rows ``rows_of(flat)``
+    (``[B * M, V]``): each row's mass (in float64, the walk's normaliser), its entries at ``ids1 - 1``
+    and ``tok1 - 1`` (0 where those are 0: padding) in float64, and their mass on the support
+    (``s`` summed). On a CPU a block of rows at a time
     (:data:`CACHE_BYTES`), read, processed and widened while they stay in the core's cache."""
     B, M, L = ids1.shape
     C = tok1.shape[-1]
@@ -289,6 +290,7 @@ def _in_float64(rows_of: Callable[[torch.Tensor], torch.Tensor], flat: torch.Ten
     ext[:, 0] = 0.0
     flat_ids, flat_tok = ids1.view(R, L), tok1.view(R, C)
     total = torch.empty(R, dtype=F64, device=dev)
+    on_support = torch.empty(R, dtype=F64, device=dev)
     S = _buffer("traversal_s", (R, L), F64, dev)
     s_x = torch.empty(R, C, dtype=F64, device=dev)
     for a in range(0, R, step):
@@ -296,9 +298,9 @@ def _in_float64(rows_of: Callable[[torch.Tensor], torch.Tensor], flat: torch.Ten
         block = ext[: b - a]
         block[:, 1:].copy_(rows_of(flat[a:b]))
         torch.sum(block[:, 1:], dim=-1, out=total[a:b])
-        torch.gather(block, 1, flat_ids[a:b], out=S[a:b])
+        torch.sum(torch.gather(block, 1, flat_ids[a:b], out=S[a:b]), dim=-1, out=on_support[a:b])
         torch.gather(block, 1, flat_tok[a:b], out=s_x[a:b])
-    return total.view(B, M), S.view(B, M, L), s_x.view(B, M, C)
+    return total.view(B, M), S.view(B, M, L), s_x.view(B, M, C), on_support.view(B, M)
 
 
 def _residual_mass(S: torch.Tensor, Q: torch.Tensor, c: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
