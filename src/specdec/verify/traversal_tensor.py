@@ -293,13 +293,14 @@ def _in_float64(rows_of: Callable[[torch.Tensor], torch.Tensor], flat: torch.Ten
     on_support = torch.empty(R, dtype=F64, device=dev)
     S = _buffer("traversal_s", (R, L), F64, dev)
     s_x = torch.empty(R, C, dtype=F64, device=dev)
-    for a in range(0, R, step):
-        b = min(R, a + step)
-        block = ext[: b - a]
-        block[:, 1:].copy_(rows_of(flat[a:b]))
-        torch.sum(block[:, 1:], dim=-1, out=total[a:b])
-        torch.sum(torch.gather(block, 1, flat_ids[a:b], out=S[a:b]), dim=-1, out=on_support[a:b])
-        torch.gather(block, 1, flat_tok[a:b], out=s_x[a:b])
+    full, widened = ext, ext[:, 1:]
+    for rows, ids_b, tok_b, total_b, on_b, S_b, s_b in zip(*(t.split(step) for t in (flat, flat_ids, flat_tok, total,
+                                                                                          on_support, S, s_x))):
+        block, wide = (full, widened) if rows.shape[0] == full.shape[0] else (ext[: rows.shape[0]], ext[: rows.shape[0], 1:])
+        wide.copy_(rows_of(rows))
+        torch.sum(wide, dim=-1, out=total_b)
+        torch.sum(torch.gather(block, 1, ids_b, out=S_b), dim=-1, out=on_b)
+        torch.gather(block, 1, tok_b, out=s_b)
     return total.view(B, M), S.view(B, M, L), s_x.view(B, M, C), on_support.view(B, M)
 
 
