@@ -219,6 +219,7 @@ class DDTreeBuilder(TreeBuilder):
             per_depth: list[list[torch.Tensor]] = [[] for _ in configs]
             flags: list[torch.Tensor] = []
             earlier: list[torch.Tensor] = []
+            nxt = roots  # [B] the greedy path's token at the last position drafted
             step = yield DraftRequest(0, B, V, False)  # [B, V]
             for d in range(D):
                 if d > 0:
