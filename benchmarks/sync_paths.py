@@ -117,12 +117,13 @@ def count(target: Any, draft: Any, prompts: list[list[int]], method: str, path: 
 def numpy_view_site() -> str:
     """``specdec/sampling.py:LINE`` of the CPU values-only top-p sort's ``.numpy()``: a view of a CPU
     tensor, which StepCounter counts as a read (issue 56 reports it apart: no device waits on it)."""
-    import inspect
+    import dis
 
     from specdec import sampling
 
-    lines, start = inspect.getsourcelines(sampling._sorted_values)
-    return f"specdec/sampling.py:{start + next(i for i, line in enumerate(lines) if '.numpy()' in line)}"
+    code = sampling._sorted_values.__code__  # the loaded code's lines (the file may have changed since)
+    line = next(i.positions.lineno for i in dis.get_instructions(code) if i.argval == "numpy" and i.positions)
+    return f"specdec/sampling.py:{line}"
 
 
 def main(argv: list[str] | None = None) -> int:

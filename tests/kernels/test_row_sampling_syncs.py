@@ -68,12 +68,13 @@ def make_wide_models():
 
 def _numpy_site() -> str:
     """``specdec/sampling.py:LINE`` of the values-only sort's ``.numpy()`` (a view of a CPU tensor)."""
-    import inspect
+    import dis
 
     from specdec import sampling
 
-    lines, start = inspect.getsourcelines(sampling._sorted_values)
-    return f"specdec/sampling.py:{start + next(i for i, line in enumerate(lines) if '.numpy()' in line)}"
+    code = sampling._sorted_values.__code__  # the loaded code's lines (the file may have changed since)
+    line = next(i.positions.lineno for i in dis.get_instructions(code) if i.argval == "numpy" and i.positions)
+    return f"specdec/sampling.py:{line}"
 
 
 def test_the_cpu_sampling_shortcuts_read_the_host_only_for_the_values_sort(wide_models, monkeypatch):
