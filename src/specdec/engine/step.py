@@ -194,12 +194,13 @@ def read_rows(decision: TreeDecision, tree: TreeBatch,
         InvalidDistributionError: as :func:`read_step`.
     """
     B, D = tree.batch_size, tree.max_depth
-    draft_bad = tree.draft_bad if tree.draft_bad is not None else torch.zeros_like(decision.bad_visited)
+    # on the tree's device (the decision's may differ)
+    draft_bad = tree.draft_bad.long() if tree.draft_bad is not None else torch.zeros_like(tree.num_nodes)  # [B]
     device = decision.accepted.device
-    deepest = tree.depths.amax(1, keepdim=True)  # [B, 1] each tree's deepest node (padding is 0)
-    deepest = deepest if deepest.device == device else deepest.to(device)  # one op per step, not two
-    packed = torch.cat([decision.packed(), deepest, tree.num_nodes.view(B, 1).to(device),
-                        draft_bad.long().view(B, 1).to(device)], dim=-1)
+    # [B, 3] each tree's deepest node (padding is 0), its node count, its draft flag: no more ops than the two
+    # columns without the depth took (two views and a conversion)
+    extra = torch.stack([tree.depths.amax(1), tree.num_nodes, draft_bad], dim=1)
+    packed = torch.cat([decision.packed(), extra if extra.device == device else extra.to(device)], dim=-1)
     read = packed.tolist()  # the one read: [B, 2D + 8]
     results, nodes, depths = [], [], []
     for b, row in enumerate(read):
