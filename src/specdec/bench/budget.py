@@ -203,7 +203,7 @@ def specinfer_expansion(budget: Budget) -> tuple[int, ...]:
     return tuple(widths)
 
 
-_BUDGET_TREES = ("chain", "static", "sequoia", "eagle", "rheo", "sampled-dynamic")
+_BUDGET_TREES = ("chain", "static", "sequoia", "eagle", "rheo", "sampled-dynamic", "ddtree")
 
 
 def method_tree(method: str) -> str:
@@ -249,6 +249,8 @@ def method_options(method: str, budget: Budget, *, acceptance: Sequence[float] |
         if acceptance is not None:
             out["acceptance"] = tuple(float(a) for a in acceptance)
         return out
+    if tree == "ddtree":  # (its budget counts every node, sampled slots included)
+        return {"budget": budget.nodes, "depth": budget.depth}
     if isinstance(cls, type) and issubclass(cls, DynamicTreeBuilder):
         k = dynamic_width(budget)
         return {"N": budget.nodes, "depth": budget.depth, "K": k, "B": k}
