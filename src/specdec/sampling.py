@@ -1,7 +1,7 @@
 """Sampling configuration and THE function that turns logits into a distribution.
 
 Losslessness needs the target law ``p`` and the draft law ``q`` to be processed
-by exactly the same rule (temperature, then top-k, then top-p). Both the target
+by exactly the same rule (temperature, then top-k, top-p, min-p). Both the target
 and every draft model go through :func:`process_logits`; nothing else in
 specdec turns logits into probabilities (the fused Triton kernel masks raw
 logits at :func:`top_k_logit_threshold`, the same set). The rule keeps the set
@@ -56,6 +56,13 @@ def _check_top_p(_inst: object, _attr: object, value: float) -> None:
         raise InvalidConfigError(f"top_p must lie in (0, 1] (1 = off), got {value!r}")
 
 
+def _check_min_p(_inst: object, _attr: object, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidConfigError(f"min_p must be a number, got {value!r}")
+    if not (0.0 <= value <= 1.0):
+        raise InvalidConfigError(f"min_p must lie in [0, 1] (0 = off), got {value!r}")
+
+
 @attrs.frozen
 class SamplingConfig:
     """How next-token distributions are formed, for target and draft alike.
@@ -67,13 +74,16 @@ class SamplingConfig:
     largest scores (ties with the k-th are kept); then sort the scores
     ascending, drop the tokens whose cumulative softmax is ``<= 1 - top_p``
     (always keeping the largest; among tokens tied at that cut the highest
-    ids are kept); ``p`` is the softmax of the kept scores.
+    ids are kept); then min-p (transformers' ``MinPLogitsWarper``, after
+    top-p as ``generate`` orders them): drop the tokens whose softmax is
+    ``< min_p *`` the largest; ``p`` is the softmax of the kept scores.
 
     Attributes:
         temperature: ``>= 0``. ``0`` means greedy: the distribution is one-hot on
             the first index of the maximal logit.
         top_k: ``>= 0``; ``0`` disables top-k.
         top_p: in ``(0, 1]``; ``1`` disables top-p.
+        min_p: in ``[0, 1]``; ``0`` disables min-p.
 
     Example:
         >>> cfg = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9)
@@ -84,6 +94,13 @@ class SamplingConfig:
     temperature: float = attrs.field(default=1.0, validator=_check_temperature)
     top_k: int = attrs.field(default=0, validator=_check_top_k)
     top_p: float = attrs.field(default=1.0, validator=_check_top_p)
+    min_p: float = attrs.field(default=0.0, validator=_check_min_p)
+
+    @property
+    def reads_mass(self) -> bool:
+        """True when a filter reads the softmax of the scores (``top_p < 1`` or ``min_p > 0``):
+        the law is not temperature and top-k of the logits alone (no fused logits path)."""
+        return self.top_p < 1.0 or self.min_p > 0.0
 
     @property
     def greedy(self) -> bool:
@@ -118,7 +135,7 @@ def construction_config(sampling: SamplingConfig) -> SamplingConfig:
 
     Example:
         >>> construction_config(SamplingConfig(temperature=0.0))
-        SamplingConfig(temperature=1.0, top_k=0, top_p=1.0)
+        SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
         >>> construction_config(SamplingConfig(temperature=0.7, top_k=5)).top_k
         5
     """
@@ -178,7 +195,9 @@ def process_logits(
     3. top-p: sort ``s`` ascending (ties by token id), ``c = cumsum(softmax)``,
        drop ``c <= 1 - top_p``, always keep the largest (so among tokens
        tied at the cut the highest ids are kept);
-    4. ``p = softmax(s)`` over the kept tokens (0 elsewhere).
+    4. min-p: drop the tokens whose softmax is ``< min_p *`` the largest
+       (:func:`min_p_scores`);
+    5. ``p = softmax(s)`` over the kept tokens (0 elsewhere).
 
     Args:
         logits: ``[..., V]`` float tensor of raw logits. ``-inf`` marks banned
@@ -250,7 +269,7 @@ def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
             and (config.temperature != 1.0 or config.top_p < 1.0)):
         narrowed = _top_k_top_p_scores(logits.reshape(-1, vocab), config)
         if narrowed is not None:
-            return narrowed.reshape(logits.shape)
+            return min_p_scores(narrowed.reshape(logits.shape), config.min_p)
     scores = temperature_scores(logits, config.temperature)
     fresh = scores is not logits  # a new tensor: mask it in place
     if 0 < config.top_k < vocab:
@@ -265,7 +284,28 @@ def warped_scores(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
             remove = ~top_p_keep(flat, config.top_p)
         remove = remove.reshape(scores.shape)
         scores = scores.masked_fill_(remove, float("-inf")) if fresh else scores.masked_fill(remove, float("-inf"))
-    return scores
+    return min_p_scores(scores, config.min_p)
+
+
+def min_p_scores(scores: torch.Tensor, min_p: float | torch.Tensor) -> torch.Tensor:
+    """transformers' ``MinPLogitsWarper``: ``[..., V]`` ``scores`` with ``-inf`` where the
+    softmax of the row is ``< min_p *`` its largest entry (the largest always kept); ``scores``
+    itself at ``min_p == 0``. The same arithmetic as the warper (a softmax of the whole row in
+    the scores' dtype, the threshold ``min_p * max`` in that dtype), so the same set bit for bit.
+
+    Args:
+        scores: ``[..., V]`` float32 / float64 scores after temperature, top-k and top-p.
+        min_p: a number in ``[0, 1]``, or ``[B]`` per-row values (``scores`` ``[B, ..., V]``).
+    """
+    if isinstance(min_p, torch.Tensor):
+        threshold = _row_view(min_p, scores).to(scores.dtype)  # [B, ..., 1]
+    elif min_p <= 0.0:
+        return scores
+    else:
+        threshold = torch.tensor(min_p, dtype=scores.dtype, device=scores.device)  # as the warper's scalar
+    probs = torch.softmax(scores, dim=-1)  # [..., V]
+    remove = probs < threshold * probs.amax(dim=-1, keepdim=True)  # [..., V]; the largest is never below it
+    return scores.masked_fill(remove, float("-inf"))
 
 
 _TOP_K_MARGIN = 64
@@ -647,6 +687,7 @@ class RowSampling:
         temperature: ``[B]`` float64.
         top_k: ``[B]`` int64 (``0``: off).
         top_p: ``[B]`` float64 (``1``: off).
+        min_p: ``[B]`` float64 (``0``: off).
         groups: the distinct configurations and their rows (``[k]`` int64 row indices on the
             device), in order of first appearance.
         greedy: ``[B]`` bool, the rows at ``T = 0``.
@@ -658,6 +699,7 @@ class RowSampling:
     top_p: torch.Tensor
     groups: tuple[tuple[SamplingConfig, torch.Tensor], ...]
     greedy: torch.Tensor
+    min_p: torch.Tensor
 
     @classmethod
     def of(cls, configs: "SamplingConfig | Sequence[SamplingConfig] | RowSampling", rows: int,
@@ -685,9 +727,10 @@ class RowSampling:
                 raise InvalidConfigError(f"row {b}: sampling must be a SamplingConfig, got {type(c).__name__}")
             order.setdefault(c, []).append(b)
         # two host-to-device copies in all: the parameters, and every group's rows (split into views)
-        params = torch.tensor([[c.temperature for c in listed], [c.top_p for c in listed], [c.top_k for c in listed]],
-                              dtype=torch.float64, device=device)  # [3, B] (top-k < 2**53: exact)
-        return cls(tuple(listed), params[0], params[2].long(), params[1], _group_tensors(order, device), params[0] == 0)
+        params = torch.tensor([[c.temperature for c in listed], [c.top_p for c in listed], [c.top_k for c in listed],
+                               [c.min_p for c in listed]], dtype=torch.float64, device=device)  # [4, B] (top-k < 2**53)
+        return cls(tuple(listed), params[0], params[2].long(), params[1], _group_tensors(order, device), params[0] == 0,
+                   params[3])
 
     @property
     def uniform(self) -> bool:
@@ -713,7 +756,7 @@ class RowSampling:
         index = index.to(dev)
         return RowSampling(configs, self.temperature.index_select(0, index), self.top_k.index_select(0, index),
                            self.top_p.index_select(0, index), _group_tensors(order, dev),
-                           self.greedy.index_select(0, index))
+                           self.greedy.index_select(0, index), self.min_p.index_select(0, index))
 
     def group_rows(self) -> list[list[int]]:
         """Each group's row indices as host ints (made from the configurations, no device read)."""
@@ -724,8 +767,8 @@ class RowSampling:
 
     def fused(self) -> torch.Tensor:
         """``[B]`` bool: the rows whose law the fused kernel computes from the logits itself
-        (``T > 0`` and ``top_p == 1``: temperature, top-k and the softmax)."""
-        return ~self.greedy & (self.top_p >= 1.0)
+        (``T > 0``, ``top_p == 1`` and ``min_p == 0``: temperature, top-k and the softmax)."""
+        return ~self.greedy & (self.top_p >= 1.0) & (self.min_p <= 0.0)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """:func:`process_logits_rows` of ``logits``."""
@@ -773,9 +816,14 @@ def _in_force(rows: RowSampling, vocab: int) -> tuple[int, bool]:
     return k_max, any(not c.greedy and c.top_p < 1.0 for c in rows.configs)
 
 
+def _min_p_in_force(rows: RowSampling) -> bool:
+    """Whether a sampled row has min-p (a host value from the configurations)."""
+    return any(not c.greedy and c.min_p > 0.0 for c in rows.configs)
+
+
 def warped_scores_rows(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
-    """:func:`warped_scores` of ``[B, ..., V]`` logits with each row's own temperature, top-k and
-    top-p (the ``[B]`` tensors of ``rows``), in one pass over all rows; a greedy row is scored at
+    """:func:`warped_scores` of ``[B, ..., V]`` logits with each row's own temperature, top-k,
+    top-p and min-p (the ``[B]`` tensors of ``rows``), in one pass over all rows; a greedy row is scored at
     ``T = 1`` with neither (its law is one-hot, :func:`process_logits_rows`). Each sampled row has
     the bits :func:`warped_scores` gives it alone (``tests/test_sampling_rows.py``)."""
     x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -795,6 +843,8 @@ def warped_scores_rows(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
         remove[..., -1] = False
         keep = torch.zeros_like(remove).scatter_(-1, order, ~remove)
         scores = scores.masked_fill(~keep, float("-inf"))
+    if _min_p_in_force(rows):  # a row at min_p == 0 (or greedy) removes nothing: probs < 0 is never true
+        scores = min_p_scores(scores, torch.where(rows.greedy, torch.zeros_like(rows.min_p), rows.min_p))
     return scores
 
 

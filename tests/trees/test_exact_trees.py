@@ -22,6 +22,7 @@ import torch
 import specdec
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource
+from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree, NodeKind, SampleMode, SparseLaw
 from specdec.trees import (
     ChainTreeBuilder,
@@ -223,7 +224,10 @@ def test_every_registered_builder_gives_examples():
             assert builder.max_nodes <= 8, f"{name} example {options} is too large to enumerate"
 
 
-@pytest.mark.parametrize("sampling", [T1, GREEDY], ids=["T1", "T0"])
+MIN_P = SamplingConfig(temperature=0.9, min_p=0.3)  # a law transform like top-p: p and q both go through it
+
+
+@pytest.mark.parametrize("sampling", [T1, GREEDY, MIN_P], ids=["T1", "T0", "T0.9-minp0.3"])
 @pytest.mark.parametrize("name,options", REGISTERED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(REGISTERED)])
 def test_registered_builder_is_exact(name, options, sampling):
     """Every registered builder, with each of its example options, verified by

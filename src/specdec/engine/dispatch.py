@@ -57,7 +57,7 @@ class Verification:
         path_rule: ``"tensor"`` only: the whole-tree rule's declared tensor form
             (:attr:`Verifier.path_rule <specdec.verify.base.Verifier.path_rule>`), None otherwise.
         fuse_logits: ``"triton"`` only: the kernel also fuses temperature, top-k and
-            the softmax (``T > 0`` and ``top_p == 1``); otherwise it verifies the
+            the softmax (``T > 0``, ``top_p == 1``, ``min_p == 0``); otherwise it verifies the
             processed ``p``. Rows under their own configurations (a
             :class:`~specdec.sampling.RowSampling`) share one path and one launch; the
             kernel then decides this row by row (:func:`~specdec.kernels.verify_fused.fused_verify_batch`).
@@ -99,7 +99,7 @@ def choose_verification(
         raise InvalidConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {kernel!r}")
     resolved = resolve_rows(rows, device)
     rule, path_rule = verifier.fused, verifier.path_rule
-    fuse = not sampling.greedy and sampling.top_p >= 1.0
+    fuse = not sampling.greedy and not sampling.reads_mass
     if kernel == "triton":
         if rule is None and path_rule is not None:
             raise InvalidConfigError(

@@ -262,7 +262,7 @@ class FixedStep:
             fields = decide_tree_batch(self.rule, tree, greedy_law(wide), u, row_is_bad(logits))
         else:
             wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-            warped = 0 < s.top_k < wide.shape[-1] or s.top_p < 1.0
+            warped = 0 < s.top_k < wide.shape[-1] or s.reads_mass
             scores = warped_scores(wide, s) if warped else wide
             fields = decide_from_scores(self.rule, tree, scores, u, 1.0 if warped else s.temperature)
         accepted, num, tokens, bonus, attempted, bad, stop = fields

@@ -318,9 +318,9 @@ def node_decisions(
     if inputs == "logits":
         if not isinstance(sampling, SamplingConfig):
             raise InvalidConfigError("inputs='logits' needs the SamplingConfig")
-        if sampling.greedy or sampling.top_p < 1.0:
+        if sampling.greedy or sampling.reads_mass:
             raise InvalidConfigError(
-                "inputs='logits' fuses temperature > 0 and top-k only; process top-p / greedy rows with "
+                "inputs='logits' fuses temperature > 0 and top-k only; process top-p / min-p / greedy rows with "
                 "process_logits and pass inputs='probs'"
             )
         temperature = float(sampling.temperature)
@@ -573,7 +573,7 @@ def fused_verify_batch(
             raise InvalidConfigError(f"per-row sampling: {len(sampling.configs)} configurations for a batch of {B} trees")
         if sampling.uniform:
             sampling = sampling.configs[0]
-            if inputs == "logits" and (sampling.greedy or sampling.top_p < 1.0):  # the rows' own p, as batch-1 launches
+            if inputs == "logits" and (sampling.greedy or sampling.reads_mass):  # the rows' own p, as batch-1 launches
                 x, inputs = process_logits_rows(x, RowSampling.of(sampling, B, x.device)), "probs"
         elif inputs != "logits":
             raise InvalidConfigError("per-row sampling in the fused kernel takes the raw logits (inputs='logits')")
@@ -589,8 +589,9 @@ def fused_verify_batch(
         mode = fused.repeat_interleave(n)  # [R]
         temperature = torch.where(sampling.greedy, 1.0, sampling.temperature).to(dev).repeat_interleave(n)
     elif inputs == "logits":
-        if not isinstance(sampling, SamplingConfig) or sampling.greedy or sampling.top_p < 1.0:
-            raise InvalidConfigError("inputs='logits' fuses temperature > 0 and top-k only (needs the SamplingConfig)")
+        if not isinstance(sampling, SamplingConfig) or sampling.greedy or sampling.reads_mass:
+            raise InvalidConfigError(
+                "inputs='logits' fuses temperature > 0 and top-k only, no top-p or min-p (needs the SamplingConfig)")
         temperature = float(sampling.temperature)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     tables = batch_tables(rule, tree, compute)

@@ -177,7 +177,7 @@ def step_scores(logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.T
     (top-k, top-p: :func:`~specdec.sampling.warped_scores`, eager) and ``1``."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    if 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0:
+    if 0 < sampling.top_k < logits.shape[-1] or sampling.reads_mass:
         return warped_scores(logits, sampling), 1.0
     return logits, sampling.temperature
 
