@@ -108,7 +108,7 @@ def cli(name, argv):
             code = main(argv)
         except SystemExit as exc:
             code = exc.code
-    out[name] = [code, err.getvalue(), stdout.getvalue()[:200]]
+    out[name] = [code, err.getvalue(), stdout.getvalue()[:4000]]
 
 cli("bench", ["bench", "--preset", "quick"])
 cli("bench --help", ["bench", "--help"])

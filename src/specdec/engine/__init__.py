@@ -38,7 +38,8 @@ from specdec.engine.proposals import (
     verify_tree_proposals,
 )
 from specdec.engine.serving import EngineVerification, RowSampling, verify_for_engine
-from specdec.engine.stats import GenerationStats, StepTally
+from specdec.engine.fixed_step import FixedStep, StepBudget, fixed_step, run_fixed_step
+from specdec.engine.stats import AcceptanceCounts, GenerationStats, StepTally
 from specdec.engine.step import (
     Roles,
     StepClock,
@@ -52,6 +53,7 @@ from specdec.engine.step import (
 )
 
 __all__ = [
+    "AcceptanceCounts",
     "CLOCKS",
     "KERNEL_CHOICES",
     "VERIFY_PATHS",
@@ -60,10 +62,12 @@ __all__ = [
     "ChainVerification",
     "DraftLaws",
     "EngineVerification",
+    "FixedStep",
     "GenerationStats",
     "Roles",
     "RowSampling",
     "RowsRequest",
+    "StepBudget",
     "StepClock",
     "StepCompiler",
     "StepInputs",
@@ -78,9 +82,11 @@ __all__ = [
     "choose_verification",
     "commit_step",
     "decode_rows",
+    "fixed_step",
     "emitted_logprobs",
     "profile_steps",
     "read_step",
+    "run_fixed_step",
     "run_rows",
     "run_step",
     "serving_rules",
