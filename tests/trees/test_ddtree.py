@@ -144,3 +144,27 @@ def test_draft_laws_that_are_not_distributions_are_flagged() -> None:
     bad.begin([0, 1])
     batch = build_trees(DDTreeBuilder(budget=3, depth=2), 1, bad, SAMPLINGS["T1"], TorchRandom.seeded(0))
     assert batch.draft_bad is not None and bool(batch.draft_bad[0])
+
+
+def test_per_row_sampling_groups_share_one_parallel_request() -> None:
+    """Rows under their own sampling (group_build): ONE block request over every row, each row's tree
+    the one it gets alone under its configuration and random source."""
+    _, draft = _pair(1)
+    prompts = [[0, 1], [2, 2, 0], [1, 0]]
+    draft.begin_rows(prompts)
+    configs = [SAMPLINGS["T1"], SAMPLINGS["T0.7-topk2"], SAMPLINGS["T1"]]
+    builder = DDTreeBuilder(budget=5, depth=3, sampled=1)
+    feed = TreeFeed(builder, torch.tensor([1, 0, 0]), configs, RowStreams([TorchRandom.seeded(s) for s in (4, 5, 6)]),
+                    DraftSpec(3, block_size=3))
+    requests = 0
+    while feed.request is not None:
+        assert feed.request.block == 3
+        feed.give(feed.request.level, draft.block_rows_logits(3))
+        requests += 1
+    assert requests == 1
+    for b, prompt in enumerate(prompts):
+        one = _pair(1)[1]
+        one.begin(prompt)
+        alone = build_tree(builder, prompt[-1], one, configs[b], TorchRandom.seeded(4 + b))
+        assert feed.tree.tree(b).tokens.tolist() == alone.tokens.tolist()
+        assert feed.tree.tree(b).kinds.tolist() == alone.kinds.tolist()

@@ -35,8 +35,10 @@ form) is run position-parallel along its own greedy path: ``q_1`` after the cont
 the context and the construction law's argmax tokens of positions ``1 .. d - 1`` (``depth`` draft
 calls of one node each) -- a function of the context only, so the same rules stay exact.
 
-The tree is assembled on the host, row by row (:class:`~specdec.tree.TreeAssembler`, host reads of
-the ``[B, D, V]`` laws); a tensor form is not written yet (:attr:`batch_form` False).
+One build serves the ``B`` rows of a batch (:attr:`batch_form`: one draft call for all of them,
+each row drawing from its own random source, so a row's tree is the tree it gets alone), but each
+row's tree is assembled on the host (:class:`~specdec.tree.TreeAssembler`, host reads of the
+``[B, D, V]`` laws): a tensor form of the best-first selection is not written yet.
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ class DDTreeBuilder(TreeBuilder):
     depth: int = 6
     sampled: int = 1
 
+    batch_form = True  # one build over the B rows (module docstring: host assembly per row)
     produces: ClassVar[frozenset[NodeKind]] = frozenset({NodeKind.DETERMINISTIC, NodeKind.SAMPLED})
     default_verifier: ClassVar[str] = "mixed"
     example_options: ClassVar[tuple[Mapping[str, Any], ...]] = (
