@@ -42,7 +42,7 @@ law), the full ones when asked (``laws="dense"``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -54,6 +54,7 @@ from specdec.engine.row_sampling import RowSampling, scatter_decisions
 from specdec.engine.step import StepInputs, decide_rows
 from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
+from specdec.logit_bias import logit_bias_rows
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, row_is_bad
@@ -193,6 +194,7 @@ def verify_for_engine(
     *,
     check_trees: bool = True,
     allowed: torch.Tensor | None = None,
+    logit_bias: Sequence[Mapping[int, float] | None] | None = None,
 ) -> EngineVerification:
     """Verify a drafted tree batch against the target's logits (module docstring).
 
@@ -217,23 +219,29 @@ def verify_for_engine(
             node's path (an engine's grammar mask, e.g. xgrammar's bitmask unpacked); the target's
             logits are masked by it (``-inf`` elsewhere) before they are processed, and a row whose
             grammar allows no token at a node the verifier visited is flagged (code 5).
+        logit_bias: one ``{token id: bias}`` map (or None) per row, added to the row's raw logits
+            at every node before they are processed (OpenAI's and vLLM's ``logit_bias``;
+            :mod:`specdec.logit_bias`): the row's law is that of ``logits + bias``. The draft
+            law is left as drafted (every rule is exact for any proposal law).
 
     Raises:
         InvalidConfigError: an empty batch; logits of the wrong shape, device or dtype; per-row
             configurations or sources of the wrong length; an unknown verifier name; ``allowed``
-            of the wrong shape, dtype or device.
+            of the wrong shape, dtype or device; ``logit_bias`` not one map per row, or a token id
+            outside the vocabulary or a bias that is not finite (naming the row).
         MalformedTreeError: (``check_trees``) a row's tensors are not a tree, naming the row and
             what is broken.
         UnsupportedTreeError: (``check_trees``, a verifier with its own tree check) a row's tree has
             children the verifier cannot verify losslessly, naming the row.
     """
     with torch.no_grad():
-        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed)
+        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed, logit_bias)
 
 
 def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling, rng: RandomSource,
-            check_trees: bool, allowed: torch.Tensor | None) -> EngineVerification:
+            check_trees: bool, allowed: torch.Tensor | None,
+            logit_bias: Sequence[Mapping[int, float] | None] | None = None) -> EngineVerification:
     rule_of = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     B = tree.batch_size
     if B == 0:
@@ -241,6 +249,7 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
     sources = len(rng.sources) if isinstance(rng, RowStreams) else (None if B == 1 else 1)
     _check_shapes(tree, logits, sources)
     _check_allowed(tree, allowed)
+    bias = None if logit_bias is None else logit_bias_rows(logit_bias, B, logits.shape[-1], logits.device)  # [B, V]
     rows = RowSampling.of(sampling, B, tree.device)
     own_check = type(rule_of).check_tree is not Verifier.check_tree or rule_of.host_checks
     if check_trees and own_check:
@@ -254,6 +263,8 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
         grammar_empty = ~allowed.any(dim=-1)
         target_bad = row_is_bad(logits)
         logits = logits.masked_fill(~allowed, float("-inf"))
+    if bias is not None:  # finite: a bad row stays bad, a banned token banned
+        logits = logits + bias.to(logits.dtype).unsqueeze(1)  # [B, n, V]
     # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every row
     verification = choose_verification(rule_of, rows.configs[0], "torch", logits.device, draws_tables=rng.draws_tables)
     row_rngs: list[RandomSource] = list(rng.sources) if isinstance(rng, RowStreams) else [rng]
