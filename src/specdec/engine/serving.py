@@ -51,13 +51,13 @@ import torch
 from specdec.engine.dispatch import choose_verification
 from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, scatter_decisions
-from specdec.engine.step import StepInputs, decide_rows
+from specdec.engine.step import StepInputs, decide_rows, emitted_logprobs
 from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.logit_bias import logit_bias_rows
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
-from specdec.sampling import SamplingConfig, row_is_bad
+from specdec.sampling import SamplingConfig, process_logits_rows, row_is_bad
 from specdec.tree_batch import TreeBatch
 from specdec.trees.feed import DraftSpec, FeedBuilder, TreeFeed
 from specdec.verify.base import Verifier
@@ -104,6 +104,13 @@ class EngineVerification:
         unsupported: ``[B]`` int64, or None: the children the verifier cannot verify losslessly,
             bits of :data:`specdec.engine.tree_checks.UNSUPPORTED` (0: none; code 1 when set).
         verifier: the verifier (for :meth:`reasons`), or None.
+        logprobs: ``[B, D + 1]`` float64 log-probability of each emitted token under the law it was
+            drawn from (:func:`~specdec.engine.step.emitted_logprobs`: the processed ``p`` at its
+            parent node; at ``T = 0`` the processed logits' softmax), NaN past ``num_emitted``;
+            None unless asked (``logprobs=`` of :func:`verify_for_engine`).
+        top_logprobs: ``[B, D + 1, k]`` float64 the ``k`` largest log-probabilities of that law at
+            each emitted position (descending, NaN past ``num_emitted``), or None.
+        top_ids: ``[B, D + 1, k]`` int64 their token ids (``-1`` past ``num_emitted``), or None.
     """
 
     accepted: torch.Tensor
@@ -116,6 +123,9 @@ class EngineVerification:
     refusals: tuple[str | None, ...] = ()
     unsupported: torch.Tensor | None = None
     verifier: Verifier | None = attrs.field(default=None, repr=False)
+    logprobs: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
 
     def reasons(self) -> list[str | None]:
         """Per row, why it was flagged (``"row b: ..."``), or None; one host read of :attr:`flag`
@@ -195,6 +205,7 @@ def verify_for_engine(
     check_trees: bool = True,
     allowed: torch.Tensor | None = None,
     logit_bias: Sequence[Mapping[int, float] | None] | None = None,
+    logprobs: int | None = None,
 ) -> EngineVerification:
     """Verify a drafted tree batch against the target's logits (module docstring).
 
@@ -223,25 +234,34 @@ def verify_for_engine(
             at every node before they are processed (OpenAI's and vLLM's ``logit_bias``;
             :mod:`specdec.logit_bias`): the row's law is that of ``logits + bias``. The draft
             law is left as drafted (every rule is exact for any proposal law).
+        logprobs: None (no log-probabilities, nothing computed), or ``k >= 0``: fill
+            :attr:`EngineVerification.logprobs` (each emitted token's), and for ``k > 0`` the
+            ``k`` most likely tokens of each emitted position's law (vLLM's sampled and top-``k``
+            log-probs, ``processed_logprobs``), computed on the device (no host read).
 
     Raises:
         InvalidConfigError: an empty batch; logits of the wrong shape, device or dtype; per-row
             configurations or sources of the wrong length; an unknown verifier name; ``allowed``
             of the wrong shape, dtype or device; ``logit_bias`` not one map per row, or a token id
-            outside the vocabulary or a bias that is not finite (naming the row).
+            outside the vocabulary or a bias that is not finite (naming the row); ``logprobs`` not
+            None nor an int in ``[0, V]``.
         MalformedTreeError: (``check_trees``) a row's tensors are not a tree, naming the row and
             what is broken.
         UnsupportedTreeError: (``check_trees``, a verifier with its own tree check) a row's tree has
             children the verifier cannot verify losslessly, naming the row.
     """
     with torch.no_grad():
-        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed, logit_bias)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= logits.shape[-1]):
+            raise InvalidConfigError(f"logprobs must be None or an int in [0, V = {logits.shape[-1]}], got {logprobs!r}")
+        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed, logit_bias, logprobs)
 
 
 def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling, rng: RandomSource,
             check_trees: bool, allowed: torch.Tensor | None,
-            logit_bias: Sequence[Mapping[int, float] | None] | None = None) -> EngineVerification:
+            logit_bias: Sequence[Mapping[int, float] | None] | None = None,
+            logprobs: int | None = None) -> EngineVerification:
     rule_of = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     B = tree.batch_size
     if B == 0:
@@ -312,6 +332,7 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             grammar, FLAG_GRAMMAR, torch.where(visited_bad, FLAG_TARGET, FLAG_NONE)))))
     bad = (flag > 0).to(decision.accepted.device)
     keep = ~bad.view(B, 1)
+    lp = None if logprobs is None else _logprobs(logits, decision, rows, logprobs, bad)
     return EngineVerification(
         accepted=torch.where(keep, decision.accepted, -1),
         tokens=torch.where(keep, decision.tokens, -1),
@@ -323,7 +344,34 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
         refusals=refusals,
         unsupported=checked.unsupported,
         verifier=rule_of,
+        logprobs=None if lp is None else lp[0],
+        top_logprobs=None if lp is None else lp[1],
+        top_ids=None if lp is None else lp[2],
     )
+
+
+def _logprobs(logits: torch.Tensor, decision: TreeDecision, rows: RowSampling, k: int,
+              bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``([B, D + 1], [B, D + 1, k], [B, D + 1, k])``: each emitted token's log-probability
+    (:func:`~specdec.engine.step.emitted_logprobs` of the processed ``logits``), and the ``k``
+    largest of the same law with their ids (None at ``k = 0``); NaN / ``-1`` past ``num_emitted``
+    and on bad rows."""
+    B, D1 = decision.tokens.shape
+    sampling: SamplingConfig | RowSampling = rows.configs[0] if rows.uniform else rows
+    emitted = (torch.arange(D1, device=bad.device).view(1, D1) <= decision.num_accepted.to(bad.device).view(B, 1))
+    emitted &= ~bad.view(B, 1)  # [B, D + 1]
+    lp = emitted_logprobs(logits, decision, sampling).to(bad.device)
+    lp = torch.where(emitted, lp, float("nan"))
+    if k == 0:
+        return lp, None, None
+    chain = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1)  # [B, D + 1]
+    at = logits.gather(1, chain.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, D + 1, V]
+    law = process_logits_rows(at, rows).to(torch.float64).log()  # [B, D + 1, V] the law each token was drawn from
+    if any(c.greedy for c in rows.configs):  # T = 0: the processed logits' softmax (emitted_logprobs' convention)
+        law = torch.where(rows.greedy.to(law.device).view(B, 1, 1), torch.log_softmax(at.to(torch.float64), -1), law)
+    values, ids = torch.topk(law, k, dim=-1)  # [B, D + 1, k]
+    keep = emitted.to(law.device).unsqueeze(-1)
+    return lp, torch.where(keep, values, float("nan")).to(bad.device), torch.where(keep, ids, -1).to(bad.device)
 
 
 def _refusals(verifier: Verifier, rows: RowSampling) -> tuple[str | None, ...]:
