@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import cast
 
 import pytest
 import torch
 
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel
+from specdec.drafts.parallel import ParallelDraft
 from specdec.drafts.setting import DraftSetting
 from specdec.errors import InvalidConfigError, PluginError
 from specdec.registry import register, unregister
@@ -85,19 +86,23 @@ def test_an_autoregressive_draft_has_no_parallel_form() -> None:
         markov.request_logits(DraftRequest(0, 1, 3, False, block=1))
 
 
-def test_declaring_the_parallel_form_without_its_members_fails_when_the_class_is_defined() -> None:
-    with pytest.raises(PluginError, match="declares parallel_form = True but does not implement block_size, "
+def test_the_parallel_form_without_its_members_fails_when_the_class_is_defined() -> None:
+    with pytest.raises(PluginError, match="has the parallel form .ParallelDraft. but does not implement block_size, "
                                           "block_rows_logits"):
-        class Half(MarginalMarkovDraft.__mro__[1]):  # type: ignore[misc,name-defined]  # MarkovLM
-            parallel_form: ClassVar[bool] = True
+        class Half(MarkovLM, ParallelDraft):  # the Markov chain's one-row form, no block
+            pass
 
     with pytest.raises(PluginError, match=r"does not implement block_rows_logits \("):
-        class NoLaws(DraftModel):
-            parallel_form: ClassVar[bool] = True
-
+        class NoLaws(ParallelDraft):
             @property
             def block_size(self) -> int:
                 return 2
+
+
+def test_the_batch_contract_stays_small_and_declares_the_form() -> None:
+    assert not {"block_size", "block_rows_logits"} & set(vars(DraftModel))  # the form's members are its own
+    assert DraftModel.parallel_form is False and ParallelDraft.parallel_form is True
+    assert MarginalMarkovDraft.parallel_form and isinstance(MarginalMarkovDraft(torch.zeros(2, 2)), ParallelDraft)
 
 
 def test_block_logits_of_the_wrong_shape_are_a_clear_error() -> None:

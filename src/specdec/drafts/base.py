@@ -37,14 +37,12 @@ import torch
 
 from specdec.draft_request import DraftRequest
 from specdec._deprecation import serve_as_form
-from specdec.errors import InvalidConfigError, InvalidDistributionError, PluginError, VocabMismatchError
+from specdec.errors import InvalidConfigError, InvalidDistributionError, VocabMismatchError
 from specdec.regions import model_call
 from specdec.sampling import SamplingConfig, law_is_bad, process_logits, row_is_bad
 
 __all__ = ["DraftModel", "OneRowDraft", "laws_and_flags"]
 
-_PARALLEL_MEMBERS = ("block_size", "block_rows_logits")
-"""What a draft that declares :attr:`DraftModel.parallel_form` writes."""
 _ONE_ROW_METHODS = ("begin", "root_logits", "tree_logits", "commit")
 """The one-row methods of 0.1.0's contract (a direct :class:`DraftModel` subclass writing them is
 served as a :class:`OneRowDraft`, deprecated)."""
@@ -77,23 +75,15 @@ class DraftModel(ABC):
     _one_row_form: ClassVar[bool] = False
     """Declared by :class:`OneRowDraft` (and every subclass): the class writes the one-row form."""
     parallel_form: ClassVar[bool] = False
-    """Declared: the draft has the *parallel form* (docs/drafts.md, "Parallel drafts"): one call,
-    :meth:`block_rows_logits`, gives the laws of the next :attr:`block_size` positions, each
-    conditioned on the committed context only. A class that declares it writes both members (else
-    :class:`~specdec.errors.PluginError` when the class is defined)."""
+    """Declared by :class:`specdec.drafts.parallel.ParallelDraft` (docs/drafts.md, "Parallel drafts"):
+    one call gives the laws of the next ``block_size`` positions, each conditioned on the committed
+    context only; a parallel request (``DraftRequest.block``) to any other draft is refused."""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         """0.1.0's contract, deprecated: a direct subclass that writes the one-row methods is
         served as a :class:`OneRowDraft` (the one-row form's methods are given to the class),
-        with a ``DeprecationWarning`` naming the replacement. A class that declares
-        :attr:`parallel_form` and does not write its members is refused (:class:`PluginError`)."""
+        with a ``DeprecationWarning`` naming the replacement."""
         super().__init_subclass__(**kwargs)
-        if cls.parallel_form:
-            missing = [name for name in _PARALLEL_MEMBERS if getattr(cls, name) is getattr(DraftModel, name)]
-            if missing:
-                raise PluginError(
-                    f"draft class {cls.__qualname__} declares parallel_form = True but does not implement "
-                    f"{', '.join(missing)} (the parallel form: docs/drafts.md, 'Parallel drafts')")
         if cls._one_row_form or not any(name in cls.__dict__ for name in _ONE_ROW_METHODS):
             return
         serve_as_form(cls, OneRowDraft, DraftModel, _ONE_ROW_METHODS, "specdec.drafts.OneRowDraft")
@@ -183,32 +173,15 @@ class DraftModel(ABC):
         """Add ``k`` nodes to every row's tree (``parents``, ``tokens`` ``[B, k]`` int64) and
         return their ``[B, k, V]`` (``[B, k, Vd]``) raw logits, in one forward."""
 
-    @property
-    def block_size(self) -> int:
-        """The parallel form's block: how many next positions one :meth:`block_rows_logits` call
-        can give (0: no parallel form, the default)."""
-        return 0
-
-    def block_rows_logits(self, depth: int, proposal: bool = False) -> torch.Tensor:
-        """The parallel form (declared by :attr:`parallel_form`): ``[B, depth, W]`` raw logits of
-        positions ``1 .. depth`` after every row's committed context, in one call; position ``d``'s
-        law is conditioned on the context only, never on drafted tokens (its marginal law, or any
-        law that is a function of the context alone). ``depth <= block_size``.
-
-        Raises:
-            InvalidConfigError: the draft has no parallel form (this default).
-        """
-        raise InvalidConfigError(f"{type(self).__name__} has no parallel form (parallel_form = False): "
-                                 f"block_rows_logits(depth={depth}) cannot be answered")
-
     def request_logits(self, request: DraftRequest) -> torch.Tensor:
         """Answer a builder's :class:`~specdec.draft_request.DraftRequest` (the engine's one
         draft call, :func:`specdec.trees.feed.drive`): ``[B, W]`` logits at level 0 (after every
         row's committed context), ``[B, k, W]`` at the request's new nodes after, checked
         (shape and width; the laws are checked where they are used); a parallel request
-        (``request.block``): ``[B, block, W]`` from :meth:`block_rows_logits`."""
+        (``request.block``): ``[B, block, W]``, from the parallel form
+        (:class:`~specdec.drafts.parallel.ParallelDraft`)."""
         if request.block:
-            return self._block_checked(request)
+            return self._answer_block(request)
         with model_call():
             if request.level == 0:
                 return self._checked(self.root_rows_logits(request.proposal), 2, request.proposal)
@@ -216,18 +189,14 @@ class DraftModel(ABC):
             logits = self.tree_rows_logits(request.parents, request.tokens, request.proposal)
         return self._checked(logits, 3, request.proposal, tuple(request.parents.shape))
 
-    def _block_checked(self, request: DraftRequest) -> torch.Tensor:
-        """:meth:`block_rows_logits` for a parallel request, checked (the form, the depth, the shape)."""
-        depth = request.block
-        if not self.parallel_form:
-            raise InvalidConfigError(f"draft {type(self).__name__} has no parallel form (parallel_form = False): "
-                                     f"a parallel request of block={depth} cannot be answered")
-        if not 1 <= depth <= self.block_size:
-            raise InvalidConfigError(f"draft {type(self).__name__}: a parallel request of block={depth} positions; "
-                                     f"its block_size is {self.block_size} (a block shorter than the requested depth)")
-        with model_call():
-            logits = self.block_rows_logits(depth, request.proposal)
-        return self._checked(logits, 3, request.proposal, (request.rows, depth))
+    def _answer_block(self, request: DraftRequest) -> torch.Tensor:
+        """A parallel request (``request.block``): refused here (the parallel form answers it).
+
+        Raises:
+            InvalidConfigError: always: this draft has no parallel form.
+        """
+        raise InvalidConfigError(f"draft {type(self).__name__} has no parallel form (parallel_form = False): "
+                                 f"a parallel request of block={request.block} cannot be answered")
 
     def _checked(
         self, logits: torch.Tensor, dims: int, proposal: bool = False, rows: tuple[int, ...] | None = None

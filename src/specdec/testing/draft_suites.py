@@ -35,12 +35,14 @@ naming the draft and how to declare one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 
 from specdec.adapters import one_row
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel, laws_and_flags
+from specdec.drafts.parallel import ParallelDraft
 from specdec.drafts.setting import DraftSetting
 from specdec.errors import InvalidConfigError
 from specdec.methods import Method
@@ -211,7 +213,7 @@ def _exact(name: str, method_name: str, make: Callable[[MarkovLM], DraftModel], 
 
 def _block(draft: DraftModel, rows: int, sampling: SamplingConfig) -> torch.Tensor:
     """``[B, k, V]`` the processed laws of the draft's block (``k``: :data:`PARALLEL_DEPTH` or its block_size)."""
-    depth = min(PARALLEL_DEPTH, draft.block_size)
+    depth = min(PARALLEL_DEPTH, cast(ParallelDraft, draft).block_size)
     (q,), _ = laws_and_flags(draft.request_logits(DraftRequest(0, rows, VOCAB, False, block=depth)), (sampling,))
     return q
 
@@ -221,8 +223,9 @@ def _block_laws(name: str, make: Callable[[MarkovLM], DraftModel], sid: str) -> 
         target, _ = sparse_markov_pair(VOCAB, 0)
         for prompt in PROMPTS:
             draft = make(target)
-            if draft.block_size < 1:
-                return Failure(f"draft {name!r} declares parallel_form but its block_size is {draft.block_size}")
+            size = cast(ParallelDraft, draft).block_size
+            if size < 1:
+                return Failure(f"draft {name!r} has the parallel form but its block_size is {size}")
             draft.begin_rows([list(prompt)])
             q = _block(draft, 1, SAMPLINGS[sid])[0]  # [k, V]
             for d in range(q.shape[0]):

@@ -12,10 +12,9 @@ with an enumeration of the paths).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
-
 import torch
 
+from specdec.drafts.parallel import ParallelDraft
 from specdec.errors import InvalidConfigError
 from specdec.testing.markov import MarkovLM
 
@@ -44,7 +43,7 @@ def markov_marginals(table: torch.Tensor, context: Sequence[int], depth: int) ->
     return torch.stack(laws)
 
 
-class MarginalMarkovDraft(MarkovLM):
+class MarginalMarkovDraft(MarkovLM, ParallelDraft):
     """A Markov draft with the parallel form (module docstring): :meth:`block_rows_logits` gives
     ``log`` of :func:`markov_marginals` for each row (one row out of rows mode).
 
@@ -52,8 +51,6 @@ class MarginalMarkovDraft(MarkovLM):
         logits: the chain's ``[V] * order + [V]`` next-token logits (as :class:`MarkovLM`).
         block_size: positions one parallel call can give (``>= 1``).
     """
-
-    parallel_form: ClassVar[bool] = True
 
     def __init__(self, logits: torch.Tensor, block_size: int = 4, max_length: int | None = None) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

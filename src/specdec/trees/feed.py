@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Generator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import torch
 
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import DraftModel
+from specdec.drafts.parallel import ParallelDraft
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig
@@ -61,8 +62,8 @@ class DraftSpec:
         proposal_ids: ``[Vd]`` int64 ascending target ids of the draft's proposal vocabulary
             (EAGLE-3's reduced vocabulary), or None: the builder then asks for ``[.., V]``
             logits; otherwise the level-wise builders ask for ``[.., Vd]``.
-        block_size: the drafter's parallel form (:attr:`DraftModel.block_size
-            <specdec.drafts.base.DraftModel.block_size>`): a builder may ask for the laws of up to
+        block_size: the drafter's parallel form (:attr:`ParallelDraft.block_size
+            <specdec.drafts.parallel.ParallelDraft.block_size>`): a builder may ask for the laws of up to
             this many next positions in one parallel request (``DraftRequest.block``); 0: none.
 
     Raises:
@@ -92,7 +93,8 @@ class DraftSpec:
     @classmethod
     def of(cls, draft: DraftModel) -> "DraftSpec":
         """The spec of one of specdec's drafts."""
-        return cls(draft.vocab_size, draft.proposal_ids, draft.block_size if draft.parallel_form else 0)
+        block = cast(ParallelDraft, draft).block_size if draft.parallel_form else 0
+        return cls(draft.vocab_size, draft.proposal_ids, block)
 
 
 class FeedBuilder(Protocol):
