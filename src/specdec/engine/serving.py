@@ -55,6 +55,7 @@ from specdec.engine.step import StepInputs, decide_rows, emitted_logprobs
 from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.logit_bias import logit_bias_rows
+from specdec.penalties import Penalties, apply_penalties
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
 from specdec.sampling import SamplingConfig, process_logits_rows, row_is_bad
@@ -206,6 +207,7 @@ def verify_for_engine(
     allowed: torch.Tensor | None = None,
     logit_bias: Sequence[Mapping[int, float] | None] | None = None,
     logprobs: int | None = None,
+    penalties: Penalties | None = None,
 ) -> EngineVerification:
     """Verify a drafted tree batch against the target's logits (module docstring).
 
@@ -238,6 +240,10 @@ def verify_for_engine(
             :attr:`EngineVerification.logprobs` (each emitted token's), and for ``k > 0`` the
             ``k`` most likely tokens of each emitted position's law (vLLM's sampled and top-``k``
             log-probs, ``processed_logprobs``), computed on the device (no host read).
+        penalties: each row's repetition, presence and frequency penalties and its history
+            (:class:`~specdec.penalties.Penalties`), applied after ``logit_bias`` at every node with
+            the node's own history (the committed tokens, then its path:
+            :func:`~specdec.penalties.apply_penalties`), as vLLM applies them.
 
     Raises:
         InvalidConfigError: an empty batch; logits of the wrong shape, device or dtype; per-row
@@ -254,14 +260,16 @@ def verify_for_engine(
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= logits.shape[-1]):
             raise InvalidConfigError(f"logprobs must be None or an int in [0, V = {logits.shape[-1]}], got {logprobs!r}")
-        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed, logit_bias, logprobs)
+        if penalties is not None and not isinstance(penalties, Penalties):
+            raise InvalidConfigError(f"penalties must be a specdec.penalties.Penalties, got {type(penalties).__name__}")
+        return _verify(tree, logits, verifier, sampling, rng, check_trees, allowed, logit_bias, logprobs, penalties)
 
 
 def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
             sampling: SamplingConfig | Sequence[SamplingConfig] | RowSampling, rng: RandomSource,
             check_trees: bool, allowed: torch.Tensor | None,
             logit_bias: Sequence[Mapping[int, float] | None] | None = None,
-            logprobs: int | None = None) -> EngineVerification:
+            logprobs: int | None = None, penalties: Penalties | None = None) -> EngineVerification:
     rule_of = get("verifier", verifier)() if isinstance(verifier, str) else verifier
     B = tree.batch_size
     if B == 0:
@@ -270,6 +278,9 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
     _check_shapes(tree, logits, sources)
     _check_allowed(tree, allowed)
     bias = None if logit_bias is None else logit_bias_rows(logit_bias, B, logits.shape[-1], logits.device)  # [B, V]
+    if penalties is not None and tuple(penalties.output_counts.shape) != (B, logits.shape[-1]):
+        raise InvalidConfigError(f"penalties: a history of {tuple(penalties.output_counts.shape)} for {B} rows of "
+                                 f"V = {logits.shape[-1]}")
     rows = RowSampling.of(sampling, B, tree.device)
     own_check = type(rule_of).check_tree is not Verifier.check_tree or rule_of.host_checks
     if check_trees and own_check:
@@ -285,6 +296,8 @@ def _verify(tree: TreeBatch, logits: torch.Tensor, verifier: str | Verifier,
         logits = logits.masked_fill(~allowed, float("-inf"))
     if bias is not None:  # finite: a bad row stays bad, a banned token banned
         logits = logits + bias.to(logits.dtype).unsqueeze(1)  # [B, n, V]
+    if penalties is not None:  # each node under its own history (vLLM's order: bias, then penalties)
+        logits = apply_penalties(logits, served, penalties)  # [B, n, V]
     # the torch paths do not depend on the configuration (only the fused kernel's does): one path for every row
     verification = choose_verification(rule_of, rows.configs[0], "torch", logits.device, draws_tables=rng.draws_tables)
     row_rngs: list[RandomSource] = list(rng.sources) if isinstance(rng, RowStreams) else [rng]
