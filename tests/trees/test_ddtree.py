@@ -168,3 +168,12 @@ def test_per_row_sampling_groups_share_one_parallel_request() -> None:
         alone = build_tree(builder, prompt[-1], one, configs[b], TorchRandom.seeded(4 + b))
         assert feed.tree.tree(b).tokens.tolist() == alone.tokens.tolist()
         assert feed.tree.tree(b).kinds.tolist() == alone.kinds.tolist()
+
+
+def test_a_serving_runner_s_block_of_the_wrong_shape_is_named() -> None:
+    _, draft = _pair(0)
+    draft.begin([0, 1])
+    feed = TreeFeed(DDTreeBuilder(budget=4, depth=2), torch.tensor([1]), SAMPLINGS["T1"], TorchRandom.seeded(0),
+                    DraftSpec(3, block_size=3))
+    with pytest.raises(InvalidConfigError, match=r"shape \[1, 2, 3\] \(\[B, block, W\]: a parallel request"):
+        feed.give(0, draft.block_rows_logits(3))

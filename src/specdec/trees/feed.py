@@ -231,7 +231,8 @@ class TreeFeed:
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != request.expected_shape:
             raise InvalidConfigError(
                 f"level {level}: logits must have shape {list(request.expected_shape)} "
-                f"({'[B, W]' if level == 0 else '[B, k, W]'}, W = {request.width}"
+                f"({'[B, block, W]: a parallel request' if request.block else '[B, W]' if level == 0 else '[B, k, W]'}"
+                f", W = {request.width}"
                 f"{' (the proposal vocabulary)' if request.proposal else ''}), got {list(getattr(logits, 'shape', []))}"
             )
         if not logits.is_floating_point():
