@@ -213,3 +213,13 @@ def test_the_exact_suite_catches_a_target_law_without_min_p(monkeypatch, method)
     real = laws_module.process_logits
     monkeypatch.setattr(laws_module, "process_logits", lambda logits, c, **kw: real(logits, _drop_min_p(c), **kw))
     assert error() > 0.01
+
+
+def test_generation_configs_min_p_is_mapped():
+    from_generation_config = pytest.importorskip("specdec.hf_generation").from_generation_config
+    from transformers import GenerationConfig
+
+    hf = from_generation_config(GenerationConfig(do_sample=True, min_p=0.1, top_k=0, max_new_tokens=3), 2)
+    assert hf.sampling == SamplingConfig(temperature=1.0, min_p=0.1)
+    greedy = from_generation_config(GenerationConfig(min_p=0.1, max_new_tokens=3), 2)
+    assert greedy.sampling.greedy  # warpers only when sampling, as transformers

@@ -2,13 +2,13 @@
 
 :func:`from_generation_config` maps the fields that define the *law* of
 decoding -- ``do_sample`` (False = greedy), ``temperature``, ``top_k``,
-``top_p``, the length and end-of-sequence fields, and the logits processors
+``top_p``, ``min_p``, the length and end-of-sequence fields, and the logits processors
 transformers builds from the config (repetition penalty, no-repeat n-gram,
 bad words, minimum lengths, suppressed tokens, sequence bias, forced EOS) --
 to a :class:`~specdec.sampling.SamplingConfig` plus a ``LogitsProcessorList``
 (:mod:`specdec.processors`), in transformers' own order (processors, then
 temperature / top-k / top-p). Any other field set to a non-default value
-(beam search, ``min_p``, typical sampling, output flags, ...) raises
+(beam search, typical sampling, output flags, ...) raises
 :class:`~specdec.errors.InvalidConfigError` naming it: nothing is silently
 ignored (docs/generation.md, "From transformers' GenerationConfig").
 
@@ -39,7 +39,7 @@ _METADATA = frozenset({
 _SUPPORTED = frozenset({
     "do_sample", "temperature", "top_k", "top_p", "max_new_tokens", "max_length", "eos_token_id",
     "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens",
-    "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id",
+    "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id", "min_p",
 })
 LENGTH_DEPENDENT = ("min_new_tokens", "forced_eos_token_id", "begin_suppress_tokens")
 """Fields whose processors count from the prompt's own length (a batch of prompts of
@@ -154,7 +154,8 @@ def from_generation_config(
     # the sampling law: do_sample=False is greedy whatever temperature / top-k / top-p say (transformers' rule)
     if get("do_sample"):
         top_k = get("top_k")
-        sampling = SamplingConfig(temperature=float(get("temperature")), top_k=int(top_k or 0), top_p=float(get("top_p")))
+        sampling = SamplingConfig(temperature=float(get("temperature")), top_k=int(top_k or 0), top_p=float(get("top_p")),
+                                  min_p=float(get("min_p") or 0.0))
     else:
         sampling = SamplingConfig(temperature=0.0)
 

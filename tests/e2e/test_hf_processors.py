@@ -160,7 +160,7 @@ def test_generation_config_fields_are_mapped():
 
 @pytest.mark.parametrize("fields,named", [
     ({"num_beams": 4}, "num_beams"),
-    ({"do_sample": True, "min_p": 0.1}, "min_p"),
+    ({"do_sample": True, "epsilon_cutoff": 0.1}, "epsilon_cutoff"),  # (min_p is mapped: tests/test_min_p.py)
     ({"typical_p": 0.5, "output_scores": True}, "output_scores"),
     ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),
 ])
