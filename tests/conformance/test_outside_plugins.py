@@ -188,7 +188,7 @@ BAD = {  # module: what the one-line error must say
     "bad_taken": ("'bad_taken'", "verifier 'rejection-iid'", "specdec.verify.rejection"),
     "bad_import": ("'bad_import'", "failed to import", "KeyError"),
     "bad_no_kinds": ("'bad_no_kinds'", "verifier 'outside-bad-no-kinds'", "supported_kinds"),
-    "bad_batch_form": ("'bad_batch_form'", "tree 'outside-bad-batch-form'", "batch_form", "build_batch"),
+    "bad_batch_form": ("'bad_batch_form'", "tree 'outside-bad-batch-form'", "batch_form", "no feed_build of its own"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Bad plug-in: a tree builder declaring batch_form = True without its own feed_build (or build_batch)."""
+"""Bad plug-in: a tree builder declaring batch_form = True without its own feed_build (its tensor form)."""
 
 import attrs
 
