@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.errors import InvalidConfigError
+from specdec.generate import SpeculativeGenerator, autoregressive_generate
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig
@@ -177,3 +178,33 @@ def test_a_serving_runner_s_block_of_the_wrong_shape_is_named() -> None:
                     DraftSpec(3, block_size=3))
     with pytest.raises(InvalidConfigError, match=r"shape \[1, 2, 3\] \(\[B, block, W\]: a parallel request"):
         feed.give(0, draft.block_rows_logits(3))
+
+
+def test_generation_with_a_parallel_draft_greedy_and_in_batches() -> None:
+    """The loop end to end: ``ddtree`` over the parallel draft is greedy decoding at T = 0, and each
+    ``generate_batch`` row equals its prompt and seed alone at T = 1."""
+    target, markov = _pair(2)
+
+    class Counting(MarginalMarkovDraft):
+        calls = 0
+
+        def block_rows_logits(self, depth: int, proposal: bool = False) -> torch.Tensor:
+            Counting.calls += 1
+            return super().block_rows_logits(depth, proposal)
+
+        def tree_rows_logits(self, parents: torch.Tensor, tokens: torch.Tensor, proposal: bool = False) -> torch.Tensor:
+            raise AssertionError("ddtree over a parallel draft asks for no tree node's logits")
+
+        def tree_logits(self, parents: object, tokens: object) -> torch.Tensor:  # type: ignore[override]
+            raise AssertionError("ddtree over a parallel draft asks for no tree node's logits")
+
+    draft = Counting(markov.table, block_size=3)
+    gen = SpeculativeGenerator(target=target, draft=draft, method="ddtree", budget=5, depth=3)  # type: ignore[arg-type]
+    for prompt in ([0, 1], [2, 2, 1]):
+        got = gen.generate(prompt, 10, sampling=SAMPLINGS["T0"], seed=0).tokens
+        assert list(got) == list(autoregressive_generate(target, prompt, 10, sampling=SAMPLINGS["T0"], seed=0).tokens)  # type: ignore[arg-type]
+    prompts, seeds = [[0, 1], [2, 2, 1], [1, 0, 0]], [3, 4, 5]
+    batch = gen.generate_batch(prompts, 8, sampling=SAMPLINGS["T1"], seeds=seeds)
+    for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        assert list(batch.tokens[row]) == list(gen.generate(prompt, 8, sampling=SAMPLINGS["T1"], seed=seed).tokens)
+    assert Counting.calls > 0
