@@ -9,12 +9,15 @@ import math
 import attrs
 import pytest
 import torch
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+import specdec
 
 from specdec.engine import serving as serving_module
 from specdec.engine.serving import verify_for_engine
 from specdec.errors import InvalidConfigError
 from specdec.models import CallableLM
-from specdec.penalties import Penalties, apply_penalties
+from specdec.penalties import OutputPenalties, Penalties, apply_penalties
 from specdec.rng import RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
 from specdec.testing import exact_law
@@ -180,3 +183,36 @@ def test_penalising_with_the_committed_history_alone_is_caught(monkeypatch):
     monkeypatch.setattr(serving_module, "apply_penalties", lambda logits, tree, pen: real(
         logits, attrs.evolve(tree, num_nodes=torch.ones_like(tree.num_nodes)), pen))
     assert gap(_engine_two(0), _target_two(0)) > 0.05
+
+
+# ------------------------------------------------------------------ generation: the processor
+def test_the_processor_is_the_formula_on_the_output():
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 10, generator=g)
+    ids = torch.tensor([[1, 2, 3, 3, 5], [4, 4, 4, 0, 0]])
+    got = OutputPenalties(2, presence=0.4, frequency=0.3)(ids, scores.clone())
+    for b in range(2):
+        ref = _reference_row(scores[b], [], ids[b, 2:].tolist(), 1.0, 0.4, 0.3)
+        assert torch.equal(got[b], ref)
+    with pytest.raises(InvalidConfigError, match="shorter than prompt_length=6"):
+        OutputPenalties(6)(ids, scores)
+    with pytest.raises(InvalidConfigError, match="presence must be a number finite"):
+        OutputPenalties(1, presence=math.inf)
+
+
+@pytest.mark.parametrize("method,options", [("sd", {"depth": 3}), ("specinfer", {"expansion": (2, 1)}),
+                                            ("rheo", {"K": 2, "m": 1, "depth": 2, "N": 3})])
+def test_generation_with_penalties_equals_autoregressive_decoding_at_T0(method, options):
+    """At ``T = 0`` every registered rule emits the processed target's argmax: the same tokens as
+    autoregressive decoding with the same processors (penalties that change the path)."""
+    Vg = 8
+    table = torch.randn(Vg, Vg, generator=torch.Generator().manual_seed(9)) * 2
+    lm = CallableLM(lambda ps: table[[q[-1] for q in ps]], vocab_size=Vg)
+    prompt = [1, 2]
+    procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5),
+                                 OutputPenalties(len(prompt), presence=0.7, frequency=0.4)])
+    gen = specdec.SpeculativeGenerator(target=lm, draft=lm, method=method, **options)
+    ours = gen.generate(prompt, 16, sampling=SamplingConfig(temperature=0.0), logits_processor=procs).tokens
+    ref = specdec.autoregressive_generate(lm, prompt, 16, SamplingConfig(temperature=0.0), logits_processor=procs).tokens
+    plain = specdec.autoregressive_generate(lm, prompt, 16, SamplingConfig(temperature=0.0)).tokens
+    assert list(ours) == list(ref) and list(ref) != list(plain)

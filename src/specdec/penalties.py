@@ -16,7 +16,9 @@ They transform the *target's* logits (as the logits processors do): the output l
 processed target law at every node, so every registered rule stays exact (the draft law is left
 as drafted; any proposal law is verified exactly). :func:`apply_penalties` computes every node's
 counts from the tree's ancestor mask on the device (one ``[B, n, n] @ [B, n, V]`` product, no host
-read).
+read). In generation, :class:`OutputPenalties` is the same as a logits processor
+(``logits_processor=``; transformers' ``RepetitionPenaltyLogitsProcessor`` is the repetition
+penalty there), which the loop calls on every node with its own context.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 from specdec.errors import InvalidConfigError
 from specdec.tree_batch import TreeBatch
 
-__all__ = ["Penalties", "apply_penalties"]
+__all__ = ["OutputPenalties", "Penalties", "apply_penalties"]
 
 
 def _numbers(name: str, values: Sequence[float], rows: int, low: float, strict: bool) -> list[float]:
@@ -123,3 +125,38 @@ def apply_penalties(logits: torch.Tensor, tree: TreeBatch, penalties: Penalties)
     x = torch.where(logits > 0, logits / r, logits * r)
     x = x - penalties.frequency.to(dev, dtype).view(B, 1, 1) * counts.to(dtype)
     return x - penalties.presence.to(dev, dtype).view(B, 1, 1) * out_mask.to(dtype)
+
+
+class OutputPenalties:
+    """vLLM's presence and frequency penalties as a logits processor (transformers' signature:
+    ``(input_ids [b, len], scores [b, V]) -> [b, V]``), for ``logits_processor=`` of one prompt
+    (or a batch of prompts of one length): a token's count is its count in
+    ``input_ids[:, prompt_length:]``, the output so far (on a tree: the committed output and the
+    node's path, which the loop passes as the context).
+
+    Args:
+        prompt_length: the prompt's length (the tokens before it are not counted).
+        presence: subtracted once from every token that occurs in the output (``0``: off).
+        frequency: subtracted per occurrence (``0``: off).
+
+    Raises:
+        InvalidConfigError: a penalty that is not a finite number, a ``prompt_length`` that is
+            not an int ``>= 0``; at a call, ``input_ids`` shorter than ``prompt_length``.
+    """
+
+    def __init__(self, prompt_length: int, *, presence: float = 0.0, frequency: float = 0.0) -> None:
+        if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or prompt_length < 0:
+            raise InvalidConfigError(f"OutputPenalties: prompt_length must be an int >= 0, got {prompt_length!r}")
+        self.presence = _numbers("presence", [presence], 1, -math.inf, False)[0]
+        self.frequency = _numbers("frequency", [frequency], 1, -math.inf, False)[0]
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] < self.prompt_length:
+            raise InvalidConfigError(f"OutputPenalties: a context of {input_ids.shape[-1]} tokens is shorter than "
+                                     f"prompt_length={self.prompt_length} (prompts of another length?)")
+        output = input_ids[:, self.prompt_length:]  # [b, len - prompt_length]
+        counts = torch.zeros(scores.shape, dtype=torch.int64, device=scores.device)  # [b, V]
+        counts.scatter_add_(-1, output.to(scores.device), torch.ones_like(output, device=scores.device))
+        scores = scores - self.frequency * counts.to(scores.dtype)
+        return scores - self.presence * (counts > 0).to(scores.dtype)
