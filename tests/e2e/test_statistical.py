@@ -35,6 +35,8 @@ SMALL_OPTIONS = {
     "eagle3": {"K": 3, "depth": 3, "N": 5},
     "rheo": {"K": 2, "m": 1, "M": 4, "depth": 3, "N": 5},  # 1 top-1 slot + 1 sampled slot
     "sampled-dynamic": {"K": 2, "M": 4, "depth": 3, "N": 5},  # 2 sampled slots (wor)
+    "ddtree": {"budget": 5, "depth": 3, "sampled": 1},  # top-k best-first + 1 sampled slot per node
+    "ddtree-match": {"budget": 5, "depth": 3},
 }
 
 SAMPLINGS = {
