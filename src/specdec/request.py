@@ -20,7 +20,10 @@ The rules, for one prompt or ``B`` (docs/generation.md, "Seeds"):
   length, EOS and processors it implies, for every prompt alike).
 - ``logits_processor``: applied to every tree node's target logits in that node's own
   context (:mod:`specdec.processors`), each row in its own; the implied processors of a
-  ``GenerationConfig`` run first.
+  ``GenerationConfig`` run first. A batch may give one per prompt instead (a plain ``list``
+  or ``tuple`` of processors or None, one entry per prompt): row ``b`` is processed by entry
+  ``b`` alone (e.g. per-row :class:`~specdec.logit_bias.LogitBias` or
+  :class:`~specdec.penalties.OutputPenalties`).
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ class Request:
         sampling: one configuration for every row, or one per row.
         seeds: one per row (None: from entropy).
         eos_token_id: the ids that stop a row (checked against the target's vocabulary when run).
-        logits_processor: checked callable (a ``GenerationConfig``'s processors chained first), or None.
+        logits_processor: checked callable (a ``GenerationConfig``'s processors chained first), or
+            None; or one of those per row (a tuple).
         return_logprobs: the loop reports the kept tokens' log-probabilities.
     """
 
@@ -109,8 +113,26 @@ class Request:
     sampling: SamplingConfig | tuple[SamplingConfig, ...]
     seeds: tuple[int | None, ...]
     eos_token_id: Any = None
-    logits_processor: LogitsProcessorLike | None = None
+    logits_processor: LogitsProcessorLike | tuple[LogitsProcessorLike | None, ...] | None = None
     return_logprobs: bool = False
+
+
+def _row_processors(given: Any, rows: int, batch: bool) -> tuple[LogitsProcessorLike | None, ...] | None:
+    """One checked processor (or None) per row when ``given`` is a plain list or tuple (a
+    transformers ``LogitsProcessorList`` is one processor: callable), else None.
+
+    Raises:
+        InvalidConfigError: a list outside a batch, not one entry per prompt, or an entry that is
+            not a callable (naming its index).
+    """
+    if callable(given) or not isinstance(given, (list, tuple)):
+        return None
+    if not batch:
+        raise InvalidConfigError("logits_processor must be a callable (input_ids [b, len], scores [b, V]) -> [b, V], "
+                                 f"got {type(given).__name__} (one per prompt is for batches)")
+    if len(given) != rows:
+        raise InvalidConfigError(f"logits_processor: {len(given)} entries for {rows} prompts (one per prompt, or None)")
+    return tuple(check_processor(p, f"logits_processor[{b}]") for b, p in enumerate(given))
 
 
 @attrs.frozen
@@ -124,7 +146,8 @@ class GenerateOptions:
         seed: the first prompt's seed; prompt ``b`` gets ``seed + b``.
         seeds: one seed per prompt (not with ``seed``).
         eos_token_id: an id or ids that stop a row (kept as its last token).
-        logits_processor: a callable ``(input_ids [b, len], scores [b, V]) -> [b, V]``.
+        logits_processor: a callable ``(input_ids [b, len], scores [b, V]) -> [b, V]``; in a
+            batch, or one (or None) per prompt (a plain list or tuple).
         return_logprobs: report each kept token's log-probability.
     """
 
@@ -151,7 +174,8 @@ class GenerateOptions:
         if batch:
             check_prompts(prompts)
         seeds = row_seeds(self.seed, self.seeds, len(prompts), batch)
-        processor = check_processor(self.logits_processor)
+        per_row = _row_processors(self.logits_processor, len(prompts), batch)
+        processor: Any = check_processor(self.logits_processor) if per_row is None else per_row
         sampling, max_new, eos = self.sampling, self.max_new_tokens, self.eos_token_id
         if sampling is None:
             sampling = SamplingConfig()
@@ -159,11 +183,15 @@ class GenerateOptions:
             lengths = [len(as_token_ids(p, f"prompt {b}" if batch else "the prompt")) for b, p in enumerate(prompts)]
             hf = from_generation_config_rows(sampling, lengths, max_new_tokens=max_new, eos_token_id=eos, device=device)
             implied = check_processor(hf.processors)
-            if implied is not None:
+            if implied is not None and per_row is not None:
+                processor = tuple(implied if p is None else chain_processors(implied, p) for p in per_row)
+            elif implied is not None:
                 processor = implied if processor is None else chain_processors(implied, processor)
             sampling, max_new, eos = hf.sampling, hf.max_new_tokens, hf.eos_token_id
         elif not isinstance(sampling, SamplingConfig) and isinstance(sampling, Sequence) and not isinstance(sampling, str):
             sampling = tuple(sampling)
+        if isinstance(processor, tuple) and all(p is None for p in processor):
+            processor = None
         return Request(max_new, sampling, seeds, eos, processor, self.return_logprobs)
 
 

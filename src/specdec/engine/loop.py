@@ -127,7 +127,8 @@ class RowsRequest:
             :class:`~specdec.rng.CounterRandom` (one seed per row).
         options: :class:`~specdec.engine.options.StepOptions` (default: ``StepOptions()``).
         compiler: a :class:`~specdec.engine.compiler.StepCompiler` (one row only).
-        logits_processor: applied to every node's target logits in its own context.
+        logits_processor: applied to every node's target logits in its own context (a tuple:
+            one processor, or None, per row).
         logprobs: fill :attr:`StepReport.logprobs`.
         what: names the call in a :class:`~specdec.errors.ModelBusyError` of a later caller.
         named: a batched call: errors name the row.
@@ -143,7 +144,7 @@ class RowsRequest:
     verify_seeds: Sequence[int | None] | None = None
     options: StepOptions | None = None
     compiler: object = None
-    logits_processor: LogitsProcessorLike | None = None
+    logits_processor: LogitsProcessorLike | tuple[LogitsProcessorLike | None, ...] | None = None
     logprobs: bool = False
     what: str = "a generation"
     named: bool = False
@@ -358,7 +359,9 @@ def _step(plan: _Plan, batch: _Batch) -> StepOutcome:
     inputs = StepInputs(
         row_rngs=[request.sources[r] for r in active], verify_rng=batch.verify_rng, options=plan.options,
         clock=plan.clock, check_tree=batch.steps == 0, compiler=request.compiler,
-        logits_processor=request.logits_processor, contexts=batch.contexts, logprobs=request.logprobs,
+        logits_processor=(tuple(request.logits_processor[r] for r in active)  # the live rows' own
+                          if isinstance(request.logits_processor, tuple) else request.logits_processor),
+        contexts=batch.contexts, logprobs=request.logprobs,
         rows=active if request.named else None,
     )
     with torch.inference_mode():  # per step, never across a yield (the caller's code runs between yields)

@@ -54,7 +54,8 @@ class StepInputs:
         compiler: a :class:`~specdec.engine.compiler.StepCompiler` (one row only).
         logits_processor, contexts: applied to every node's logits with that node's own
             context: ``contexts[b]`` ``[L_b]`` (row ``b``'s committed sequence, ending with its root)
-            followed by the node's path (:mod:`specdec.processors`).
+            followed by the node's path (:mod:`specdec.processors`); a tuple: one processor (or
+            None) per batch row.
         logprobs: fill :attr:`StepOutcome.logprobs`.
         rows: the rows' names in error messages (None: a single generation).
     """
@@ -65,7 +66,7 @@ class StepInputs:
     clock: str = "perf_counter"
     check_tree: bool = True
     compiler: Any = None
-    logits_processor: LogitsProcessorLike | None = None
+    logits_processor: LogitsProcessorLike | tuple[LogitsProcessorLike | None, ...] | None = None
     contexts: Sequence[torch.Tensor] | None = None
     logprobs: bool = False
     rows: Sequence[int] | None = None

@@ -364,8 +364,12 @@ def step_rows(
         contexts = inputs.contexts
         if contexts is None or len(contexts) != B:
             raise InvalidConfigError("a logits processor needs the committed context of every row")
-        logits = torch.stack([process_batch_row(inputs.logits_processor, logits[b], contexts[b], tree, b)
-                              for b in range(B)])
+        lp = inputs.logits_processor  # one for every row, or one (or None) per row
+        procs = lp if isinstance(lp, tuple) else (lp,) * B
+        if len(procs) != B:
+            raise InvalidConfigError(f"{len(procs)} logits processors for {B} rows")
+        logits = torch.stack([row if proc is None else process_batch_row(proc, row, contexts[b], tree, b)
+                              for b, (proc, row) in enumerate(zip(procs, logits))])
     step_logprobs: torch.Tensor | None = None
     # one verification for every row, each under its own configuration (a RowSampling: [B] tensors)
     single = verification if isinstance(verification, Verification) else verification[0]
