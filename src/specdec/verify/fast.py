@@ -165,8 +165,9 @@ _WORKSPACE = _Workspace()
 
 
 def release_workspace() -> None:
-    """Free this thread's verification buffers (at most two of :data:`WORKSPACE_MAX_ENTRIES`
-    entries; they are made again at the next large CPU verification)."""
+    """Free this thread's verification buffers (rule 4's every-node form and traversal's tensor
+    form keep up to two and six, each of at most :data:`WORKSPACE_MAX_ENTRIES` entries; they are made
+    again at the next large CPU verification)."""
     _WORKSPACE.buffers.clear()
 
 
