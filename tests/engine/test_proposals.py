@@ -34,6 +34,7 @@ from specdec.engine.proposals import (
 )
 from specdec.engine.serving import verify_for_engine
 from specdec.errors import InvalidConfigError, InvalidDistributionError, UnsupportedTreeError
+from specdec.penalties import Penalties
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams, TorchRandom
 from specdec.sampling import SamplingConfig, process_logits
@@ -534,3 +535,37 @@ def test_the_docs_runners_run_in_at_most_40_lines_of_public_api(marker):
     scope: dict = {}
     exec(compile(match.group(1), str(PAGE), "exec"), scope)
     assert all(len(seq) >= 6 for seq in scope["sequences"])  # every request emitted at least one token per step
+
+
+# ----------------------------------------------------------------- the engine's sampling fields
+def test_the_engine_sampling_fields_pass_through_both_layouts():
+    """logit bias, penalties (each node's path) and log-probs reach the one executor from both
+    layouts: the decisions and log-probs equal verify_for_engine's on the padded tree with the same
+    fields, and the fields change the decisions (else the comparison would prove nothing)."""
+    from specdec.penalties import Penalties
+
+    bias = [{1: 4.0, 2: -9.0}, None, {0: 3.0}, {5: 6.0}]
+    moved = 0
+    for trial in range(4):
+        ref, proposals = _chains([2, 0, 3, 1], "dense", seed=40 + trial)
+        pen = Penalties.of([[0, 1]] * 4, [[2, 3]] * 4, V, presence=[1.5] * 4, frequency=[0.5] * 4)
+        seeds = [50 * trial + b for b in range(4)]
+        fields = {"logit_bias": bias, "penalties": pen, "logprobs": 2}
+        want = verify_for_engine(ref, TARGET[ref.tokens], "rejection-iid", HOT, _streams(seeds), **fields)
+        got = verify_chain_proposals(proposals, _flat_logits(ref), "rejection-iid", HOT, _streams(seeds), **fields)
+        assert torch.equal(got.output_token_ids, want.tokens)
+        assert torch.equal(got.verification.logprobs.nan_to_num(9.0), want.logprobs.nan_to_num(9.0))
+        assert torch.equal(got.verification.top_ids, want.top_ids)
+        plain = verify_chain_proposals(proposals, _flat_logits(ref), "rejection-iid", HOT, _streams(seeds))
+        moved += not torch.equal(plain.output_token_ids, got.output_token_ids)
+
+        tseeds = [10 * trial + b for b in range(3)]
+        tref = _feed_trees(*TREES["wor"], tseeds)
+        tpen = Penalties.of([[0, 1]] * 3, [[2, 3]] * 3, V, presence=[1.5] * 3)
+        tfields = {"logit_bias": bias[:3], "penalties": tpen, "logprobs": 1}
+        twant = verify_for_engine(tref, TARGET[tref.tokens], "rejection-wor", HOT, _streams(tseeds), **tfields)
+        tgot = verify_tree_proposals(_retrieve(tref), TARGET[tref.tokens].reshape(-1, V), "rejection-wor", HOT,
+                                     _streams(tseeds), **tfields)
+        assert torch.equal(tgot.tokens, twant.tokens) and torch.equal(tgot.accept_length, twant.num_accepted)
+        assert torch.equal(tgot.verification.logprobs.nan_to_num(9.0), twant.logprobs.nan_to_num(9.0))
+    assert moved > 0

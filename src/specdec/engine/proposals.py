@@ -33,7 +33,7 @@ anything is drawn: each bad input raises :class:`~specdec.errors.InvalidConfigEr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
@@ -51,6 +51,7 @@ from specdec.engine.proposal_layouts import (
 )
 from specdec.engine.serving import EngineVerification, RowSampling, verify_for_engine
 from specdec.errors import InvalidConfigError, UnsupportedTreeError
+from specdec.penalties import Penalties
 from specdec.registry import get, list_registered
 from specdec.rng import RandomSource
 from specdec.sampling import SamplingConfig
@@ -167,6 +168,9 @@ def verify_chain_proposals(
     *,
     prefix_lens: torch.Tensor | list[int] | None = None,
     validate: bool = True,
+    logit_bias: Sequence[Mapping[int, float] | None] | None = None,
+    penalties: Penalties | None = None,
+    logprobs: int | None = None,
 ) -> ChainVerification:
     """Verify vLLM-layout chains (module docstring) through :func:`~specdec.engine.serving.verify_for_engine`.
 
@@ -176,6 +180,8 @@ def verify_chain_proposals(
         verifier, sampling, rng: as for :func:`~specdec.engine.serving.verify_for_engine`.
         prefix_lens: ``[B]`` cached tokens before each root: the KV keep indices are computed (else ``kv`` is None).
         validate: check the inputs' values on the device (one host read before anything is drawn).
+        logit_bias, penalties, logprobs: the engine's sampling fields, passed on to
+            :func:`~specdec.engine.serving.verify_for_engine` (per row; penalties read each node's path).
 
     Raises:
         UnsupportedTreeError: the rule cannot serve the proposals' kind (named, before any work).
@@ -190,7 +196,8 @@ def verify_chain_proposals(
     flat = flat_logits(target_logits, tokens.shape[0] + B, None)
     tree = chain_tree_batch(proposals, flat.shape[-1], validate=validate)
     logits = chain_target_logits(tree, proposals, flat)  # [B, n, V]
-    out = verify_for_engine(tree, logits, rule, sampling, rng, check_trees=False)
+    out = verify_for_engine(tree, logits, rule, sampling, rng, check_trees=False, logit_bias=logit_bias,
+                            penalties=penalties, logprobs=logprobs)
     kv = None if prefix_lens is None else kv_compaction(out.accepted, out.num_accepted, prefix_lens)
     return ChainVerification(output_token_ids=out.tokens, num_accepted=out.num_accepted, kv=kv, verification=out, tree=tree)
 
@@ -204,6 +211,9 @@ def verify_tree_proposals(
     *,
     prefix_lens: torch.Tensor | list[int] | None = None,
     validate: bool = True,
+    logit_bias: Sequence[Mapping[int, float] | None] | None = None,
+    penalties: Penalties | None = None,
+    logprobs: int | None = None,
 ) -> TreeVerification:
     """Verify SGLang-layout trees (module docstring) through :func:`~specdec.engine.serving.verify_for_engine`.
 
@@ -213,6 +223,8 @@ def verify_tree_proposals(
         verifier, sampling, rng: as for :func:`~specdec.engine.serving.verify_for_engine`.
         prefix_lens: ``[B]`` cached tokens before each root: the KV keep indices are computed (else ``kv`` is None).
         validate: check the inputs' values on the device (one host read before anything is drawn).
+        logit_bias, penalties, logprobs: the engine's sampling fields, passed on to
+            :func:`~specdec.engine.serving.verify_for_engine` (per row; penalties read each node's path).
 
     Raises:
         UnsupportedTreeError: the rule cannot serve the proposals' kind (named, before any work).
@@ -230,7 +242,8 @@ def verify_tree_proposals(
                                  f"got {getattr(target_logits, 'shape', target_logits)!r:.60}")
     flat = flat_logits(target_logits, B * n, None)
     tree = tree_tree_batch(proposals, flat.shape[-1], validate=validate)
-    out = verify_for_engine(tree, flat.reshape(B, n, -1), rule, sampling, rng, check_trees=False)
+    out = verify_for_engine(tree, flat.reshape(B, n, -1), rule, sampling, rng, check_trees=False,
+                            logit_bias=logit_bias, penalties=penalties, logprobs=logprobs)
     taken = out.accepted >= 0  # [B, D]
     nodes = index.to(out.accepted.device).gather(1, out.accepted.clamp_min(0))  # [B, D]
     accept = torch.cat([index[:, :1].to(nodes.device), torch.where(taken, nodes, -1)], 1)  # [B, D + 1]
