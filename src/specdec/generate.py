@@ -60,12 +60,16 @@ class GenerationOutput:
         logprobs: with ``return_logprobs=True``, one float per token: its
             log-probability under the processed target law it was drawn from
             (docs/generation.md, "Log-probabilities"); else None.
+        top_logprobs: with ``top_logprobs=n >= 1``, per token the ``n`` largest
+            log-probabilities of that same law as ``(id, log-probability)`` pairs, largest
+            first; else None.
     """
 
     tokens: list[int]
     stats: GenerationStats
     stop_reason: str
     logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 def _stream(
@@ -75,14 +79,18 @@ def _stream(
     tally: StepTally,
     what: str,
     logprob_sink: list[torch.Tensor] | None = None,
+    top_sink: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Iterator[StreamChunk]:
     """One row through the engine loop (:func:`specdec.request.stream_request`); yields the tokens
     kept at each step, with the row's acceptance counts so far (:class:`~specdec.engine.stats.StreamChunk`);
     with ``logprob_sink`` (and ``request.return_logprobs``), each step appends the kept tokens'
-    log-probabilities there (a device tensor, read by the caller once at the end)."""
+    log-probabilities there (a device tensor, read by the caller once at the end); with ``top_sink``
+    (and ``request.top_logprobs``), the kept tokens' ``[m, n]`` top log-probabilities and ids."""
     for report in stream_request(decoder, [prompt_ids], request, [tally], what=what, batch=False):
         if logprob_sink is not None:
             logprob_sink.append(report.logprobs[0])
+        if top_sink is not None:
+            top_sink.append(report.top_logprobs[0])
         yield StreamChunk(report.kept[0], tally.counts())
 
 
@@ -98,16 +106,35 @@ def _generate(
     start = time.perf_counter()
     tokens: list[int] = []
     sink: list[torch.Tensor] | None = [] if request.return_logprobs else None
-    for chunk in _stream(decoder, prompt_ids, request, tally, what, sink):
+    top_sink: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if request.top_logprobs > 0 else None
+    for chunk in _stream(decoder, prompt_ids, request, tally, what, sink, top_sink):
         tokens.extend(chunk)
         if callback is not None and chunk:
             callback(chunk)
-    logprobs = None
-    if sink is not None:  # the one read of every step's log-probabilities
-        logprobs = tuple(torch.cat(sink).to("cpu", torch.float64).tolist()) if sink else ()
+    logprobs, top = _read_logprobs(sink, top_sink, request.top_logprobs)
     total = time.perf_counter() - start
     return GenerationOutput(tokens=tokens, stats=tally.stats(len(tokens), total), stop_reason=tally.stop_reason,
-                            logprobs=logprobs)
+                            logprobs=logprobs, top_logprobs=top)
+
+
+def _read_logprobs(
+    sink: list[torch.Tensor] | None, top_sink: list[tuple[torch.Tensor, torch.Tensor]] | None, n: int,
+) -> tuple[tuple[float, ...] | None, tuple[tuple[tuple[int, float], ...], ...] | None]:
+    """The one read of every step's log-probabilities (and top-``n`` values and ids, packed
+    in the same ``[N, 1 + 2n]`` float64 tensor: ids below 2**53 are exact): the output's fields."""
+    if sink is None:
+        return None, None
+    if not sink:
+        return (), (() if top_sink is not None else None)
+    if top_sink is None:
+        return tuple(torch.cat(sink).to("cpu", torch.float64).tolist()), None
+    values = torch.cat([v for v, _ in top_sink])  # [N, n] float64
+    ids = torch.cat([i for _, i in top_sink]).to(torch.float64)  # [N, n]
+    packed = torch.cat([torch.cat(sink).to(values.device, torch.float64).unsqueeze(1), values, ids], dim=1)
+    host = packed.to("cpu").tolist()  # [N][1 + 2n]
+    logprobs = tuple(row[0] for row in host)
+    top = tuple(tuple((int(row[1 + n + j]), row[1 + j]) for j in range(n)) for row in host)
+    return logprobs, top
 
 
 def _is_hf_model(model: Any) -> bool:
@@ -261,6 +288,7 @@ class SpeculativeGenerator:
         seeds: Sequence[int] | None = None,
         logits_processor: LogitsProcessorLike | None = None,
         return_logprobs: bool = False,
+        top_logprobs: int = 0,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` new tokens after ``prompt_ids``.
 
@@ -286,8 +314,11 @@ class SpeculativeGenerator:
                 node's own context, before temperature / top-k / top-p
                 (:mod:`specdec.processors`; docs/generation.md, "Logits processors").
             return_logprobs: fill :attr:`GenerationOutput.logprobs` (docs/generation.md, "Log-probabilities").
+            top_logprobs: ``n >= 1``: also fill :attr:`GenerationOutput.top_logprobs` (and
+                ``logprobs``): per token the ``n`` largest log-probabilities of its law, with ids.
         """
-        options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs)
+        options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs,
+                                  top_logprobs)
         request = options.resolve([prompt_ids], self.target.device, batch=False)
         return _generate(self._decoder(), prompt_ids, request, callback, "SpeculativeGenerator.generate")
 
@@ -399,16 +430,18 @@ def autoregressive_generate(
     seeds: Sequence[int] | None = None,
     logits_processor: LogitsProcessorLike | None = None,
     return_logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> GenerationOutput:
     """Plain decoding from the target: the baseline and the reference law.
 
     The same loop as :class:`SpeculativeGenerator` with a root-only tree: each
     step draws one token from the processed ``p`` (``argmax`` at temperature 0).
     The arguments (``seed`` / ``seeds``, ``sampling``, ``logits_processor``,
-    ``return_logprobs``) as in :meth:`SpeculativeGenerator.generate` (the processor
+    ``return_logprobs``, ``top_logprobs``) as in :meth:`SpeculativeGenerator.generate` (the processor
     sees the sequence so far).
     """
     model = _as_target(target)
-    options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs)
+    options = GenerateOptions(max_new_tokens, sampling, seed, seeds, eos_token_id, logits_processor, return_logprobs,
+                              top_logprobs)
     request = options.resolve([prompt_ids], model.device, batch=False)
     return _generate(plain_decoder(model), prompt_ids, request, callback, "autoregressive_generate")

@@ -107,6 +107,8 @@ class Request:
         logits_processor: checked callable (a ``GenerationConfig``'s processors chained first), or
             None; or one of those per row (a tuple).
         return_logprobs: the loop reports the kept tokens' log-probabilities.
+        top_logprobs: ``n > 0``: the loop also reports, per kept token, the ``n`` largest
+            log-probabilities of its law and their ids (0: not).
     """
 
     max_new_tokens: int | None
@@ -115,6 +117,18 @@ class Request:
     eos_token_id: Any = None
     logits_processor: LogitsProcessorLike | tuple[LogitsProcessorLike | None, ...] | None = None
     return_logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def _check_top_logprobs(n: Any) -> int:
+    """``top_logprobs`` as given: an int ``>= 0`` (the vocabulary bound is checked when run).
+
+    Raises:
+        InvalidConfigError: a bool, not an int, or negative.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidConfigError(f"top_logprobs must be an int >= 0 (0: none), got {n!r}")
+    return n
 
 
 def _row_processors(given: Any, rows: int, batch: bool) -> tuple[LogitsProcessorLike | None, ...] | None:
@@ -149,6 +163,9 @@ class GenerateOptions:
         logits_processor: a callable ``(input_ids [b, len], scores [b, V]) -> [b, V]``; in a
             batch, or one (or None) per prompt (a plain list or tuple).
         return_logprobs: report each kept token's log-probability.
+        top_logprobs: ``n >= 1``: also report, per kept token, the ``n`` largest
+            log-probabilities of the law it was drawn from and their ids (implies
+            ``return_logprobs``; 0: not).
     """
 
     max_new_tokens: int | None = None
@@ -158,6 +175,7 @@ class GenerateOptions:
     eos_token_id: Any = None
     logits_processor: Any = None
     return_logprobs: bool = False
+    top_logprobs: Any = 0
 
     def resolve(self, prompts: Sequence[Sequence[int]], device: Any, *, batch: bool) -> Request:
         """The :class:`Request` these options make for ``prompts`` (module docstring).
@@ -192,7 +210,8 @@ class GenerateOptions:
             sampling = tuple(sampling)
         if isinstance(processor, tuple) and all(p is None for p in processor):
             processor = None
-        return Request(max_new, sampling, seeds, eos, processor, self.return_logprobs)
+        top = _check_top_logprobs(self.top_logprobs)
+        return Request(max_new, sampling, seeds, eos, processor, self.return_logprobs or top > 0, top)
 
 
 @attrs.frozen
@@ -233,12 +252,19 @@ def stream_request(
     fused kernel from ``CounterRandom.seeded(request.seeds[b])``), so it emits what its
     batch-1 run with the same options emits wherever the models' logits agree across batch
     sizes. ``tallies``: one :class:`~specdec.engine.stats.StepTally` per row, filled as it goes.
+
+    Raises:
+        InvalidConfigError: ``request.top_logprobs`` larger than the target's vocabulary.
     """
+    if request.top_logprobs > decoder.target.vocab_size:
+        raise InvalidConfigError(f"top_logprobs must be at most the vocabulary size V = {decoder.target.vocab_size}, "
+                                 f"got {request.top_logprobs}")
     seeds = list(request.seeds)
     rows = RowsRequest(
         prompts, request.sampling, seeded_sources(decoder.random, seeds), request.max_new_tokens,
         eos=as_eos_ids(request.eos_token_id, decoder.target.vocab_size), kernel=decoder.kernel,
         verify_seeds=seeds, options=decoder.step, compiler=decoder.compiler,
         logits_processor=request.logits_processor, logprobs=request.return_logprobs, what=what, named=batch,
+        top_logprobs=request.top_logprobs,
     )
     yield from decode_rows(Roles(decoder.target, decoder.draft, decoder.builder, decoder.verifier), rows, tallies)

@@ -51,12 +51,16 @@ class StepReport:
         outcome: the step's :class:`~specdec.engine.step.StepOutcome` (the scored tree batch,
             the device decision, the per-row results).
         logprobs: ``{row: [len(kept[row])] float64}`` on the device, when asked for.
+        top_logprobs: ``{row: ([len(kept[row]), k] float64, [len(kept[row]), k] int64)}`` the
+            ``k`` largest log-probabilities of each kept token's law and their ids, on the
+            device, when asked for (``RowsRequest.top_logprobs = k > 0``).
     """
 
     rows: tuple[int, ...]
     kept: dict[int, list[int]]
     outcome: StepOutcome
     logprobs: dict[int, torch.Tensor] = attrs.field(factory=dict)
+    top_logprobs: dict[int, tuple[torch.Tensor, torch.Tensor]] = attrs.field(factory=dict)
 
 
 def check_prompts(prompts: object) -> None:
@@ -130,6 +134,7 @@ class RowsRequest:
         logits_processor: applied to every node's target logits in its own context (a tuple:
             one processor, or None, per row).
         logprobs: fill :attr:`StepReport.logprobs`.
+        top_logprobs: ``k > 0``: fill :attr:`StepReport.top_logprobs` (0: not).
         what: names the call in a :class:`~specdec.errors.ModelBusyError` of a later caller.
         named: a batched call: errors name the row.
     """
@@ -148,6 +153,7 @@ class RowsRequest:
     logprobs: bool = False
     what: str = "a generation"
     named: bool = False
+    top_logprobs: int = 0
 
 
 def run_rows(
@@ -361,7 +367,7 @@ def _step(plan: _Plan, batch: _Batch) -> StepOutcome:
         clock=plan.clock, check_tree=batch.steps == 0, compiler=request.compiler,
         logits_processor=(tuple(request.logits_processor[r] for r in active)  # the live rows' own
                           if isinstance(request.logits_processor, tuple) else request.logits_processor),
-        contexts=batch.contexts, logprobs=request.logprobs,
+        contexts=batch.contexts, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
         rows=active if request.named else None,
     )
     with torch.inference_mode():  # per step, never across a yield (the caller's code runs between yields)
@@ -378,6 +384,7 @@ def _stop(plan: _Plan, batch: _Batch, outcome: StepOutcome) -> tuple[StepReport,
     tallies, produced = plan.tallies, batch.produced
     kept: dict[int, list[int]] = {}
     row_logprobs: dict[int, torch.Tensor] = {}
+    row_top: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     keep: list[int] = []
     for b, r in enumerate(batch.active):
         result = outcome.results[b]
@@ -395,11 +402,13 @@ def _stop(plan: _Plan, batch: _Batch, outcome: StepOutcome) -> tuple[StepReport,
         kept[r] = tokens
         if outcome.logprobs is not None:
             row_logprobs[r] = outcome.logprobs[b, : len(tokens)]
+        if outcome.top_logprobs is not None and outcome.top_ids is not None:
+            row_top[r] = (outcome.top_logprobs[b, : len(tokens)], outcome.top_ids[b, : len(tokens)])
         if tallies[r].stop_reason != "eos" and (max_new_tokens is None or produced[r] < max_new_tokens) and (
             max_steps is None or batch.steps < max_steps
         ):
             keep.append(b)
-    return StepReport(tuple(batch.active), kept, outcome, row_logprobs), keep
+    return StepReport(tuple(batch.active), kept, outcome, row_logprobs, row_top), keep
 
 
 def _retire(plan: _Plan, batch: _Batch, outcome: StepOutcome, keep: list[int]) -> None:

@@ -57,6 +57,7 @@ class StepInputs:
             followed by the node's path (:mod:`specdec.processors`); a tuple: one processor (or
             None) per batch row.
         logprobs: fill :attr:`StepOutcome.logprobs`.
+        top_logprobs: ``k > 0``: fill :attr:`StepOutcome.top_logprobs` and ``top_ids`` (0: not).
         rows: the rows' names in error messages (None: a single generation).
     """
 
@@ -70,3 +71,4 @@ class StepInputs:
     contexts: Sequence[torch.Tensor] | None = None
     logprobs: bool = False
     rows: Sequence[int] | None = None
+    top_logprobs: int = 0

@@ -51,14 +51,14 @@ import torch
 from specdec.engine.dispatch import choose_verification
 from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, scatter_decisions
-from specdec.engine.step import StepInputs, decide_rows, emitted_logprobs
+from specdec.engine.step import StepInputs, decide_rows, emitted_logprobs, emitted_top_logprobs
 from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.logit_bias import logit_bias_rows
 from specdec.penalties import Penalties, apply_penalties
 from specdec.registry import get
 from specdec.rng import RandomSource, RowStreams
-from specdec.sampling import SamplingConfig, process_logits_rows, row_is_bad
+from specdec.sampling import SamplingConfig, row_is_bad
 from specdec.tree_batch import TreeBatch
 from specdec.trees.feed import DraftSpec, FeedBuilder, TreeFeed
 from specdec.verify.base import Verifier
@@ -377,13 +377,8 @@ def _logprobs(logits: torch.Tensor, decision: TreeDecision, rows: RowSampling, k
     lp = torch.where(emitted, lp, float("nan"))
     if k == 0:
         return lp, None, None
-    chain = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1)  # [B, D + 1]
-    at = logits.gather(1, chain.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, D + 1, V]
-    law = process_logits_rows(at, rows).to(torch.float64).log()  # [B, D + 1, V] the law each token was drawn from
-    if any(c.greedy for c in rows.configs):  # T = 0: the processed logits' softmax (emitted_logprobs' convention)
-        law = torch.where(rows.greedy.to(law.device).view(B, 1, 1), torch.log_softmax(at.to(torch.float64), -1), law)
-    values, ids = torch.topk(law, k, dim=-1)  # [B, D + 1, k]
-    keep = emitted.to(law.device).unsqueeze(-1)
+    values, ids = emitted_top_logprobs(logits, decision, sampling, k)  # [B, D + 1, k] the same law as lp
+    keep = emitted.to(values.device).unsqueeze(-1)
     return lp, torch.where(keep, values, float("nan")).to(bad.device), torch.where(keep, ids, -1).to(bad.device)
 
 

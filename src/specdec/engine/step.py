@@ -50,7 +50,9 @@ __all__ = [
     "StepOutcome",
     "commit_step",
     "decide_rows",
+    "emitted_laws",
     "emitted_logprobs",
+    "emitted_top_logprobs",
     "read_rows",
     "read_step",
     "run_step",
@@ -100,6 +102,9 @@ class StepOutcome:
             + the read (``perf_counter``, or CUDA events for a target on CUDA).
         logprobs: ``[B, D + 1]`` float64 log-probability of each emitted token under the law
             it was drawn from (:func:`emitted_logprobs`), on the device; None unless asked.
+        top_logprobs, top_ids: ``[B, D + 1, k]`` float64 / int64 the ``k`` largest
+            log-probabilities of that law and their ids (:func:`emitted_top_logprobs`), on the
+            device; None unless asked (``StepInputs.top_logprobs = k > 0``).
         optimum: per row, per tested depth, the best lossless acceptance at the node the path
             tested there (:func:`step_optimum`); None unless :attr:`StepOptions.optimum`.
         tree_depths: per row, the depth of the scored tree's deepest node (0: a root-only tree),
@@ -116,6 +121,8 @@ class StepOutcome:
     logprobs: torch.Tensor | None = None
     optimum: tuple[tuple[NodeOptimum, ...], ...] | None = None
     tree_depths: tuple[int, ...] = ()
+    top_logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
 
     @property
     def result(self) -> VerifyResult:
@@ -140,21 +147,37 @@ def emitted_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: Sam
         sampling: the rows' configuration, or each row's own (a
             :class:`~specdec.engine.row_sampling.RowSampling`: every row as above under its own).
     """
+    return emitted_laws(logits, decision, sampling).gather(2, decision.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+
+
+def emitted_top_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig | RowSampling,
+                         k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B, D + 1, k] float64, [B, D + 1, k] int64)``: the ``k`` (``1 <= k <= V``) largest
+    log-probabilities of each emitted token's law (:func:`emitted_laws`, the law of
+    :func:`emitted_logprobs`) and their ids, largest first, on the device; entries past a row's
+    ``num_accepted + 1`` tokens are meaningless. Arguments: :func:`emitted_logprobs`."""
+    values, ids = torch.topk(emitted_laws(logits, decision, sampling), k, dim=-1)  # [B, D + 1, k]
+    return values, ids
+
+
+def emitted_laws(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig | RowSampling) -> torch.Tensor:
+    """``[B, D + 1, V]`` float64 log of the law each emitted token was drawn from, at its parent
+    node (the root, then the accepted nodes), on the device: ``log p`` at ``T > 0``, the
+    processed logits' log-softmax at ``T = 0`` (:func:`emitted_logprobs`)."""
     B = logits.shape[0]
     chain = torch.cat([decision.accepted.new_zeros(B, 1), decision.accepted.clamp_min(0)], dim=1)  # [B, D + 1]
-    tokens = decision.tokens.clamp_min(0).unsqueeze(-1)  # [B, D + 1, 1]
     rows = logits.gather(1, chain.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, D + 1, V]
     if isinstance(sampling, RowSampling) and sampling.uniform:
         sampling = sampling.configs[0]
     if isinstance(sampling, SamplingConfig):
         if sampling.greedy:
-            return torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
-        return process_logits(rows, sampling, check=False).gather(2, tokens).squeeze(-1).to(torch.float64).log()
-    sampled = process_logits_rows(rows, sampling).gather(2, tokens).squeeze(-1).to(torch.float64).log()
+            return torch.log_softmax(rows.to(torch.float64), dim=-1)
+        return process_logits(rows, sampling, check=False).to(torch.float64).log()
+    sampled = process_logits_rows(rows, sampling).to(torch.float64).log()
     if not any(c.greedy for c in sampling.configs):
         return sampled
-    greedy = torch.log_softmax(rows.to(torch.float64), dim=-1).gather(2, tokens).squeeze(-1)
-    return torch.where(sampling.greedy.to(sampled.device).view(B, 1), greedy, sampled)
+    greedy = torch.log_softmax(rows.to(torch.float64), dim=-1)
+    return torch.where(sampling.greedy.to(sampled.device).view(B, 1, 1), greedy, sampled)
 
 
 def _prefix(rows: Sequence[int] | None, b: int) -> str:
@@ -371,17 +394,23 @@ def step_rows(
         logits = torch.stack([row if proc is None else process_batch_row(proc, row, contexts[b], tree, b)
                               for b, (proc, row) in enumerate(zip(procs, logits))])
     step_logprobs: torch.Tensor | None = None
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
     # one verification for every row, each under its own configuration (a RowSampling: [B] tensors)
     single = verification if isinstance(verification, Verification) else verification[0]
     decision, walked = _decide(single, verifier, tree, logits, sampling, rng, inputs)
     results, nodes, depths = walked if walked is not None else read_rows(decision, tree, inputs.rows)
     timer.mark()
-    if inputs.logprobs:
-        step_logprobs = emitted_logprobs(logits, decision, sampling)
+    if inputs.logprobs or inputs.top_logprobs > 0:  # one law for both ([B, D + 1, V])
+        law = emitted_laws(logits, decision, sampling)
+        step_logprobs = law.gather(2, decision.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, D + 1]
+        if inputs.top_logprobs > 0:
+            values, ids = torch.topk(law, inputs.top_logprobs, dim=-1)  # [B, D + 1, k]
+            top = (values, ids)
     optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     time_draft, time_target, time_verify = timer.splits()
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,
-                       logprobs=step_logprobs, optimum=optimum, tree_depths=tuple(depths))
+                       logprobs=step_logprobs, optimum=optimum, tree_depths=tuple(depths),
+                       top_logprobs=None if top is None else top[0], top_ids=None if top is None else top[1])
 
 
 def _decide(
