@@ -177,7 +177,7 @@ def test_a_resume_with_another_plugin_set_is_refused_by_name(folder, tmp_path):
     out.mkdir()
     with pytest.warns(RegistryOverrideWarning):
         load_plugin(module)
-    write_header(out, run_identity(_Args, _Settings, [], []), {"expected_runs": 0})
+    write_header(out, run_identity(_Args, _Settings, [], []), {"expected_runs": 0, "budget": {"nodes": 4, "depth": 2}})
     assert open_out_dir(out, run_identity(_Args, _Settings, [], []))[1] is not None  # the same plug-ins: resumed
     register("verifier", "rejection-iid", override=True)(builtin)  # now without the plug-in
     registry.unregister("verifier", name)
