@@ -38,9 +38,10 @@ import torch
 
 from specdec.draft_request import DraftRequest
 from specdec.drafts.base import laws_and_flags
+from specdec.engine.layouts import kv_moves
 from specdec.errors import InvalidConfigError
 from specdec.rng import RandomSource, UniformTable
-from specdec.sampling import SamplingConfig, greedy_law, row_is_bad, warped_scores
+from specdec.sampling import SamplingConfig, greedy_law, row_is_bad
 from specdec.tree import NodeKind, SampleMode
 from specdec.tree_batch import PAD, TreeBatch
 from specdec.trees._common import draft_law, draw_rows, law_total
@@ -49,7 +50,8 @@ from specdec.trees.chain import ChainTreeBuilder
 from specdec.trees.dynamic import DynamicTreeBuilder
 from specdec.trees.levelwise import LevelFn, LevelStep, _shape_constants, finish_levels, level_step
 from specdec.verify.base import FusedRule, Verifier
-from specdec.verify.fast import decide_from_scores, decide_tree_batch, decide_tree_walk
+from specdec.verify.decision import pack_decision
+from specdec.verify.fast import decide_from_scores, decide_tree_batch, decide_tree_walk, step_scores
 
 __all__ = ["FixedLevel", "FixedStep", "FixedVerify", "StepBudget", "fixed_step", "run_fixed_step"]
 
@@ -261,20 +263,12 @@ class FixedStep:
             wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
             fields = decide_tree_batch(self.rule, tree, greedy_law(wide), u, row_is_bad(logits))
         else:
-            wide = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-            warped = 0 < s.top_k < wide.shape[-1] or s.reads_mass
-            scores = warped_scores(wide, s) if warped else wide
-            fields = decide_from_scores(self.rule, tree, scores, u, 1.0 if warped else s.temperature)
+            scores, temperature = step_scores(logits, s)  # the warped scores and 1, or the logits and T
+            fields = decide_from_scores(self.rule, tree, scores, u, temperature)
         accepted, num, tokens, bonus, attempted, bad, stop = fields
-        B, D = accepted.shape
-        slots = torch.arange(D, device=accepted.device).view(1, D)
-        lens = prefix_lens.to(torch.int64).view(B, 1)
-        taken = slots < num.view(B, 1)
-        src = torch.where(taken, lens + accepted, -1)
-        dst = torch.where(taken, lens + slots + 1, -1)
-        packed = torch.cat([torch.stack([num, bonus, attempted, bad.long(), stop], -1), accepted, tokens], dim=-1)
-        return FixedVerify(accepted, num, tokens, bonus, attempted, bad, stop, src, dst, lens.view(B) + 1 + num,
-                           packed)
+        src, dst, kv_lens = kv_moves(accepted, num, prefix_lens.to(torch.int64))
+        packed = pack_decision(accepted, num, tokens, bonus, attempted, bad, stop)
+        return FixedVerify(accepted, num, tokens, bonus, attempted, bad, stop, src, dst, kv_lens, packed)
 
     def compiled(self, backend: str = "inductor") -> "FixedFns":
         """:meth:`level` (one graph per level), :meth:`finish` and :meth:`verify`, each through

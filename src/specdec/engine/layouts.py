@@ -51,7 +51,7 @@ import torch
 from specdec.errors import InvalidConfigError
 from specdec.tree_batch import TreeBatch
 
-__all__ = ["FlashInferMask", "KVCompaction", "RetrieveArrays", "flashinfer_mask", "kv_compaction", "pack_bits",
+__all__ = ["FlashInferMask", "KVCompaction", "RetrieveArrays", "flashinfer_mask", "kv_compaction", "kv_moves", "pack_bits",
            "retrieve_arrays", "sdpa_mask", "tree_positions"]
 
 
@@ -315,7 +315,17 @@ def kv_compaction(accepted: torch.Tensor, num_accepted: torch.Tensor, prefix_len
     lens = _counts(prefix_lens, "prefix_lens", accepted.device)
     if lens.shape[0] != B:
         raise InvalidConfigError(f"prefix_lens has {lens.shape[0]} entries for {B} verified rows")
+    src, dst, kv_lens = kv_moves(accepted, num_accepted, lens)
+    return KVCompaction(src, dst, num_accepted, kv_lens)
+
+
+def kv_moves(accepted: torch.Tensor, num_accepted: torch.Tensor, prefix_lens: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`kv_compaction`'s moves from checked tensors (no check, no host read: a fixed-shape graph's
+    form, :mod:`specdec.engine.fixed_step`): ``src`` / ``dst`` ``[B, D]`` int64 (``-1`` padded) and the KV
+    lengths after compaction ``[B]`` (``prefix + 1 + num_accepted``). ``prefix_lens``: ``[B]`` int64."""
+    B, D = accepted.shape
     taken = torch.arange(D, device=accepted.device).view(1, D) < num_accepted.view(B, 1)
-    src = torch.where(taken, lens.view(B, 1) + accepted, -1)
-    dst = torch.where(taken, lens.view(B, 1) + torch.arange(1, D + 1, device=accepted.device).view(1, D), -1)
-    return KVCompaction(src, dst, num_accepted, lens + 1 + num_accepted)
+    src = torch.where(taken, prefix_lens.view(B, 1) + accepted, -1)
+    dst = torch.where(taken, prefix_lens.view(B, 1) + torch.arange(1, D + 1, device=accepted.device).view(1, D), -1)
+    return src, dst, prefix_lens.view(B) + 1 + num_accepted

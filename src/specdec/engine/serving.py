@@ -51,7 +51,7 @@ import torch
 from specdec.engine.dispatch import choose_verification
 from specdec.engine.options import StepOptions
 from specdec.engine.row_sampling import RowSampling, scatter_decisions
-from specdec.engine.step import StepInputs, decide_rows, emitted_logprobs, emitted_top_logprobs
+from specdec.engine.step import StepInputs, decide_rows, emitted_laws, law_logprobs
 from specdec.engine.tree_checks import check_batch_on_device, unsupported_message
 from specdec.errors import InvalidConfigError, InvalidDistributionError, MalformedTreeError, UnsupportedTreeError
 from specdec.logit_bias import logit_bias_rows
@@ -373,11 +373,11 @@ def _logprobs(logits: torch.Tensor, decision: TreeDecision, rows: RowSampling, k
     sampling: SamplingConfig | RowSampling = rows.configs[0] if rows.uniform else rows
     emitted = (torch.arange(D1, device=bad.device).view(1, D1) <= decision.num_accepted.to(bad.device).view(B, 1))
     emitted &= ~bad.view(B, 1)  # [B, D + 1]
-    lp = emitted_logprobs(logits, decision, sampling).to(bad.device)
-    lp = torch.where(emitted, lp, float("nan"))
-    if k == 0:
+    sampled, top = law_logprobs(emitted_laws(logits, decision, sampling), decision, k)  # one law for both
+    lp = torch.where(emitted, sampled.to(bad.device), float("nan"))
+    if top is None:
         return lp, None, None
-    values, ids = emitted_top_logprobs(logits, decision, sampling, k)  # [B, D + 1, k] the same law as lp
+    values, ids = top  # [B, D + 1, k] the same law as lp
     keep = emitted.to(values.device).unsqueeze(-1)
     return lp, torch.where(keep, values, float("nan")).to(bad.device), torch.where(keep, ids, -1).to(bad.device)
 

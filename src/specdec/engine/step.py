@@ -53,6 +53,7 @@ __all__ = [
     "emitted_laws",
     "emitted_logprobs",
     "emitted_top_logprobs",
+    "law_logprobs",
     "read_rows",
     "read_step",
     "run_step",
@@ -158,6 +159,18 @@ def emitted_top_logprobs(logits: torch.Tensor, decision: TreeDecision, sampling:
     ``num_accepted + 1`` tokens are meaningless. Arguments: :func:`emitted_logprobs`."""
     values, ids = torch.topk(emitted_laws(logits, decision, sampling), k, dim=-1)  # [B, D + 1, k]
     return values, ids
+
+
+def law_logprobs(law: torch.Tensor, decision: TreeDecision,
+                 k: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """From the emitted tokens' laws ``[B, D + 1, V]`` (:func:`emitted_laws`), computed once: each
+    emitted token's log-probability ``[B, D + 1]`` and, for ``k > 0``, the ``k`` largest
+    log-probabilities of its law with their ids (``[B, D + 1, k]`` each; None at ``k = 0``)."""
+    sampled = law.gather(2, decision.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, D + 1]
+    if k <= 0:
+        return sampled, None
+    values, ids = torch.topk(law, k, dim=-1)  # [B, D + 1, k]
+    return sampled, (values, ids)
 
 
 def emitted_laws(logits: torch.Tensor, decision: TreeDecision, sampling: SamplingConfig | RowSampling) -> torch.Tensor:
@@ -401,11 +414,7 @@ def step_rows(
     results, nodes, depths = walked if walked is not None else read_rows(decision, tree, inputs.rows)
     timer.mark()
     if inputs.logprobs or inputs.top_logprobs > 0:  # one law for both ([B, D + 1, V])
-        law = emitted_laws(logits, decision, sampling)
-        step_logprobs = law.gather(2, decision.tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # [B, D + 1]
-        if inputs.top_logprobs > 0:
-            values, ids = torch.topk(law, inputs.top_logprobs, dim=-1)  # [B, D + 1, k]
-            top = (values, ids)
+        step_logprobs, top = law_logprobs(emitted_laws(logits, decision, sampling), decision, inputs.top_logprobs)
     optimum = step_optimum(tree, logits, results, sampling) if options.optimum else None
     time_draft, time_target, time_verify = timer.splits()
     return StepOutcome(tree, decision, tuple(results), tuple(nodes), time_draft, time_target, time_verify,

@@ -16,7 +16,7 @@ from specdec.tree import NodeKind
 from specdec.tree_batch import TreeBatch
 from specdec.verify.base import FusedRule
 
-__all__ = ["TreeDecision", "child_tokens", "children_table", "emitted_tokens", "reached_path"]
+__all__ = ["TreeDecision", "child_tokens", "children_table", "emitted_tokens", "pack_decision", "reached_path"]
 
 
 @attrs.frozen(eq=False)
@@ -43,15 +43,18 @@ class TreeDecision:
 
     def packed(self) -> torch.Tensor:
         """``[B, 2D + 5]`` int64: ``num_accepted, bonus, attempted, bad, stop, accepted[D], tokens[D + 1]``,
-        the step's single device-to-host read."""
-        return torch.cat(
-            [
-                torch.stack([self.num_accepted, self.bonus, self.attempted, self.bad_visited.long(), self.stop], -1),
-                self.accepted,
-                self.tokens,
-            ],
-            dim=-1,
-        )
+        the step's single device-to-host read (:func:`pack_decision`)."""
+        return pack_decision(self.accepted, self.num_accepted, self.tokens, self.bonus, self.attempted,
+                             self.bad_visited, self.stop)
+
+
+def pack_decision(accepted: torch.Tensor, num_accepted: torch.Tensor, tokens: torch.Tensor, bonus: torch.Tensor,
+                  attempted: torch.Tensor, bad_visited: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+    """A decision's fields (:class:`TreeDecision`'s order) in one ``[B, 2D + 5]`` int64 tensor:
+    ``num_accepted, bonus, attempted, bad, stop, accepted[D], tokens[D + 1]``; a plain function of
+    tensors, so a fixed-shape graph packs its decision the same way (:mod:`specdec.engine.fixed_step`)."""
+    return torch.cat(
+        [torch.stack([num_accepted, bonus, attempted, bad_visited.long(), stop], -1), accepted, tokens], dim=-1)
 
 
 def children_table(tree: TreeBatch, rule: FusedRule) -> tuple[torch.Tensor, torch.Tensor]:
